@@ -1,0 +1,14 @@
+"""Exit codes of ``keo``: a contract with the scripts that run it."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # the command ran, and something is wrong or left undone
+    USAGE = 2  # unknown flag, bad value (typer/click's own code for usage errors)
+    CONFIG = 3  # invalid settings or a missing dependency
+    UNAVAILABLE = 4  # a backend could not be reached
+    NOT_BUILT = 5  # the subcommand is not built yet

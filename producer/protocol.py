@@ -1,0 +1,260 @@
+"""The protocol's pure decisions: validation, routing, digests, lease arithmetic, batching,
+classification of PutRecords results. No I/O; every function here is unit-tested without sockets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+MAX_KEY_CHARS = 256
+MAX_RECORDS_PER_PUT = 500
+MAX_PUT_REQUEST_BYTES = 5 * 1024 * 1024
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+MAX_HASH_KEY = 2**128 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message to deliver: ``key`` is its identity and its Kinesis partition key."""
+
+    key: str
+    data: bytes
+    routing_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
+    """A validated message with its routing and digest computed once."""
+
+    index: int
+    message: Message
+    explicit_hash_key: str
+    payload_digest: str
+
+    @property
+    def key(self) -> str:
+        return self.message.key
+
+    @property
+    def record_bytes(self) -> int:
+        return record_size(self.message.key, self.message.data)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    index: int
+    key: str | None
+    reason: str
+
+
+# --- routing and identity -------------------------------------------------------------------
+
+
+def hash_key_of(routing_key: str) -> int:
+    """Kinesis routing: the MD5 of the key as a 128-bit unsigned integer."""
+    return int.from_bytes(hashlib.md5(routing_key.encode("utf-8"), usedforsecurity=False).digest())
+
+
+def explicit_hash_key(message: Message) -> str:
+    """The hash key the record is routed by: the routing key's, else the message key's."""
+    return str(hash_key_of(message.routing_key if message.routing_key is not None else message.key))
+
+
+def payload_digest(data: bytes, routing_hash_key: str) -> str:
+    """SHA-256 over routing and data: the same key sent with other data or routing conflicts."""
+    digest = hashlib.sha256()
+    digest.update(routing_hash_key.encode("ascii"))
+    digest.update(b"\x00")
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def record_size(key: str, data: bytes) -> int:
+    """What Kinesis counts against the record limit: data plus the UTF-8 partition key."""
+    return len(data) + len(key.encode("utf-8"))
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def validate(message: Message, max_record_bytes: int) -> str | None:
+    """The reason ``message`` can never be delivered, or None when it is valid."""
+    key = message.key
+    if not isinstance(key, str):
+        return f"key must be a string, got {type(key).__name__}"
+    if len(key) == 0:
+        return "key is empty: a key must have 1 to 256 Unicode characters"
+    if len(key) > MAX_KEY_CHARS:
+        return f"key has {len(key)} characters: a key must have 1 to {MAX_KEY_CHARS}"
+    if _has_lone_surrogate(key):
+        return "key contains an unpaired surrogate and cannot be encoded as UTF-8"
+    if not isinstance(message.data, bytes | bytearray | memoryview):
+        return f"data must be bytes, got {type(message.data).__name__}"
+    if message.routing_key is not None:
+        if not isinstance(message.routing_key, str) or not message.routing_key:
+            return "routing_key, when given, must be a non-empty string"
+        if _has_lone_surrogate(message.routing_key):
+            return "routing_key contains an unpaired surrogate and cannot be encoded as UTF-8"
+    size = record_size(key, bytes(message.data))
+    if size > max_record_bytes:
+        return (
+            f"record is {size} bytes (data + partition key): the stream accepts at most "
+            f"{max_record_bytes}; split the payload or store it elsewhere and send a reference"
+        )
+    return None
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def prepare(
+    messages: Sequence[Message], max_record_bytes: int
+) -> tuple[list[PreparedMessage], list[Rejection]]:
+    """Validate every message and compute its routing and digest; bad ones are rejected."""
+    prepared: list[PreparedMessage] = []
+    rejected: list[Rejection] = []
+    for index, message in enumerate(messages):
+        reason = validate(message, max_record_bytes)
+        if reason is not None:
+            key = message.key if isinstance(message.key, str) else None
+            rejected.append(Rejection(index, key, reason))
+            continue
+        data = bytes(message.data)
+        normalized = message if isinstance(message.data, bytes) else Message(
+            message.key, data, message.routing_key
+        )
+        hash_key = explicit_hash_key(normalized)
+        prepared.append(
+            PreparedMessage(index, normalized, hash_key, payload_digest(data, hash_key))
+        )
+    return prepared, rejected
+
+
+# --- lease arithmetic -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How long a claim protects its key, and the margins the protocol keeps around it.
+
+    A put can still land up to ``put_timeout_ms`` after it was sent; clocks disagree by up to
+    ``skew_ms``. So a lease must be at least ``put_timeout_ms + 2 * skew_ms``: when it has
+    expired (by anyone's clock), no put made under it can still appear in the stream.
+    """
+
+    lease_ms: int
+    put_timeout_ms: int
+    skew_ms: int
+
+    def __post_init__(self) -> None:
+        if self.lease_ms < self.minimum_lease_ms:
+            raise ValueError(
+                f"lease {self.lease_ms} ms is shorter than put timeout + 2 x skew "
+                f"= {self.minimum_lease_ms} ms"
+            )
+
+    @property
+    def minimum_lease_ms(self) -> int:
+        return self.put_timeout_ms + 2 * self.skew_ms
+
+    def lease_expires_at_ms(self, claimed_at_ms: int) -> int:
+        return claimed_at_ms + self.lease_ms
+
+    def safe_to_send(self, lease_expires_at_ms: int, now_ms: int) -> bool:
+        """True while the lease outlasts a put sent now, with the skew margin to spare."""
+        return lease_expires_at_ms - now_ms >= self.put_timeout_ms + self.skew_ms
+
+    def expired_for_everyone(self, lease_expires_at_ms: int, now_ms: int) -> bool:
+        """True once no clock within the skew margin can still think the lease is running."""
+        return now_ms >= lease_expires_at_ms + self.skew_ms
+
+    def read_back_window(self, claimed_at_ms: int, lease_expires_at_ms: int) -> tuple[int, int]:
+        """``[claimed_at - skew, lease_expires_at + skew]``: where the claim's put can be."""
+        return claimed_at_ms - self.skew_ms, lease_expires_at_ms + self.skew_ms
+
+
+# --- batching -------------------------------------------------------------------------------
+
+
+def batches(
+    items: Iterable[PreparedMessage],
+    max_records: int = MAX_RECORDS_PER_PUT,
+    max_request_bytes: int = MAX_PUT_REQUEST_BYTES,
+) -> Iterator[list[PreparedMessage]]:
+    """Group records into PutRecords requests within the record count and request size limits."""
+    batch: list[PreparedMessage] = []
+    batch_bytes = 0
+    for item in items:
+        size = item.record_bytes
+        if batch and (len(batch) >= max_records or batch_bytes + size > max_request_bytes):
+            yield batch
+            batch, batch_bytes = [], 0
+        batch.append(item)
+        batch_bytes += size
+    if batch:
+        yield batch
+
+
+# --- classification of PutRecords results ---------------------------------------------------
+
+
+class PutResultKind(StrEnum):
+    WRITTEN = "WRITTEN"
+    NOT_WRITTEN = "NOT_WRITTEN"  # safe to resend under the same claim
+    AMBIGUOUS = "AMBIGUOUS"  # may be in the stream: resolve by read-back, never resend blindly
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    kind: PutResultKind
+    shard_id: str | None = None
+    sequence_number: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+# Per-record error codes documented as "not written".
+NOT_WRITTEN_CODES = frozenset({"ProvisionedThroughputExceededException", "InternalFailure"})
+
+
+def classify_record(entry: dict[str, Any]) -> RecordResult:
+    """One entry of a PutRecords response's ``Records``, aligned with the request by position."""
+    shard_id = entry.get("ShardId")
+    sequence_number = entry.get("SequenceNumber")
+    if shard_id and sequence_number:
+        return RecordResult(PutResultKind.WRITTEN, shard_id, str(sequence_number))
+    code = entry.get("ErrorCode")
+    if code:
+        # Every per-record ErrorCode means this record was not written (API reference).
+        return RecordResult(
+            PutResultKind.NOT_WRITTEN, error_code=str(code), error_message=entry.get("ErrorMessage")
+        )
+    # A record with neither a position nor an error: the response cannot be trusted.
+    return RecordResult(PutResultKind.AMBIGUOUS, error_code="MalformedResult")
+
+
+def classify_response(response: dict[str, Any], sent: int) -> list[RecordResult]:
+    """Classify a whole PutRecords response; a response that does not align is ambiguous."""
+    entries = response.get("Records")
+    if not isinstance(entries, list) or len(entries) != sent:
+        return [RecordResult(PutResultKind.AMBIGUOUS, error_code="MalformedResponse")] * sent
+    return [classify_record(entry) for entry in entries]
+
+
+# HTTP statuses of a whole-request failure that prove nothing was written.
+def request_error_kind(status_code: int | None, error_code: str | None) -> PutResultKind:
+    """A PutRecords request that raised: 4xx rejected it whole; 5xx and no answer are ambiguous."""
+    if status_code is not None and 400 <= status_code < 500:
+        return PutResultKind.NOT_WRITTEN
+    if error_code in {"ProvisionedThroughputExceededException", "LimitExceededException"}:
+        return PutResultKind.NOT_WRITTEN
+    return PutResultKind.AMBIGUOUS
