@@ -18,7 +18,7 @@ INFLIGHT_INDEX_NAME = "inflight-index"
 TTL_ATTRIBUTE = "expires_at"
 
 
-class InFlightIndex(GlobalSecondaryIndex["LedgerItem"]):
+class InFlightIndex(GlobalSecondaryIndex["LedgerItem"]):  # type: ignore[no-untyped-call]
     """Sparse, bucketed: only IN_FLIGHT items have ``inflight_bucket`` ("<stream>#<n>")."""
 
     class Meta:
@@ -97,9 +97,8 @@ def bind_ledger_model(options: ConnectionOptions) -> type[LedgerItem]:
         },
     )
     index_cls = type("BoundInFlightIndex", (InFlightIndex,), {"Meta": index_meta})
-    bound = type(
+    return type(
         f"LedgerItem_{options.table_name}",
         (LedgerItem,),
         {"Meta": meta, "inflight_index": index_cls()},
     )
-    return bound

@@ -31,7 +31,8 @@ class LedgerSettings(BaseSettings):
         default=None, description="DynamoDB endpoint; unset means the AWS default (real AWS)"
     )
     region: str | None = Field(
-        default=None, description="AWS region; unset means AWS_REGION / AWS_DEFAULT_REGION / profile"
+        default=None,
+        description="AWS region; unset means AWS_REGION / AWS_DEFAULT_REGION / profile",
     )
     dedupe_ttl_s: int = Field(
         default=7 * 24 * 3600, gt=0, description="how long a DELIVERED key suppresses duplicates"
@@ -58,9 +59,7 @@ class LedgerSettings(BaseSettings):
         return value.rstrip("/")
 
     def resolved_region(self) -> str:
-        region = (
-            self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        )
+        region = self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             return region
         if self.dynamodb_endpoint_url is not None:

@@ -1,0 +1,471 @@
+"""``DynamoDBLedger``: the ledger's conditional transitions on DynamoDB, through pynamodb.
+
+Every write is conditional on the state and attempt the caller expects, so two producers,
+a producer and a reconciler, or two reconcilers can never both win. Conditions are built
+from named parts; the timeline they guard::
+
+    claim:     absent ──── or RELEASED ──── or DELIVERED past its dedupe TTL   ──> IN_FLIGHT #n+1
+    mark:      IN_FLIGHT and attempt = mine                                     ──> DELIVERED
+    take over: IN_FLIGHT and attempt = seen (the lease expired; read-back: not found) ──> #seen+1
+    release / mark unverifiable: IN_FLIGHT and attempt = seen
+
+A condition that fails still costs a write. When it fails the current item is returned where
+DynamoDB supports ``ReturnValuesOnConditionCheckFailure``; otherwise (dynalite) it is read back
+with a consistent read. A retried request whose first try was applied fails its own condition:
+each write recognises its own effect in the current item and reports it as applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import botocore.exceptions
+from pynamodb.connection.table import TableConnection
+from pynamodb.constants import UPDATE_ITEM
+from pynamodb.exceptions import (
+    DoesNotExist,
+    GetError,
+    PynamoDBException,
+    QueryError,
+    TableDoesNotExist,
+    TableError,
+    UpdateError,
+)
+from pynamodb.expressions.condition import Condition
+from pynamodb.expressions.update import Action
+
+from dedupe_store.errors import (
+    LedgerError,
+    LedgerSchemaError,
+    LedgerThrottledError,
+    LedgerUnavailableError,
+)
+from dedupe_store.model import TTL_ATTRIBUTE, ConnectionOptions, LedgerItem, bind_ledger_model
+from dedupe_store.records import (
+    ClaimRequest,
+    ClaimResult,
+    LedgerRecord,
+    Position,
+    UpdateResult,
+)
+from dedupe_store.states import LedgerState, Transition, next_state
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+_THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+_BATCH_GET_MAX = 100
+
+
+def ledger_pk(stream: str, key: str) -> str:
+    return f"{stream}#{key}"
+
+
+def inflight_bucket(stream: str, key: str, buckets: int) -> str:
+    """The in-flight index partition of a key: stable across processes (not Python's hash)."""
+    import zlib
+
+    return f"{stream}#{zlib.crc32(key.encode('utf-8')) % buckets}"
+
+
+class DynamoDBLedger:
+    """The ledger on one DynamoDB table. Thread-safe: share one per process."""
+
+    def __init__(
+        self,
+        options: ConnectionOptions,
+        *,
+        dedupe_ttl_s: int = 7 * 24 * 3600,
+        inflight_buckets: int = 16,
+    ) -> None:
+        self._options = options
+        self._model: type[LedgerItem] = bind_ledger_model(options)
+        self.dedupe_ttl_s = dedupe_ttl_s
+        self.inflight_buckets = inflight_buckets
+
+    @property
+    def table_name(self) -> str:
+        return self._options.table_name
+
+    @property
+    def model(self) -> type[LedgerItem]:
+        return self._model
+
+    @property
+    def client(self) -> Any:
+        """The botocore client underneath, for event hooks (metrics, injected faults)."""
+        return self._connection().connection.client
+
+    def _connection(self) -> TableConnection:
+        return self._model._get_connection()
+
+    # --- schema -----------------------------------------------------------------------------
+
+    def create_table(self, *, wait: bool = True) -> bool:
+        """Create the table with its in-flight index; True if created, False if it existed."""
+        try:
+            if self._model.exists():
+                return False
+            self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
+        except (TableError, PynamoDBException) as exc:
+            raise _translate(exc, self.table_name, None, "create table") from exc
+        return True
+
+    def enable_ttl(self) -> bool:
+        """Turn on TTL deletion of expired DELIVERED items. False where the backend lacks the API."""
+        try:
+            self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
+        except (TableError, PynamoDBException) as exc:
+            code = _code_of(exc)
+            if code in {"UnknownOperationException", "ValidationException"} or (
+                code is None and "UnknownOperation" in str(exc)
+            ):
+                return False
+            raise _translate(exc, self.table_name, None, "enable TTL") from exc
+        return True
+
+    def ensure_ready(self) -> None:
+        """Fail fast with a schema error when the table is missing."""
+        try:
+            exists = self._model.exists()
+        except PynamoDBException as exc:
+            raise _translate(exc, self.table_name, None, "describe table") from exc
+        if not exists:
+            raise LedgerSchemaError(
+                f"ledger table {self.table_name!r} does not exist: run 'keo init'",
+                table=self.table_name,
+            )
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
+        try:
+            item = self._model.get(ledger_pk(stream, key), consistent_read=consistent)
+        except DoesNotExist:
+            return None
+        except (GetError, PynamoDBException) as exc:
+            raise _translate(exc, self.table_name, key, "get") from exc
+        return _to_record(item)
+
+    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]:
+        """Consistent reads of many keys, 100 per request; absent keys are left out."""
+        pks = list(dict.fromkeys(ledger_pk(stream, key) for key in keys))
+        found: dict[str, LedgerRecord] = {}
+        for start in range(0, len(pks), _BATCH_GET_MAX):
+            chunk = pks[start : start + _BATCH_GET_MAX]
+            try:
+                for item in self._model.batch_get(chunk, consistent_read=True):
+                    record = _to_record(item)
+                    found[record.key] = record
+            except PynamoDBException as exc:
+                raise _translate(exc, self.table_name, None, "batch get") from exc
+        return found
+
+    def stale_in_flight(
+        self,
+        stream: str,
+        *,
+        now_ms: int,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 500,
+    ) -> Iterator[str]:
+        """Keys whose claim's lease has expired by ``now_ms``, from the sparse in-flight index.
+
+        The index is eventually consistent: re-read each key consistently before acting on it.
+        """
+        for bucket in buckets if buckets is not None else range(self.inflight_buckets):
+            yield from self._query_bucket(stream, bucket, before_ms=now_ms, page_size=page_size)
+
+    def in_flight_page(
+        self,
+        stream: str,
+        bucket: int,
+        *,
+        before_ms: int | None,
+        limit: int,
+        after_lease_ms: int | None = None,
+        after_pk: str | None = None,
+    ) -> tuple[list[str], tuple[int, str] | None]:
+        """One page of in-flight keys of a bucket, ordered by lease expiry, with a cursor."""
+        last_key: dict[str, Any] | None = None
+        if after_lease_ms is not None and after_pk is not None:
+            last_key = {
+                "pk": {"S": after_pk},
+                "inflight_bucket": {"S": f"{stream}#{bucket}"},
+                "lease_expires_at_ms": {"N": str(after_lease_ms)},
+            }
+        condition = None if before_ms is None else self._model.lease_expires_at_ms < before_ms
+        try:
+            result = self._model.inflight_index.query(
+                f"{stream}#{bucket}",
+                condition,
+                limit=limit,
+                last_evaluated_key=last_key,
+                page_size=limit,
+            )
+            keys = [_key_of(stream, item.pk) for item in result]
+            cursor = result.last_evaluated_key
+        except (QueryError, PynamoDBException) as exc:
+            raise _translate(exc, self.table_name, None, "query in-flight index") from exc
+        if cursor is None:
+            return keys, None
+        return keys, (int(cursor["lease_expires_at_ms"]["N"]), str(cursor["pk"]["S"]))
+
+    def _query_bucket(
+        self, stream: str, bucket: int, *, before_ms: int, page_size: int
+    ) -> Iterator[str]:
+        try:
+            for item in self._model.inflight_index.query(
+                f"{stream}#{bucket}",
+                self._model.lease_expires_at_ms < before_ms,
+                page_size=page_size,
+            ):
+                yield _key_of(stream, item.pk)
+        except (QueryError, PynamoDBException) as exc:
+            raise _translate(exc, self.table_name, None, "query in-flight index") from exc
+
+    # --- conditional transitions -----------------------------------------------------------
+
+    def claim(
+        self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
+    ) -> ClaimResult:
+        """Claim a key for a new attempt, if it is absent, RELEASED, or DELIVERED and expired."""
+        model = self._model
+        key_absent = model.pk.does_not_exist()
+        released = model.state == LedgerState.RELEASED.value
+        dedupe_expired = model.expires_at < now_ms // 1000
+        condition = key_absent | released | dedupe_expired
+        lease_expires_at_ms = now_ms + lease_ms
+        actions: list[Action] = [
+            model.stream.set(request.stream),
+            model.msg_key.set(request.key),
+            model.state.set(next_state(None, Transition.CLAIM).value),
+            model.attempt.set((model.attempt | 0) + 1),
+            model.owner.set(owner),
+            model.claimed_at_ms.set(now_ms),
+            model.lease_expires_at_ms.set(lease_expires_at_ms),
+            model.inflight_bucket.set(
+                inflight_bucket(request.stream, request.key, self.inflight_buckets)
+            ),
+            model.payload_digest.set(request.payload_digest),
+            model.routing_hash_key.set(request.routing_hash_key),
+            model.shard_id.remove(),
+            model.sequence_number.remove(),
+            model.sub_sequence_number.remove(),
+            model.delivered_at_ms.remove(),
+            model.expires_at.remove(),
+            model.payload.set(request.payload) if request.payload else model.payload.remove(),
+        ]
+        applied, current = self._update(request.stream, request.key, actions, condition)
+        if applied:
+            return ClaimResult.won(_require(current))
+        if (
+            current is not None
+            and current.state is LedgerState.IN_FLIGHT
+            and current.owner == owner
+            and current.claimed_at_ms == now_ms
+        ):
+            # a retried request whose first try won: this claim is ours
+            return ClaimResult.won(current)
+        return ClaimResult.lost(current)
+
+    def mark_delivered(
+        self, record: LedgerRecord, position: Position, *, now_ms: int
+    ) -> UpdateResult:
+        """IN_FLIGHT under ``record.attempt`` -> DELIVERED at ``position``."""
+        next_state(LedgerState.IN_FLIGHT, Transition.MARK_DELIVERED)
+        model = self._model
+        actions: list[Action] = [
+            model.state.set(LedgerState.DELIVERED.value),
+            model.shard_id.set(position.shard_id),
+            model.sequence_number.set(position.sequence_number),
+            model.delivered_at_ms.set(now_ms),
+            model.expires_at.set(now_ms // 1000 + self.dedupe_ttl_s),
+            model.inflight_bucket.remove(),
+            model.lease_expires_at_ms.remove(),
+            model.payload.remove(),
+        ]
+        if position.sub_sequence_number is not None:
+            actions.append(model.sub_sequence_number.set(position.sub_sequence_number))
+        applied, current = self._update(
+            record.stream, record.key, actions, self._held(record.attempt)
+        )
+        if not applied and (
+            current is not None
+            and current.state is LedgerState.DELIVERED
+            and current.attempt == record.attempt
+            and current.position == position
+        ):
+            applied = True  # our own earlier try of this same mark
+        return UpdateResult(applied, current)
+
+    def take_over(
+        self, seen: LedgerRecord, *, owner: str, now_ms: int, lease_ms: int
+    ) -> ClaimResult:
+        """A new attempt on a claim whose put can no longer land (conditional on the attempt seen)."""
+        next_state(seen.state, Transition.TAKE_OVER)
+        model = self._model
+        actions: list[Action] = [
+            model.attempt.set(seen.attempt + 1),
+            model.owner.set(owner),
+            model.claimed_at_ms.set(now_ms),
+            model.lease_expires_at_ms.set(now_ms + lease_ms),
+            model.inflight_bucket.set(
+                inflight_bucket(seen.stream, seen.key, self.inflight_buckets)
+            ),
+        ]
+        applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
+        if applied:
+            return ClaimResult.won(_require(current))
+        if (
+            current is not None
+            and current.state is LedgerState.IN_FLIGHT
+            and current.attempt == seen.attempt + 1
+            and current.owner == owner
+            and current.claimed_at_ms == now_ms
+        ):
+            return ClaimResult.won(current)
+        return ClaimResult.lost(current)
+
+    def release(self, seen: LedgerRecord) -> UpdateResult:
+        """IN_FLIGHT -> RELEASED: not in the stream and no data to resend; the next producer sends."""
+        return self._settle(seen, Transition.RELEASE, LedgerState.RELEASED)
+
+    def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult:
+        """IN_FLIGHT -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
+        return self._settle(seen, Transition.MARK_UNVERIFIABLE, LedgerState.UNVERIFIABLE)
+
+    def _settle(
+        self, seen: LedgerRecord, transition: Transition, target: LedgerState
+    ) -> UpdateResult:
+        next_state(seen.state, transition)
+        model = self._model
+        actions: list[Action] = [
+            model.state.set(target.value),
+            model.inflight_bucket.remove(),
+            model.lease_expires_at_ms.remove(),
+        ]
+        applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
+        if not applied and current is not None:
+            applied = current.state is target and current.attempt == seen.attempt
+        return UpdateResult(applied, current)
+
+    def delete(self, stream: str, key: str) -> None:
+        """Remove a key's item outright (tests and operators only; the protocol never deletes)."""
+        try:
+            self._connection().delete_item(ledger_pk(stream, key))
+        except PynamoDBException as exc:
+            raise _translate(exc, self.table_name, key, "delete") from exc
+
+    def _held(self, attempt: int) -> Condition:
+        model = self._model
+        held: Condition = (model.state == LedgerState.IN_FLIGHT.value) & (model.attempt == attempt)
+        return held
+
+    def _update(
+        self, stream: str, key: str, actions: list[Action], condition: Condition
+    ) -> tuple[bool, LedgerRecord | None]:
+        """One conditional UpdateItem: (True, new item) or (False, the item that won instead)."""
+        connection = self._connection()
+        kwargs = connection.get_operation_kwargs(
+            ledger_pk(stream, key),
+            actions=actions,
+            condition=condition,
+            return_values="ALL_NEW",
+            return_values_on_condition_failure="ALL_OLD",
+        )
+        try:
+            data = connection.connection.dispatch(UPDATE_ITEM, kwargs)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            if _code_of(exc) != _CONDITION_FAILED:
+                raise _translate(
+                    UpdateError("update failed", exc), self.table_name, key, "update"
+                ) from exc
+            old_item = _old_item_of(exc)
+            if old_item is not None:
+                return False, _to_record(self._model.from_raw_data(old_item))
+            return False, self.get(stream, key)
+        return True, _to_record(self._model.from_raw_data(data["Attributes"]))
+
+
+# --- translation at the edge ----------------------------------------------------------------
+
+
+def _code_of(exc: BaseException) -> str | None:
+    code = getattr(exc, "cause_response_code", None)
+    if isinstance(code, str):
+        return code
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        found = response.get("Error", {}).get("Code")
+        return found if isinstance(found, str) else None
+    cause = getattr(exc, "cause", None) or exc.__cause__
+    return _code_of(cause) if cause is not None and cause is not exc else None
+
+
+def _old_item_of(exc: BaseException) -> dict[str, Any] | None:
+    """The item a failed condition saw, where DynamoDB returned it (not dynalite)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Item"), dict):
+            return response["Item"]  # type: ignore[no-any-return]
+        current = current.__cause__
+    return None
+
+
+def _translate(exc: BaseException, table: str, key: str | None, doing: str) -> LedgerError:
+    code = _code_of(exc)
+    if isinstance(exc, TableDoesNotExist) or code == "ResourceNotFoundException":
+        return LedgerSchemaError(
+            f"ledger table {table!r} does not exist: run 'keo init' ({doing})", table=table, key=key
+        )
+    if code in _THROTTLED:
+        return LedgerThrottledError(f"DynamoDB throttled {doing} ({code})", table=table, key=key)
+    return LedgerUnavailableError(
+        f"DynamoDB failed to {doing}: {code or type(exc).__name__}", table=table, key=key
+    )
+
+
+def _require(record: LedgerRecord | None) -> LedgerRecord:
+    if record is None:
+        raise LedgerUnavailableError("DynamoDB returned no item for an applied update")
+    return record
+
+
+def _key_of(stream: str, pk: str) -> str:
+    return pk[len(stream) + 1 :]
+
+
+def _to_record(item: LedgerItem) -> LedgerRecord:
+    position = None
+    if item.shard_id is not None and item.sequence_number is not None:
+        position = Position(
+            item.shard_id,
+            item.sequence_number,
+            int(item.sub_sequence_number) if item.sub_sequence_number is not None else None,
+        )
+    return LedgerRecord(
+        stream=item.stream,
+        key=item.msg_key,
+        state=LedgerState(item.state),
+        attempt=int(item.attempt),
+        owner=item.owner,
+        claimed_at_ms=int(item.claimed_at_ms),
+        payload_digest=item.payload_digest,
+        routing_hash_key=item.routing_hash_key,
+        lease_expires_at_ms=int(item.lease_expires_at_ms)
+        if item.lease_expires_at_ms is not None
+        else None,
+        position=position,
+        delivered_at_ms=int(item.delivered_at_ms) if item.delivered_at_ms is not None else None,
+        expires_at_s=int(item.expires_at) if item.expires_at is not None else None,
+        payload=bytes(item.payload) if item.payload is not None else None,
+    )
