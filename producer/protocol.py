@@ -129,8 +129,10 @@ def prepare(
             rejected.append(Rejection(index, key, reason))
             continue
         data = bytes(message.data)
-        normalized = message if isinstance(message.data, bytes) else Message(
-            message.key, data, message.routing_key
+        normalized = (
+            message
+            if isinstance(message.data, bytes)
+            else Message(message.key, data, message.routing_key)
         )
         hash_key = explicit_hash_key(normalized)
         prepared.append(
@@ -258,3 +260,31 @@ def request_error_kind(status_code: int | None, error_code: str | None) -> PutRe
     if error_code in {"ProvisionedThroughputExceededException", "LimitExceededException"}:
         return PutResultKind.NOT_WRITTEN
     return PutResultKind.AMBIGUOUS
+
+
+# Not-written results worth resending under the same claim; others (a 4xx such as
+# ValidationException or AccessDenied) will fail the same way again.
+RETRIABLE_NOT_WRITTEN_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "InternalFailure",
+        "LimitExceededException",
+        "KMSThrottlingException",
+        "ThrottlingException",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+    }
+)
+
+
+def is_retriable(result: RecordResult) -> bool:
+    return (
+        result.kind is PutResultKind.NOT_WRITTEN
+        and result.error_code in RETRIABLE_NOT_WRITTEN_CODES
+    )
+
+
+def backoff_ms(attempt: int, initial_ms: int, max_ms: int, jitter: float) -> int:
+    """Exponential backoff with full jitter: ``jitter`` in [0, 1) picks within the cap."""
+    cap = min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))
+    return int(cap * jitter) if jitter > 0 else cap

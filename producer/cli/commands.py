@@ -1,6 +1,8 @@
-"""Subcommands that are not built yet print so and exit non-zero."""
+"""Registers the subcommands; those not built yet print so and exit non-zero."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import typer
 
@@ -8,11 +10,16 @@ from producer.cli.app import not_built
 
 
 def register(app: typer.Typer) -> None:
-    for name in ("init", "send", "reconcile", "audit", "serve", "demo", "bench"):
+    from producer.cli.init import init
+    from producer.cli.send import send
+
+    app.command("init")(init)
+    app.command("send")(send)
+    for name in ("reconcile", "audit", "serve", "demo", "bench"):
         app.command(name, help=f"({name}: not built yet)")(_stub(name))
 
 
-def _stub(name: str):  # type: ignore[no-untyped-def]
+def _stub(name: str) -> Callable[[], None]:
     def command() -> None:
         not_built(name)
 

@@ -1,0 +1,78 @@
+"""Options shared by subcommands, and the translation of errors into exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import botocore.exceptions
+import typer
+from pydantic import ValidationError
+
+from dedupe_store.errors import LedgerError, LedgerSchemaError
+from producer.cli.exit_codes import ExitCode
+from producer.errors import KeoError, StreamNotFoundError
+from producer.settings import ProducerSettings
+
+log = logging.getLogger(__name__)
+
+StreamOpt = Annotated[
+    str | None, typer.Option("--stream", "-s", help="Kinesis stream [env KEO_STREAM]")
+]
+TableOpt = Annotated[
+    str | None, typer.Option("--table", "-t", help="DynamoDB ledger table [env KEO_TABLE]")
+]
+KinesisEndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kinesis-endpoint-url",
+        help="Kinesis endpoint [env KEO_KINESIS_ENDPOINT_URL; unset: real AWS]",
+    ),
+]
+DynamoEndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dynamodb-endpoint-url",
+        help="DynamoDB endpoint [env KEO_DYNAMODB_ENDPOINT_URL; unset: real AWS]",
+    ),
+]
+
+
+def load_settings(**overrides: Any) -> ProducerSettings:
+    """Settings from the environment, flags winning; invalid ones exit 3 naming the setting."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    try:
+        return ProducerSettings(**given)
+    except ValidationError as exc:
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            where = f" KEO_{field.upper()}" if field else ""
+            typer.echo(f"keo: invalid setting{where}: {message}", err=True)
+        raise typer.Exit(ExitCode.CONFIG) from None
+
+
+@contextlib.contextmanager
+def exit_on_errors() -> Iterator[None]:
+    """Turn the errors a user can act on into one line on stderr and a documented exit code."""
+    try:
+        yield
+    except (StreamNotFoundError, LedgerSchemaError) as exc:
+        typer.echo(f"keo: {exc}", err=True)
+        raise typer.Exit(ExitCode.CONFIG) from None
+    except (KeoError, LedgerError) as exc:
+        log.debug("failed", exc_info=True)
+        typer.echo(f"keo: {exc}", err=True)
+        code = ExitCode.UNAVAILABLE if getattr(exc, "retriable", False) else ExitCode.FAILED
+        raise typer.Exit(code) from None
+    except botocore.exceptions.NoCredentialsError as exc:
+        typer.echo(f"keo: {exc}: configure AWS credentials the standard way", err=True)
+        raise typer.Exit(ExitCode.CONFIG) from None
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        typer.echo(f"keo: AWS call failed: {exc}", err=True)
+        raise typer.Exit(ExitCode.UNAVAILABLE) from None
+    except ValueError as exc:
+        typer.echo(f"keo: {exc}", err=True)
+        raise typer.Exit(ExitCode.CONFIG) from None

@@ -1,0 +1,58 @@
+"""Errors of the producer, the read-back, the reconciler and the audit.
+
+The tree::
+
+    KeoError                          anything keo cannot do for its caller
+    ├── ConfigurationError            settings that cannot work (names the setting)
+    ├── StreamError                   Kinesis failed in a way the caller cannot continue from
+    │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
+    │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
+    └── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
+
+Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
+of :class:`producer.outcomes.Outcome`, never exceptions. Ledger failures are
+:mod:`dedupe_store.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+
+class KeoError(Exception):
+    retriable: ClassVar[bool] = False
+
+
+class ConfigurationError(KeoError):
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class StreamError(KeoError):
+    def __init__(self, message: str, *, stream: str, shard_id: str | None = None) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.shard_id = shard_id
+
+
+class StreamNotFoundError(StreamError):
+    pass
+
+
+class StreamUnavailableError(StreamError):
+    retriable = True
+
+
+class UnresolvedKeysError(KeoError):
+    """Raised by batch callers (the Spark sink) so the batch is retried and nothing is lost."""
+
+    retriable = True
+
+    def __init__(self, stream: str, keys: Sequence[str]) -> None:
+        shown = ", ".join(repr(k) for k in keys[:5])
+        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        super().__init__(f"{len(keys)} keys left unresolved in stream {stream}: {shown}{more}")
+        self.stream = stream
+        self.keys = list(keys)

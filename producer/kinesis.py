@@ -1,0 +1,308 @@
+"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back.
+
+They translate botocore's errors into ours (keeping the cause) and classify every put result
+with :mod:`producer.protocol`. The put client must be built with SDK retries off: a retried
+PutRecords is exactly the duplicate this project exists to prevent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import botocore.exceptions
+
+from producer.errors import StreamNotFoundError, StreamUnavailableError
+from producer.kpl import UserRecord, arrival_ms_of, deaggregate
+from producer.protocol import (
+    DEFAULT_MAX_RECORD_BYTES,
+    PreparedMessage,
+    PutResultKind,
+    RecordResult,
+    classify_response,
+    request_error_kind,
+)
+
+log = logging.getLogger(__name__)
+
+# Errors after which the request may or may not have been applied.
+_AMBIGUOUS_TRANSPORT = (
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ResponseStreamingError,
+)
+# Errors raised before the request could reach Kinesis: nothing was written.
+_UNSENT_TRANSPORT = (
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.EndpointConnectionError,
+)
+_READ_THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    shard_id: str
+    starting_hash_key: int
+    ending_hash_key: int
+    parent_shard_id: str | None
+    adjacent_parent_shard_id: str | None
+    starting_sequence_number: str
+    ending_sequence_number: str | None
+
+    @property
+    def closed(self) -> bool:
+        return self.ending_sequence_number is not None
+
+    def covers(self, hash_key: int) -> bool:
+        return self.starting_hash_key <= hash_key <= self.ending_hash_key
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    name: str
+    retention_hours: int
+    max_record_bytes: int
+    open_shard_count: int
+
+
+class KinesisWriter:
+    """PutRecords for one stream, classifying every record's result."""
+
+    def __init__(self, client: Any, stream: str) -> None:
+        self._client = client
+        self.stream = stream
+
+    def put(self, batch: Sequence[PreparedMessage]) -> list[RecordResult]:
+        """One PutRecords call; one classified result per record, in request order."""
+        entries = [
+            {
+                "Data": item.message.data,
+                "PartitionKey": item.message.key,
+                "ExplicitHashKey": item.explicit_hash_key,
+            }
+            for item in batch
+        ]
+        return self.put_entries(entries)
+
+    def put_entries(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
+        try:
+            response = self._client.put_records(StreamName=self.stream, Records=entries)
+        except _UNSENT_TRANSPORT as exc:
+            log.warning(
+                "put not sent stream=%s records=%d error=%s", self.stream, len(entries), exc
+            )
+            return _all(len(entries), PutResultKind.NOT_WRITTEN, type(exc).__name__, str(exc))
+        except _AMBIGUOUS_TRANSPORT as exc:
+            log.warning(
+                "put ambiguous stream=%s records=%d error=%s", self.stream, len(entries), exc
+            )
+            return _all(len(entries), PutResultKind.AMBIGUOUS, type(exc).__name__, str(exc))
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "ResourceNotFoundException":
+                raise StreamNotFoundError(
+                    f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
+                ) from exc
+            kind = request_error_kind(status, code)
+            log.warning(
+                "put failed stream=%s records=%d status=%s code=%s kind=%s",
+                self.stream,
+                len(entries),
+                status,
+                code,
+                kind,
+            )
+            return _all(
+                len(entries),
+                kind,
+                code or str(status),
+                exc.response.get("Error", {}).get("Message"),
+            )
+        return classify_response(response, len(entries))
+
+
+def _all(
+    count: int, kind: PutResultKind, code: str | None, message: str | None
+) -> list[RecordResult]:
+    return [RecordResult(kind, error_code=code, error_message=message)] * count
+
+
+class KinesisReader:
+    """Reads shards: the shard map with lineage, time windows, and whole shards."""
+
+    def __init__(
+        self,
+        client: Any,
+        stream: str,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        max_throttle_retries: int = 20,
+        page_limit: int = 10_000,
+    ) -> None:
+        self._client = client
+        self.stream = stream
+        self._sleep = sleep
+        self._max_throttle_retries = max_throttle_retries
+        self._page_limit = page_limit
+        self.get_records_calls = 0
+
+    def describe(self) -> StreamInfo:
+        summary = self._call("describe_stream_summary", StreamName=self.stream)[
+            "StreamDescriptionSummary"
+        ]
+        max_kib = summary.get("MaxRecordSizeInKiB")
+        return StreamInfo(
+            name=self.stream,
+            retention_hours=int(summary.get("RetentionPeriodHours", 24)),
+            max_record_bytes=int(max_kib) * 1024 if max_kib else DEFAULT_MAX_RECORD_BYTES,
+            open_shard_count=int(summary.get("OpenShardCount", 0)),
+        )
+
+    def shards(self) -> list[Shard]:
+        """Every shard the stream still has, open and closed, with their lineage."""
+        found: list[Shard] = []
+        kwargs: dict[str, Any] = {"StreamName": self.stream}
+        while True:
+            page = self._call("list_shards", **kwargs)
+            found.extend(_shard_of(raw) for raw in page.get("Shards", []))
+            token = page.get("NextToken")
+            if not token:
+                return found
+            kwargs = {"NextToken": token}
+
+    def read_window(
+        self, shard_id: str, start_ms: int, end_ms: int, *, now_ms: Callable[[], int]
+    ) -> Iterator[UserRecord]:
+        """User records that arrived in ``[start_ms, end_ms]``, read once from ``start_ms``.
+
+        Stops at the first record that arrived after ``end_ms``, at a closed shard's end,
+        or at the tip once ``end_ms`` has passed. Arrival times are not monotonic, hence
+        callers pad the window with the skew margin.
+        """
+        iterator = self._iterator_at_timestamp(shard_id, start_ms)
+        last_sequence: str | None = None
+        while iterator is not None:
+            page, iterator = self._get_records(shard_id, iterator, last_sequence, start_ms)
+            for raw in page["Records"]:
+                last_sequence = str(raw["SequenceNumber"])
+                arrival = arrival_ms_of(raw.get("ApproximateArrivalTimestamp"))
+                if arrival > end_ms:
+                    return
+                yield from deaggregate(shard_id, raw)
+            if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
+                if now_ms() > end_ms:
+                    return
+                self._sleep(0.2)  # the window is still open: wait for late arrivals
+
+    def read_all(self, shard_id: str) -> Iterator[UserRecord]:
+        """Every user record of a shard from TRIM_HORIZON to its end (closed) or the tip."""
+        iterator: str | None = self._call(
+            "get_shard_iterator",
+            StreamName=self.stream,
+            ShardId=shard_id,
+            ShardIteratorType="TRIM_HORIZON",
+        )["ShardIterator"]
+        last_sequence: str | None = None
+        while iterator is not None:
+            page, iterator = self._get_records(shard_id, iterator, last_sequence, None)
+            for raw in page["Records"]:
+                last_sequence = str(raw["SequenceNumber"])
+                yield from deaggregate(shard_id, raw)
+            if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
+                return
+
+    def _iterator_at_timestamp(self, shard_id: str, start_ms: int) -> str | None:
+        return self._call(  # type: ignore[no-any-return]
+            "get_shard_iterator",
+            StreamName=self.stream,
+            ShardId=shard_id,
+            ShardIteratorType="AT_TIMESTAMP",
+            Timestamp=datetime.fromtimestamp(start_ms / 1000, tz=UTC),
+        )["ShardIterator"]
+
+    def _get_records(
+        self, shard_id: str, iterator: str, last_sequence: str | None, start_ms: int | None
+    ) -> tuple[dict[str, Any], str | None]:
+        throttled = 0
+        while True:
+            try:
+                self.get_records_calls += 1
+                page = self._client.get_records(ShardIterator=iterator, Limit=self._page_limit)
+            except botocore.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code == "ExpiredIteratorException":
+                    # iterators live 5 minutes: resume right after the last record seen
+                    iterator = self._resume(shard_id, last_sequence, start_ms)
+                    continue
+                if code in _READ_THROTTLED and throttled < self._max_throttle_retries:
+                    throttled += 1
+                    self._sleep(min(0.2 * 2**throttled, 5.0))
+                    continue
+                raise self._translate(exc, "get records", shard_id) from exc
+            except botocore.exceptions.BotoCoreError as exc:
+                raise StreamUnavailableError(
+                    f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
+                ) from exc
+            return page, page.get("NextShardIterator")
+
+    def _resume(self, shard_id: str, last_sequence: str | None, start_ms: int | None) -> str:
+        if last_sequence is not None:
+            kwargs: dict[str, Any] = {
+                "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": last_sequence,
+            }
+        elif start_ms is not None:
+            kwargs = {
+                "ShardIteratorType": "AT_TIMESTAMP",
+                "Timestamp": datetime.fromtimestamp(start_ms / 1000, tz=UTC),
+            }
+        else:
+            kwargs = {"ShardIteratorType": "TRIM_HORIZON"}
+        return self._call(  # type: ignore[no-any-return]
+            "get_shard_iterator", StreamName=self.stream, ShardId=shard_id, **kwargs
+        )["ShardIterator"]
+
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, operation)(**kwargs)
+        except botocore.exceptions.ClientError as exc:
+            raise self._translate(exc, operation, kwargs.get("ShardId")) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StreamUnavailableError(
+                f"Kinesis failed to {operation}: {exc}", stream=self.stream
+            ) from exc
+
+    def _translate(
+        self, exc: botocore.exceptions.ClientError, doing: str, shard_id: str | None
+    ) -> StreamNotFoundError | StreamUnavailableError:
+        code = exc.response.get("Error", {}).get("Code")
+        if code == "ResourceNotFoundException":
+            return StreamNotFoundError(
+                f"stream {self.stream!r} does not exist: run 'keo init'",
+                stream=self.stream,
+                shard_id=shard_id,
+            )
+        return StreamUnavailableError(
+            f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
+        )
+
+
+def _shard_of(raw: dict[str, Any]) -> Shard:
+    hash_range = raw["HashKeyRange"]
+    sequences = raw.get("SequenceNumberRange", {})
+    return Shard(
+        shard_id=raw["ShardId"],
+        starting_hash_key=int(hash_range["StartingHashKey"]),
+        ending_hash_key=int(hash_range["EndingHashKey"]),
+        parent_shard_id=raw.get("ParentShardId"),
+        adjacent_parent_shard_id=raw.get("AdjacentParentShardId"),
+        starting_sequence_number=str(sequences.get("StartingSequenceNumber", "0")),
+        ending_sequence_number=sequences.get("EndingSequenceNumber"),
+    )

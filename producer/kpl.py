@@ -1,0 +1,119 @@
+"""The one place that touches aws-kinesis-agg: the KPL aggregation format.
+
+Why a wrapper: importing aws-kinesis-agg puts its own folder first on ``sys.path`` (we put it
+back), its deaggregator re-encodes user data as base64 while raw records come back as bytes
+(we return bytes for both), and it prints and drops what it cannot parse (we raise instead).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+MAGIC = b"\xf3\x89\x9a\xc2"
+_DIGEST_BYTES = 16
+
+
+def _import_deaggregator() -> Any:
+    saved = list(sys.path)
+    try:
+        from aws_kinesis_agg import deaggregator, messages_pb2
+    finally:
+        sys.path[:] = saved
+    return deaggregator, messages_pb2
+
+
+_deaggregator, _messages_pb2 = _import_deaggregator()
+
+
+class AggregationFormatError(ValueError):
+    """A record carries the KPL magic and a valid digest but its user records cannot be read."""
+
+    def __init__(self, shard_id: str, sequence_number: str, reason: str) -> None:
+        super().__init__(
+            f"aggregated record {shard_id}/{sequence_number} cannot be deaggregated: {reason}"
+        )
+        self.shard_id = shard_id
+        self.sequence_number = sequence_number
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    """A user record as a KCL consumer sees it (one per raw record, or one per aggregated entry)."""
+
+    shard_id: str
+    partition_key: str
+    data: bytes
+    sequence_number: str
+    sub_sequence_number: int | None
+    explicit_hash_key: str | None
+    arrival_ms: int
+
+    @property
+    def aggregated(self) -> bool:
+        return self.sub_sequence_number is not None
+
+
+def is_aggregated(data: bytes) -> bool:
+    """True when ``data`` is a KPL aggregate: the magic, a protobuf body, and its MD5."""
+    if len(data) <= len(MAGIC) + _DIGEST_BYTES or not data.startswith(MAGIC):
+        return False
+    body, digest = data[len(MAGIC) : -_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+    return hashlib.md5(body, usedforsecurity=False).digest() == digest
+
+
+def deaggregate(shard_id: str, record: dict[str, Any]) -> Iterator[UserRecord]:
+    """The user records inside one GetRecords record (itself, when it is not aggregated)."""
+    data: bytes = record["Data"]
+    sequence_number = str(record["SequenceNumber"])
+    arrival_ms = arrival_ms_of(record.get("ApproximateArrivalTimestamp"))
+    if not is_aggregated(data):
+        yield UserRecord(
+            shard_id, record["PartitionKey"], data, sequence_number, None, None, arrival_ms
+        )
+        return
+    try:
+        entries = _parse(data).records
+    except Exception as exc:
+        raise AggregationFormatError(shard_id, sequence_number, str(exc)) from exc
+    expected = len(entries)
+    produced = 0
+    for user in _deaggregator.iter_deaggregate_records([record], data_format="Boto3"):
+        body = user["kinesis"]
+        # the library reports table entry 0 for user records that have no explicit hash key
+        has_ehk = produced < expected and entries[produced].HasField("explicit_hash_key_index")
+        produced += 1
+        yield UserRecord(
+            shard_id,
+            body["partitionKey"],
+            base64.b64decode(body["data"]),
+            sequence_number,
+            int(body["subSequenceNumber"]),
+            body.get("explicitHashKey") if has_ehk else None,
+            arrival_ms,
+        )
+    if produced != expected:
+        # the library printed the cause to stderr and stopped; never drop silently
+        raise AggregationFormatError(
+            shard_id, sequence_number, f"read {produced} of {expected} user records"
+        )
+
+
+def _parse(data: bytes) -> Any:
+    message = _messages_pb2.AggregatedRecord()
+    message.ParseFromString(data[len(MAGIC) : -_DIGEST_BYTES])
+    return message
+
+
+def arrival_ms_of(value: Any) -> int:
+    """``ApproximateArrivalTimestamp`` (a datetime from boto3, or epoch seconds) in epoch ms."""
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, int | float):
+        return int(value * 1000)
+    return 0

@@ -1,0 +1,113 @@
+"""Builds clients and the producer from settings. Entry points (CLI, Spark job) call this;
+nothing in the protocol creates its own clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from dedupe_store.clock import Clock, SystemClock
+from dedupe_store.ledger import DynamoDBLedger
+from producer.kinesis import KinesisReader, KinesisWriter, StreamInfo
+from producer.producer import ExactlyOnceProducer, ProducerPolicy
+from producer.readback import ReadBackResolver
+from producer.settings import ProducerSettings
+
+
+def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
+    """A Kinesis client. For puts, SDK retries are off: retries are the protocol's."""
+    if for_put:
+        config = Config(
+            connect_timeout=settings.put_connect_timeout_s,
+            read_timeout=settings.put_read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=16,
+        )
+    else:
+        config = Config(
+            connect_timeout=5,
+            read_timeout=30,
+            retries={"max_attempts": 5, "mode": "standard"},
+            max_pool_connections=16,
+        )
+    credentials = settings.emulator_credentials()
+    return boto3.session.Session().client(
+        "kinesis",
+        region_name=settings.kinesis_region(),
+        endpoint_url=settings.kinesis_endpoint_url,
+        config=config,
+        aws_access_key_id=credentials[0] if credentials else None,
+        aws_secret_access_key=credentials[1] if credentials else None,
+    )
+
+
+def ledger_from(settings: ProducerSettings) -> DynamoDBLedger:
+    return DynamoDBLedger(
+        settings.ledger_connection(),
+        dedupe_ttl_s=settings.dedupe_ttl_s,
+        inflight_buckets=settings.inflight_buckets,
+    )
+
+
+def policy_from(settings: ProducerSettings) -> ProducerPolicy:
+    return ProducerPolicy(
+        lease=settings.lease_policy(),
+        put_max_attempts=settings.put_max_attempts,
+        wait_initial_ms=round(settings.wait_initial_s * 1000),
+        wait_max_ms=round(settings.wait_max_s * 1000),
+        ledger_concurrency=settings.ledger_concurrency,
+        store_payload_max_bytes=settings.store_payload_max_bytes
+        if settings.store_payload
+        else None,
+    )
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Everything a producer or reconciler process needs, wired once."""
+
+    settings: ProducerSettings
+    ledger: DynamoDBLedger
+    writer: KinesisWriter
+    reader: KinesisReader
+    info: StreamInfo
+    clock: Clock
+
+    def resolver(self) -> ReadBackResolver:
+        return ReadBackResolver(
+            self.reader,
+            self.clock,
+            self.settings.lease_policy(),
+            retention_hours=self.info.retention_hours,
+        )
+
+    def producer(self, *, owner: str | None = None) -> ExactlyOnceProducer:
+        return ExactlyOnceProducer(
+            stream=self.settings.stream,
+            ledger=self.ledger,
+            writer=self.writer,
+            clock=self.clock,
+            policy=policy_from(self.settings),
+            resolver=self.resolver(),
+            owner=owner or self.settings.owner,
+            max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
+        )
+
+
+def build_stack(settings: ProducerSettings, *, clock: Clock | None = None) -> Stack:
+    """Wire clients for one stream and table; checks both exist (fails fast otherwise)."""
+    reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+    info = reader.describe()
+    ledger = ledger_from(settings)
+    ledger.ensure_ready()
+    return Stack(
+        settings=settings,
+        ledger=ledger,
+        writer=KinesisWriter(kinesis_client(settings, for_put=True), settings.stream),
+        reader=reader,
+        info=info,
+        clock=clock or SystemClock(),
+    )
