@@ -166,6 +166,14 @@ class DynamoDBLedger:
                 raise _translate(exc, self.table_name, None, "batch get") from exc
         return found
 
+    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
+        """Every ledger item of ``stream`` (a full table scan, filtered: for audits only)."""
+        try:
+            for item in self._model.scan(self._model.stream == stream, page_size=page_size):
+                yield _to_record(item)
+        except PynamoDBException as exc:
+            raise _translate(exc, self.table_name, None, "scan") from exc
+
     def stale_in_flight(
         self,
         stream: str,

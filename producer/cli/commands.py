@@ -10,12 +10,16 @@ from producer.cli.app import not_built
 
 
 def register(app: typer.Typer) -> None:
+    from producer.cli.audit import audit
     from producer.cli.init import init
+    from producer.cli.reconcile import reconcile
     from producer.cli.send import send
 
     app.command("init")(init)
     app.command("send")(send)
-    for name in ("reconcile", "audit", "serve", "demo", "bench"):
+    app.command("reconcile")(reconcile)
+    app.command("audit")(audit)
+    for name in ("serve", "demo", "bench"):
         app.command(name, help=f"({name}: not built yet)")(_stub(name))
 
 

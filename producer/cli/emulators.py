@@ -2,9 +2,134 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, NoReturn
+
 import typer
 
+from producer.cli.exit_codes import ExitCode
+
 app = typer.Typer(
-    help="Start, stop and inspect the embedded local stack (kinesalite, dynalite, kinesis-local).",
+    help=(
+        "Start, stop and inspect the embedded local stack (kinesalite, dynalite, kinesis-local), "
+        "bound to 127.0.0.1 only. Needs Node.js and 'npm ci' (or 'make setup')."
+    ),
     no_args_is_help=True,
 )
+
+StateDir = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        help="where emulators.json, endpoints.env, data/ and logs/ live",
+        envvar="KEO_STATE_DIR",
+        file_okay=False,
+    ),
+]
+DEFAULT_STATE_DIR = Path(".keo")
+
+
+@app.command()
+def up(
+    *,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    kinesis_local: Annotated[
+        bool,
+        typer.Option(
+            "--kinesis-local",
+            help="also start kinesis-local (kinesis-mock: UpdateShardCount, ChildShards)",
+        ),
+    ] = False,
+    kinesis_port: Annotated[
+        int | None,
+        typer.Option(help="port for kinesalite (default: a free one)", min=1, max=65535),
+    ] = None,
+    dynamodb_port: Annotated[
+        int | None,
+        typer.Option(help="port for dynalite (default: a free one)", min=1, max=65535),
+    ] = None,
+    kinesis_local_port: Annotated[
+        int | None,
+        typer.Option(help="port for kinesis-local (default: a free one)", min=1, max=65535),
+    ] = None,
+    timeout_s: Annotated[
+        float,
+        typer.Option("--timeout-s", help="how long to wait for them to answer", min=1),
+    ] = 30,
+) -> None:
+    """Start the emulators that are not running yet, and print their endpoints.
+
+    Running ones are reused. They outlive this command: stop them with 'keo emulators down'.
+
+    Then 'source <state-dir>/endpoints.env' points every other command at them.
+    """
+    from producer import emulators
+
+    requested = {
+        emulators.KINESALITE: kinesis_port,
+        emulators.DYNALITE: dynamodb_port,
+        emulators.KINESIS_LOCAL: kinesis_local_port,
+    }
+    ports = {name: port for name, port in requested.items() if port is not None}
+    try:
+        endpoints = emulators.up(
+            state_dir, kinesis_local=kinesis_local, timeout_s=timeout_s, ports=ports
+        )
+    except emulators.EmulatorError as exc:
+        _fail(exc)
+    typer.echo(f"kinesis        {endpoints.kinesis}")
+    typer.echo(f"dynamodb       {endpoints.dynamodb}")
+    if endpoints.kinesis_local is not None:
+        typer.echo(f"kinesis-local  {endpoints.kinesis_local}")
+    typer.echo(f"\nsource {state_dir / emulators.ENV_FILE}")
+
+
+@app.command()
+def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Stop every emulator started from STATE_DIR (SIGTERM, then SIGKILL). Data and logs stay."""
+    from producer import emulators
+
+    try:
+        stopped = emulators.down(state_dir)
+    except emulators.EmulatorError as exc:
+        _fail(exc)
+    typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Show each emulator started from STATE_DIR. Exit 1 if none is recorded or one is down."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from producer import emulators
+
+    try:
+        statuses = emulators.status(state_dir)
+    except emulators.EmulatorError as exc:
+        _fail(exc)
+    if not statuses:
+        typer.echo(f"no emulators recorded in {state_dir}: run 'keo emulators up'", err=True)
+        raise typer.Exit(ExitCode.FAILED)
+    table = Table("name", "pid", "port", "endpoint", "running")
+    for row in statuses:
+        table.add_row(
+            row.name,
+            str(row.pid),
+            str(row.port),
+            row.endpoint,
+            "yes" if row.running else "[red]no[/red]",
+        )
+    Console().print(table)
+    if not all(row.running for row in statuses):
+        typer.echo("some emulators are not running: run 'keo emulators up'", err=True)
+        raise typer.Exit(ExitCode.FAILED)
+
+
+def _fail(exc: Exception) -> NoReturn:
+    from producer import emulators
+
+    typer.echo(f"keo emulators: {exc}", err=True)
+    # a missing program or package is the environment's configuration, not a backend outage
+    missing = isinstance(exc, emulators.NodeNotFoundError | emulators.NodeModulesMissingError)
+    raise typer.Exit(ExitCode.CONFIG if missing else ExitCode.UNAVAILABLE)

@@ -23,6 +23,7 @@ from producer.cli.options import (
     exit_on_errors,
     load_settings,
 )
+from producer.cli.progress import Progress
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message
 
@@ -82,7 +83,7 @@ def send(
     counts: Counter[str] = Counter()
     with exit_on_errors():
         stack = build_stack(settings)
-        with stack.producer() as producer, _Progress(show_progress) as advance:
+        with stack.producer() as producer, Progress(show_progress, "sending") as advance:
             for chunk in _chunks(_parse_lines(source, data_encoding), chunk_size):
                 messages = [m for _, m in chunk if isinstance(m, Message)]
                 sent = iter(producer.send(messages))
@@ -166,34 +167,3 @@ def _chunks(
             chunk = []
     if chunk:
         yield chunk
-
-
-class _Progress:
-    """A rich progress bar on stderr, or nothing."""
-
-    def __init__(self, enabled: bool) -> None:
-        self._enabled = enabled
-        self._bar: object | None = None
-
-    def __enter__(self):  # type: ignore[no-untyped-def]
-        if not self._enabled:
-            return lambda _n: None
-        from rich.console import Console
-        from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
-
-        bar = Progress(
-            SpinnerColumn(),
-            "sending",
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        bar.start()
-        task = bar.add_task("send", total=None)
-        self._bar = bar
-        return lambda n: bar.advance(task, n)
-
-    def __exit__(self, *_: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()  # type: ignore[attr-defined]

@@ -1,0 +1,167 @@
+"""The audit: reads the whole stream as any consumer would and proves exactly-once.
+
+The verdict comes from the stream itself (each key once, every expected key present); the
+ledger is only compared against it (unknown records, DELIVERED keys missing, positions that
+disagree, claims still IN_FLIGHT). Aggregated records are deaggregated, and user records
+whose hash falls outside their shard's range are dropped, as KCL drops them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dedupe_store.ledger import DynamoDBLedger
+from dedupe_store.records import Position
+from dedupe_store.states import LedgerState
+from producer.kinesis import KinesisReader, Shard
+from producer.kpl import UserRecord
+from producer.protocol import hash_key_of
+
+
+@dataclass
+class AuditReport:
+    stream: str
+    shards: int = 0
+    user_records: int = 0
+    distinct_keys: int = 0
+    dropped_by_kcl: int = 0
+    duplicates: dict[str, list[Position]] = field(default_factory=dict)
+    unknown_keys: list[str] = field(default_factory=list)
+    missing_delivered: list[str] = field(default_factory=list)
+    position_mismatches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    in_flight: list[str] = field(default_factory=list)
+    unverifiable: list[str] = field(default_factory=list)
+    expected: int | None = None
+    expected_missing: list[str] = field(default_factory=list)
+
+    @property
+    def anomalies(self) -> int:
+        return (
+            len(self.duplicates)
+            + len(self.unknown_keys)
+            + len(self.missing_delivered)
+            + len(self.position_mismatches)
+            + len(self.in_flight)
+            + len(self.unverifiable)
+            + len(self.expected_missing)
+        )
+
+    @property
+    def clean(self) -> bool:
+        return self.anomalies == 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "clean": self.clean,
+            "shards": self.shards,
+            "user_records": self.user_records,
+            "distinct_keys": self.distinct_keys,
+            "dropped_by_kcl": self.dropped_by_kcl,
+            "duplicates": {
+                key: [_position_json(p) for p in positions]
+                for key, positions in self.duplicates.items()
+            },
+            "duplicate_count": len(self.duplicates),
+            "unknown_keys": self.unknown_keys,
+            "missing_delivered": self.missing_delivered,
+            "position_mismatches": self.position_mismatches,
+            "in_flight": self.in_flight,
+            "unverifiable": self.unverifiable,
+            "expected": self.expected,
+            "expected_missing": self.expected_missing,
+            "missing_count": len(self.expected_missing) + len(self.missing_delivered),
+        }
+
+
+def audit_stream(
+    reader: KinesisReader,
+    ledger: DynamoDBLedger | None,
+    *,
+    expected: Iterable[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> AuditReport:
+    report = AuditReport(reader.stream)
+    shards = reader.shards()
+    report.shards = len(shards)
+    seen: dict[str, list[Position]] = defaultdict(list)
+    for shard in shards:
+        for record in reader.read_all(shard.shard_id):
+            if not _visible_to_kcl(record, shard):
+                report.dropped_by_kcl += 1
+                continue
+            report.user_records += 1
+            seen[record.partition_key].append(
+                Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
+            )
+        if progress is not None:
+            progress(1)
+    report.distinct_keys = len(seen)
+    report.duplicates = {key: pos for key, pos in seen.items() if len(pos) > 1}
+
+    if expected is not None:
+        wanted = list(dict.fromkeys(expected))
+        report.expected = len(wanted)
+        report.expected_missing = [key for key in wanted if key not in seen]
+
+    if ledger is not None:
+        _compare_with_ledger(report, ledger, seen)
+    return report
+
+
+def _compare_with_ledger(
+    report: AuditReport, ledger: DynamoDBLedger, seen: dict[str, list[Position]]
+) -> None:
+    known: set[str] = set()
+    for record in ledger.scan(report.stream):
+        known.add(record.key)
+        positions = seen.get(record.key)
+        if record.state is LedgerState.IN_FLIGHT:
+            report.in_flight.append(record.key)
+        elif record.state is LedgerState.UNVERIFIABLE:
+            report.unverifiable.append(record.key)
+        elif record.state is LedgerState.DELIVERED:
+            if not positions:
+                report.missing_delivered.append(record.key)
+            elif record.position is not None and not any(
+                _same_record(record.position, p) for p in positions
+            ):
+                report.position_mismatches[record.key] = {
+                    "ledger": _position_json(record.position),
+                    "stream": [_position_json(p) for p in positions],
+                }
+    report.unknown_keys = sorted(key for key in seen if key not in known)
+
+
+def _same_record(a: Position, b: Position) -> bool:
+    # sequence numbers are unique per shard only; compare them as integers
+    return (
+        a.shard_id == b.shard_id
+        and int(a.sequence_number) == int(b.sequence_number)
+        and (a.sub_sequence_number or 0) == (b.sub_sequence_number or 0)
+    )
+
+
+def _visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
+    """KCL drops deaggregated user records whose hash key is outside the shard's range."""
+    if not record.aggregated:
+        return True
+    hash_key = (
+        int(record.explicit_hash_key)
+        if record.explicit_hash_key
+        else hash_key_of(record.partition_key)
+    )
+    return shard.covers(hash_key)
+
+
+def _position_json(position: Position) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "shard_id": position.shard_id,
+        "sequence_number": position.sequence_number,
+    }
+    if position.sub_sequence_number is not None:
+        body["sub_sequence_number"] = position.sub_sequence_number
+    return body

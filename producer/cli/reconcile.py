@@ -1,0 +1,117 @@
+"""``keo reconcile``: resolve stale in-flight claims by reading the stream back."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from producer.cli.exit_codes import ExitCode
+from producer.cli.options import (
+    DynamoEndpointOpt,
+    KinesisEndpointOpt,
+    StreamOpt,
+    TableOpt,
+    exit_on_errors,
+    load_settings,
+)
+from producer.cli.progress import Progress
+
+
+def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
+    """``i/N``: this reconciler takes the index buckets b with b % N == i."""
+    if value is None:
+        return None
+    try:
+        index_text, count_text = value.split("/")
+        index, count = int(index_text), int(count_text)
+    except ValueError:
+        raise typer.BadParameter("use i/N, e.g. 0/2 and 1/2 for two reconcilers") from None
+    if count < 1 or not 0 <= index < count:
+        raise typer.BadParameter(f"need 0 <= i < N, got {value}")
+    return [b for b in range(buckets) if b % count == index]
+
+
+def reconcile(
+    stream: StreamOpt = None,
+    table: TableOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="one pass, then exit (for cron)")] = False,
+    loop: Annotated[bool, typer.Option("--loop", help="run until interrupted")] = False,
+    interval_s: Annotated[
+        float, typer.Option("--interval", min=0.1, help="seconds between passes with --loop")
+    ] = 30.0,
+    bucket: Annotated[
+        str | None,
+        typer.Option(
+            "--bucket",
+            help="i/N: take a share of the in-flight index, so N reconcilers split the work",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the summary as JSON on stdout")] = False,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="progress bar on stderr")
+    ] = None,
+    kinesis_endpoint_url: KinesisEndpointOpt = None,
+    dynamodb_endpoint_url: DynamoEndpointOpt = None,
+) -> None:
+    """Resolve claims whose lease expired: found in the stream -> DELIVERED; not found ->
+    resent (when the claim stored its payload) or RELEASED for the next producer; older
+    than the stream's retention -> UNVERIFIABLE (never resent).
+
+    Safe to run several at once: every write is conditional on the attempt seen.
+
+    Exit codes with --once: 0 nothing left unresolved, 1 something is (conflicts, pending
+    claims, errors), 3 configuration, 4 a backend is unreachable.
+
+    Example (cron, every minute): keo reconcile --stream orders --table orders-ledger --once
+    """
+    if once == loop:
+        typer.echo("keo reconcile: give exactly one of --once or --loop", err=True)
+        raise typer.Exit(ExitCode.USAGE)
+    settings = load_settings(
+        stream=stream,
+        table=table,
+        kinesis_endpoint_url=kinesis_endpoint_url,
+        dynamodb_endpoint_url=dynamodb_endpoint_url,
+    )
+    buckets = parse_bucket_share(bucket, settings.inflight_buckets)
+    from producer.producer import default_owner
+    from producer.reconciler import Reconciler
+    from producer.wiring import build_stack
+
+    show = progress if progress is not None else sys.stderr.isatty()
+    with exit_on_errors():
+        stack = build_stack(settings)
+        reconciler = Reconciler(
+            stream=settings.stream,
+            ledger=stack.ledger,
+            resolver=stack.resolver(),
+            writer=stack.writer,
+            clock=stack.clock,
+            lease=settings.lease_policy(),
+            owner=f"reconciler:{default_owner()}",
+            buckets=buckets,
+        )
+        while True:
+            with Progress(show, "reconciling") as advance:
+                report = reconciler.run_once(advance)
+            if as_json:
+                sys.stdout.write(json.dumps(report.as_json()) + "\n")
+                sys.stdout.flush()
+            typer.echo(
+                f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
+                f"{report.delivered} delivered, {report.resent} resent, "
+                f"{report.released} released, {report.unverifiable} unverifiable, "
+                f"{len(report.conflicts)} conflicts, {report.pending} pending, "
+                f"{report.lost_races} taken by others, {report.errors} errors "
+                f"({report.get_records_calls} GetRecords calls)",
+                err=True,
+            )
+            if once:
+                break
+            time.sleep(interval_s)
+    if report.unresolved:
+        raise typer.Exit(ExitCode.FAILED)

@@ -1,0 +1,129 @@
+"""``keo serve``: the delivery-state API (FastAPI on uvicorn), reading the ledger.
+
+Settings come from the environment (``KEO_*``, see ``api.settings.ApiSettings``); flags override
+them. Without ``KEO_API_TOKEN`` it refuses to start (exit 3) unless ``--no-auth`` asks for an
+open API explicitly, and that is allowed on a loopback address only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from producer.cli.exit_codes import ExitCode
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to the ``keo`` app."""
+    app.command("serve")(serve)
+
+
+def serve(
+    *,
+    table: Annotated[
+        str | None,
+        typer.Option(help="DynamoDB table of the ledger [default: KEO_TABLE, or keo-ledger]"),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(help="address to listen on (127.0.0.1: this machine only)")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8080,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="serve /v1 without a bearer token: local use only (loopback addresses only)",
+        ),
+    ] = False,
+    dynamodb_endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--dynamodb-endpoint-url",
+            help="DynamoDB endpoint [default: KEO_DYNAMODB_ENDPOINT_URL, or AWS]",
+        ),
+    ] = None,
+    stream_retention_hours: Annotated[
+        int | None,
+        typer.Option(
+            help="the streams' retention, for the exactly-once window "
+            "[default: KEO_STREAM_RETENTION_HOURS, or unknown]",
+            min=24,
+            max=8760,
+        ),
+    ] = None,
+) -> None:
+    """Serve the delivery-state API: was key X delivered, where, and when?
+
+    Every /v1 route needs 'Authorization: Bearer <KEO_API_TOKEN>'. /healthz, /readyz and
+    /metrics are open; the OpenAPI document is at /openapi.json, its browser at /docs.
+    """
+    from pydantic import ValidationError
+
+    from api import ApiConfigError, ApiSettings, create_app
+
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in {
+            "table": table,
+            "dynamodb_endpoint_url": dynamodb_endpoint_url,
+            "stream_retention_hours": stream_retention_hours,
+        }.items()
+        if value is not None
+    }
+    try:
+        settings = ApiSettings(**overrides)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            for error in exc.errors()
+        )
+        _fail_config(f"invalid settings: {reasons}")
+    if no_auth:
+        if not _is_loopback(host):
+            _fail_config(
+                f"--no-auth serves the ledger to anyone who can connect: refused on {host!r}; "
+                "use a loopback address (127.0.0.1) or set KEO_API_TOKEN"
+            )
+        typer.secho(
+            "keo serve: WARNING: AUTHENTICATION IS OFF (--no-auth): every /v1 route answers "
+            "without a token. For local use only.",
+            err=True,
+            fg=typer.colors.RED,
+            bold=True,
+        )
+    try:
+        app = create_app(settings, require_auth=not no_auth)
+    except ApiConfigError as exc:
+        _fail_config(str(exc))
+    except ValueError as exc:  # no AWS region, and the like
+        _fail_config(str(exc))
+
+    import uvicorn
+
+    typer.echo(
+        f"keo serve: delivery-state API on http://{_url_host(host)}:{port} "
+        f"(table {settings.table}, auth {'off' if no_auth else 'bearer'})",
+        err=True,
+    )
+    # log_config=None: uvicorn logs through keo's logging setup (-v for access logs)
+    uvicorn.run(app, host=host, port=port, log_config=None, server_header=False)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _fail_config(message: str) -> NoReturn:
+    typer.echo(f"keo serve: {message}", err=True)
+    raise typer.Exit(ExitCode.CONFIG)

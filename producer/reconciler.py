@@ -1,0 +1,202 @@
+"""The reconciler: resolves stale in-flight claims by reading the stream back.
+
+For each claim whose lease expired for everyone (lease + skew), from the sparse in-flight
+index, re-read consistently and resolve by read-back, grouped by shard:
+
+    FOUND         -> mark DELIVERED at the found position (conditional on the attempt seen)
+    NOT_FOUND     -> the claim stored its payload: take over and send it; else RELEASE
+    UNVERIFIABLE  -> mark UNVERIFIABLE; never resend
+    CONFLICT      -> leave it and report: an operator decides
+
+Every write is conditional on the attempt seen, so two reconcilers (or a reconciler and a
+producer) racing over the same claims never both act.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dedupe_store.clock import Clock
+from dedupe_store.errors import LedgerError
+from dedupe_store.ledger import DynamoDBLedger
+from dedupe_store.records import ClaimStatus, LedgerRecord, Position
+from dedupe_store.states import LedgerState
+from producer import failpoints, metrics
+from producer.kinesis import KinesisWriter
+from producer.protocol import LeasePolicy, PutResultKind
+from producer.readback import ReadBackResolver, Resolution
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    stream: str
+    scanned: int = 0
+    delivered: int = 0  # found in the stream and marked
+    resent: int = 0  # not found, sent again from the stored payload
+    released: int = 0  # not found, no payload: the next producer sends it
+    unverifiable: int = 0
+    conflicts: list[str] = field(default_factory=list)
+    pending: int = 0  # could not be settled this run (the put may land, or a resend is unsure)
+    lost_races: int = 0  # another party changed the claim first: nothing to do
+    errors: int = 0
+    get_records_calls: int = 0
+
+    @property
+    def unresolved(self) -> int:
+        return len(self.conflicts) + self.pending + self.errors
+
+    def as_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["unresolved"] = self.unresolved
+        return body
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        stream: str,
+        ledger: DynamoDBLedger,
+        resolver: ReadBackResolver,
+        writer: KinesisWriter,
+        clock: Clock,
+        lease: LeasePolicy,
+        owner: str,
+        buckets: Sequence[int] | None = None,
+        chunk_size: int = 1000,
+    ) -> None:
+        self.stream = stream
+        self._ledger = ledger
+        self._resolver = resolver
+        self._writer = writer
+        self._clock = clock
+        self._lease = lease
+        self.owner = owner
+        self._buckets = buckets
+        self._chunk_size = chunk_size
+
+    def run_once(self, progress: Callable[[int], None] | None = None) -> ReconcileReport:
+        report = ReconcileReport(self.stream)
+        calls_before = self._resolver.get_records_calls
+        # stale for everyone: lease + skew has passed by our clock
+        cutoff_ms = self._clock.now_ms() - self._lease.skew_ms
+        keys = self._ledger.stale_in_flight(self.stream, now_ms=cutoff_ms, buckets=self._buckets)
+        for chunk in _chunks(keys, self._chunk_size):
+            self._reconcile_chunk(chunk, report)
+            if progress is not None:
+                progress(len(chunk))
+        report.get_records_calls = self._resolver.get_records_calls - calls_before
+        log.info(
+            "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
+            "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",
+            self.stream,
+            report.scanned,
+            report.delivered,
+            report.resent,
+            report.released,
+            report.unverifiable,
+            len(report.conflicts),
+            report.pending,
+            report.lost_races,
+            report.errors,
+        )
+        return report
+
+    def _reconcile_chunk(self, keys: list[str], report: ReconcileReport) -> None:
+        now_ms = self._clock.now_ms()
+        # the index is eventually consistent: act only on what a consistent read shows
+        current = self._ledger.batch_get(self.stream, keys)
+        claims = [
+            record
+            for record in current.values()
+            if record.state is LedgerState.IN_FLIGHT
+            and self._lease.expired_for_everyone(record.lease_expires_at_ms or 0, now_ms)
+        ]
+        report.scanned += len(claims)
+        if not claims:
+            return
+        results = self._resolver.resolve(claims)
+        for claim in claims:
+            result = results[claim.key]
+            metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
+            try:
+                self._act(claim, result.resolution, result.position, report)
+            except LedgerError as exc:
+                log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
+                report.errors += 1
+
+    def _act(
+        self,
+        claim: LedgerRecord,
+        resolution: Resolution,
+        position: Position | None,
+        report: ReconcileReport,
+    ) -> None:
+        if resolution is Resolution.FOUND and position is not None:
+            failpoints.hit("reconcile_before_mark")
+            applied = self._ledger.mark_delivered(
+                claim, position, now_ms=self._clock.now_ms()
+            ).applied
+            _count(report, applied, "delivered")
+        elif resolution is Resolution.NOT_FOUND:
+            if claim.payload is not None:
+                self._resend(claim, report)
+            else:
+                _count(report, self._ledger.release(claim).applied, "released")
+        elif resolution is Resolution.UNVERIFIABLE:
+            _count(report, self._ledger.mark_unverifiable(claim).applied, "unverifiable")
+        elif resolution is Resolution.CONFLICT:
+            report.conflicts.append(claim.key)
+        else:
+            report.pending += 1
+
+    def _resend(self, claim: LedgerRecord, report: ReconcileReport) -> None:
+        """Send a stored payload under a new attempt; ambiguous again means: next run."""
+        taken = self._ledger.take_over(
+            claim, owner=self.owner, now_ms=self._clock.now_ms(), lease_ms=self._lease.lease_ms
+        )
+        if taken.status is not ClaimStatus.WON or taken.record is None:
+            report.lost_races += 1
+            return
+        record = taken.record
+        if not self._lease.safe_to_send(record.lease_expires_at_ms or 0, self._clock.now_ms()):
+            report.pending += 1
+            return
+        (result,) = self._writer.put_entries(
+            [
+                {
+                    "Data": claim.payload,
+                    "PartitionKey": claim.key,
+                    "ExplicitHashKey": claim.routing_hash_key,
+                }
+            ]
+        )
+        if result.kind is not PutResultKind.WRITTEN:
+            report.pending += 1  # still IN_FLIGHT under our attempt; the next run settles it
+            return
+        position = Position(str(result.shard_id), str(result.sequence_number))
+        applied = self._ledger.mark_delivered(record, position, now_ms=self._clock.now_ms()).applied
+        _count(report, applied, "resent")
+
+
+def _count(report: ReconcileReport, applied: bool, name: str) -> None:
+    if applied:
+        setattr(report, name, getattr(report, name) + 1)
+    else:
+        report.lost_races += 1
+
+
+def _chunks(keys: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for key in keys:
+        chunk.append(key)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
