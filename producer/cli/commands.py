@@ -11,6 +11,7 @@ from producer.cli.app import not_built
 
 def register(app: typer.Typer) -> None:
     from producer.cli.audit import audit
+    from producer.cli.demo import demo
     from producer.cli.init import init
     from producer.cli.reconcile import reconcile
     from producer.cli.send import send
@@ -19,7 +20,8 @@ def register(app: typer.Typer) -> None:
     app.command("send")(send)
     app.command("reconcile")(reconcile)
     app.command("audit")(audit)
-    for name in ("serve", "demo", "bench"):
+    app.command("demo")(demo)
+    for name in ("serve", "bench"):
         app.command(name, help=f"({name}: not built yet)")(_stub(name))
 
 

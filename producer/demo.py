@@ -1,0 +1,145 @@
+"""The demo: the same messages, the same injected faults, two producers, two audits.
+
+A plain at-least-once producer (boto3 ``put_records`` in batches of 500, retrying a batch
+whose response was lost, as the SDK does) against the exactly-once producer. Faults injected
+into both identically: PutRecords responses lost after the write, and a batch replayed as
+Spark replays a crashed micro-batch. Both streams are then audited by the same audit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.exceptions
+
+from producer.audit import AuditReport, audit_stream
+from producer.kinesis import KinesisReader
+from producer.outcomes import OutcomeStatus
+from producer.protocol import Message, explicit_hash_key
+from producer.settings import ProducerSettings
+from producer.wiring import build_stack, kinesis_client, ledger_from
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoResult:
+    name: str
+    messages_in: int
+    faults_injected: int
+    batches_replayed: int
+    report: AuditReport
+    seconds: float
+
+
+class LostResponses:
+    """Every ``every``-th PutRecords is written, then its response is lost (a read timeout)."""
+
+    def __init__(self, client: Any, every: int) -> None:
+        self._every = every
+        self._calls = itertools.count(1)
+        self._lock = threading.Lock()
+        self.injected = 0
+        client.meta.events.register("after-call.kinesis.PutRecords", self._after_call)
+
+    def _after_call(self, **_: Any) -> None:
+        with self._lock:
+            call = next(self._calls)
+            if call % self._every:
+                return
+            self.injected += 1
+        raise botocore.exceptions.ReadTimeoutError(endpoint_url="injected: response lost")
+
+
+def messages(count: int) -> list[Message]:
+    return [
+        Message(f"order-{i:06d}", f'{{"order": {i}, "amount": {i % 97}}}'.encode())
+        for i in range(count)
+    ]
+
+
+def run_at_least_once(
+    settings: ProducerSettings, batch: Sequence[Message], lose_every: int
+) -> tuple[int, int]:
+    """What users have today: put_records, resend the batch when the response is lost."""
+    client = kinesis_client(settings, for_put=True)
+    faults = LostResponses(client, lose_every)
+    for start in range(0, len(batch), 500):
+        chunk = batch[start : start + 500]
+        entries = [
+            {"Data": m.data, "PartitionKey": m.key, "ExplicitHashKey": explicit_hash_key(m)}
+            for m in chunk
+        ]
+        while entries:
+            try:
+                response = client.put_records(StreamName=settings.stream, Records=entries)
+            except botocore.exceptions.ReadTimeoutError:
+                continue  # the SDK's default: a timed-out request is sent again
+            entries = [
+                entry
+                for entry, result in zip(entries, response["Records"], strict=True)
+                if result.get("ErrorCode")
+            ]
+    return faults.injected, 0
+
+
+def run_exactly_once(
+    settings: ProducerSettings, batch: Sequence[Message], lose_every: int
+) -> tuple[int, list[OutcomeStatus]]:
+    stack = build_stack(settings)
+    faults = LostResponses(stack.writer._client, lose_every)
+    statuses: list[OutcomeStatus] = []
+    with stack.producer(owner="demo") as producer:
+        for start in range(0, len(batch), 500):
+            statuses.extend(o.status for o in producer.send(batch[start : start + 500]))
+    return faults.injected, statuses
+
+
+def run_demo(
+    settings: ProducerSettings,
+    *,
+    count: int = 2000,
+    lose_every: int = 2,
+    say: Callable[[str], None] = print,
+) -> list[DemoResult]:
+    suffix = time.strftime("%H%M%S")
+    batch = messages(count)
+    replay = batch[:500]  # the first micro-batch, replayed after a "crash"
+    results: list[DemoResult] = []
+    for name in ("at-least-once", "exactly-once"):
+        stream = f"demo-{name}-{suffix}"
+        run_settings = settings.model_copy(update={"stream": stream})
+        _create(run_settings)
+        say(f"{name}: {count} messages into {stream}, every {lose_every}. response lost")
+        started = time.monotonic()
+        if name == "at-least-once":
+            faults, _ = run_at_least_once(run_settings, batch, lose_every)
+            more, _ = run_at_least_once(run_settings, replay, lose_every)
+        else:
+            faults, _ = run_exactly_once(run_settings, batch, lose_every)
+            more, _ = run_exactly_once(run_settings, replay, lose_every)
+        seconds = time.monotonic() - started
+        reader = KinesisReader(kinesis_client(run_settings, for_put=False), stream)
+        ledger = ledger_from(run_settings) if name == "exactly-once" else None
+        report = audit_stream(reader, ledger, expected=[m.key for m in batch])
+        results.append(DemoResult(name, count, faults + more, 1, report, seconds))
+    return results
+
+
+def _create(settings: ProducerSettings) -> None:
+    client = kinesis_client(settings, for_put=False)
+    try:
+        client.create_stream(StreamName=settings.stream, ShardCount=4)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise
+    client.get_waiter("stream_exists").wait(
+        StreamName=settings.stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
+    )
+    ledger_from(settings).create_table()
