@@ -51,7 +51,7 @@ class LedgerSettings(BaseSettings):
 
     @field_validator("dynamodb_endpoint_url")
     @classmethod
-    def _endpoint_is_url(cls, value: str | None) -> str | None:
+    def _dynamodb_endpoint_is_url(cls, value: str | None) -> str | None:
         if value in (None, ""):
             return None
         if not value.startswith(("http://", "https://")):

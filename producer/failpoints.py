@@ -8,6 +8,7 @@ When the variable is unset, :func:`hit` is a dictionary lookup on an empty dict.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -25,13 +26,21 @@ class FailpointError(RuntimeError):
         self.step = step
 
 
+def _is_sleep(action: str) -> bool:
+    prefix, _, seconds = action.partition(":")
+    try:
+        return prefix == "sleep" and math.isfinite(float(seconds)) and float(seconds) >= 0
+    except ValueError:
+        return False
+
+
 def _parse(spec: str) -> dict[str, str]:
     actions: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         step, _, action = part.partition("=")
         if step not in STEPS:
             raise ValueError(f"KEO_FAILPOINTS: unknown step {step!r}; known: {sorted(STEPS)}")
-        if action not in {"kill", "raise"} and not action.startswith("sleep:"):
+        if action not in {"kill", "raise"} and not _is_sleep(action):
             raise ValueError(f"KEO_FAILPOINTS: unknown action {action!r} for {step}")
         actions[step] = action
     return actions
@@ -54,5 +63,6 @@ def hit(step: str) -> None:
 
 def configure(spec: str) -> None:
     """Replace the active failpoints (in-process tests)."""
+    parsed = _parse(spec)  # a bad spec leaves the armed failpoints as they were
     _ACTIVE.clear()
-    _ACTIVE.update(_parse(spec))
+    _ACTIVE.update(parsed)

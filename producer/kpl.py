@@ -19,16 +19,46 @@ MAGIC = b"\xf3\x89\x9a\xc2"
 _DIGEST_BYTES = 16
 
 
-def _import_deaggregator() -> Any:
+def _import_library() -> Any:
     saved = list(sys.path)
     try:
-        from aws_kinesis_agg import deaggregator, messages_pb2
+        from aws_kinesis_agg import aggregator, deaggregator, messages_pb2
     finally:
         sys.path[:] = saved
-    return deaggregator, messages_pb2
+    return aggregator, deaggregator, messages_pb2
 
 
-_deaggregator, _messages_pb2 = _import_deaggregator()
+_aggregator, _deaggregator, _messages_pb2 = _import_library()
+# The aggregate's own partition key counts against the record limit too: up to 256
+# characters of up to 4 UTF-8 bytes each.
+_AGGREGATE_KEY_RESERVE_BYTES = 1024
+
+
+class Aggregate:
+    """One KPL aggregated record being filled. Not thread-safe (neither is the library):
+    build each aggregate in one thread."""
+
+    def __init__(self, max_record_bytes: int) -> None:
+        limit = min(max_record_bytes, 1024 * 1024) - _AGGREGATE_KEY_RESERVE_BYTES
+        self._record = _aggregator.AggRecord(max_size=limit)
+
+    def add(self, partition_key: str, data: bytes, explicit_hash_key: str | None) -> bool:
+        """Add a user record; False when it does not fit (start another aggregate)."""
+        try:
+            return bool(self._record.add_user_record(partition_key, data, explicit_hash_key))
+        except ValueError:
+            return False  # bigger than an aggregate can hold: the caller sends it alone
+
+    def __len__(self) -> int:
+        return int(self._record.get_num_user_records())
+
+    def entry(self) -> dict[str, Any]:
+        """The PutRecords entry: routed by the first user record's hash key."""
+        partition_key, explicit_hash_key, data = self._record.get_contents()
+        body: dict[str, Any] = {"Data": data, "PartitionKey": partition_key}
+        if explicit_hash_key:
+            body["ExplicitHashKey"] = explicit_hash_key
+        return body
 
 
 class AggregationFormatError(ValueError):
@@ -83,7 +113,9 @@ def deaggregate(shard_id: str, record: dict[str, Any]) -> Iterator[UserRecord]:
         raise AggregationFormatError(shard_id, sequence_number, str(exc)) from exc
     expected = len(entries)
     produced = 0
-    for user in _deaggregator.iter_deaggregate_records([record], data_format="Boto3"):
+    # the library needs every field GetRecords returns; tests and tools may omit the time
+    complete = {"ApproximateArrivalTimestamp": None, **record}
+    for user in _deaggregator.iter_deaggregate_records([complete], data_format="Boto3"):
         body = user["kinesis"]
         # the library reports table entry 0 for user records that have no explicit hash key
         has_ehk = produced < expected and entries[produced].HasField("explicit_hash_key_index")

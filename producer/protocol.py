@@ -5,10 +5,12 @@ classification of PutRecords results. No I/O; every function here is unit-tested
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 MAX_KEY_CHARS = 256
 MAX_RECORDS_PER_PUT = 500
@@ -193,10 +195,20 @@ def batches(
     max_request_bytes: int = MAX_PUT_REQUEST_BYTES,
 ) -> Iterator[list[PreparedMessage]]:
     """Group records into PutRecords requests within the record count and request size limits."""
-    batch: list[PreparedMessage] = []
+    return batch_by_size(items, lambda item: item.record_bytes, max_records, max_request_bytes)
+
+
+def batch_by_size(
+    items: Iterable[_T],
+    size_of: Callable[[_T], int],
+    max_records: int = MAX_RECORDS_PER_PUT,
+    max_request_bytes: int = MAX_PUT_REQUEST_BYTES,
+) -> Iterator[list[_T]]:
+    """Group PutRecords entries, in order, within the count and request size limits."""
+    batch: list[_T] = []
     batch_bytes = 0
     for item in items:
-        size = item.record_bytes
+        size = size_of(item)
         if batch and (len(batch) >= max_records or batch_bytes + size > max_request_bytes):
             yield batch
             batch, batch_bytes = [], 0

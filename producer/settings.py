@@ -46,7 +46,7 @@ class ProducerSettings(LedgerSettings):
 
     @field_validator("kinesis_endpoint_url")
     @classmethod
-    def _endpoint_is_url(cls, value: str | None) -> str | None:
+    def _kinesis_endpoint_is_url(cls, value: str | None) -> str | None:
         if value in (None, ""):
             return None
         if not value.startswith(("http://", "https://")):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import sys
 from collections import Counter
@@ -146,7 +145,7 @@ def parse_line(line: str, encoding: DataEncoding) -> Message | str:
     if encoding is DataEncoding.BASE64:
         try:
             payload = base64.b64decode(data, validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or non-ASCII text
             return "'data' is not valid base64"
     else:
         try:

@@ -1,0 +1,158 @@
+"""Failpoints: a test names a step and an action; the process fails exactly there, nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from producer import failpoints
+from producer.failpoints import STEPS, FailpointError, configure, hit
+
+
+@pytest.fixture(autouse=True)
+def no_failpoints_after_the_test() -> Iterator[None]:
+    yield
+    configure("")
+
+
+@pytest.fixture
+def recorded_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    sleeps: list[float] = []
+    monkeypatch.setattr(failpoints.time, "sleep", sleeps.append)
+    return sleeps
+
+
+# --- parsing the spec ---------------------------------------------------------------------------
+
+
+def test_unknown_step_is_rejected_by_name() -> None:
+    # GIVEN a spec naming a step the producer does not have (a typo)
+    # WHEN parsed
+    with pytest.raises(ValueError, match="unknown step 'after_clam'") as excinfo:
+        failpoints._parse("after_clam=raise")
+    # THEN the message names it, the variable, and the steps that exist
+    assert "KEO_FAILPOINTS" in str(excinfo.value)
+    assert "after_claim" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("action", ["explode", "", "KILL", "sleep"])
+def test_unknown_action_is_rejected_by_name(action: str) -> None:
+    # GIVEN a spec with an action that does not exist
+    # WHEN parsed
+    # THEN the message names the action and its step
+    with pytest.raises(ValueError, match=f"unknown action '{action}' for before_put"):
+        failpoints._parse(f"before_put={action}")
+
+
+def test_step_without_action_is_rejected() -> None:
+    # GIVEN a step with no "=action"
+    # WHEN parsed
+    # THEN it is refused rather than ignored
+    with pytest.raises(ValueError, match="unknown action '' for after_put"):
+        failpoints._parse("after_put")
+
+
+def test_spec_with_several_failpoints_and_spaces_is_read() -> None:
+    # GIVEN a spec with several entries, spaces and an empty entry
+    spec = " after_claim=raise , before_mark=sleep:0.5,, after_mark=kill "
+    # WHEN parsed
+    # THEN each step gets its action
+    assert failpoints._parse(spec) == {
+        "after_claim": "raise",
+        "before_mark": "sleep:0.5",
+        "after_mark": "kill",
+    }
+
+
+def test_empty_spec_means_no_failpoints() -> None:
+    # GIVEN an unset or empty KEO_FAILPOINTS
+    # WHEN parsed
+    # THEN nothing is armed
+    assert failpoints._parse("") == {}
+
+
+def test_every_documented_step_can_be_armed() -> None:
+    # GIVEN the steps the module documents
+    documented = {
+        "after_claim",
+        "before_put",
+        "after_put",
+        "before_mark",
+        "after_mark",
+        "reconcile_before_mark",
+    }
+    # WHEN each is armed
+    # THEN it is accepted, and there are no others
+    assert set(STEPS) == documented
+    assert failpoints._parse(",".join(f"{step}=raise" for step in documented)).keys() == documented
+
+
+@pytest.mark.parametrize("action", ["sleep:", "sleep:soon", "sleep:-1"])
+def test_sleep_with_a_bad_duration_is_rejected_at_parse_time(action: str) -> None:
+    # GIVEN a sleep action whose duration is not a non-negative number
+    # WHEN parsed
+    # THEN it is refused up front, naming the action
+    with pytest.raises(ValueError, match=f"unknown action '{action}'"):
+        failpoints._parse(f"before_put={action}")
+
+
+# --- hitting a step -----------------------------------------------------------------------------
+
+
+def test_armed_raise_fails_exactly_at_its_step() -> None:
+    # GIVEN after_claim armed to raise
+    configure("after_claim=raise")
+    # WHEN the producer reaches after_claim
+    with pytest.raises(FailpointError) as excinfo:
+        hit("after_claim")
+    # THEN it raises, naming the step
+    assert excinfo.value.step == "after_claim"
+    assert "after_claim" in str(excinfo.value)
+
+
+def test_other_steps_do_nothing() -> None:
+    # GIVEN after_claim armed to raise
+    configure("after_claim=raise")
+    # WHEN the producer reaches another step
+    # THEN nothing happens
+    hit("before_mark")
+    hit("before_put")
+
+
+def test_sleep_pauses_for_the_given_seconds(recorded_sleeps: list[float]) -> None:
+    # GIVEN before_put armed to sleep a quarter of a second
+    configure("before_put=sleep:0.25")
+    # WHEN the producer reaches before_put
+    hit("before_put")
+    # THEN it pauses that long
+    assert recorded_sleeps == [0.25]
+
+
+def test_configure_replaces_what_was_armed() -> None:
+    # GIVEN after_claim armed
+    configure("after_claim=raise")
+    # WHEN another spec is configured
+    configure("after_put=raise")
+    # THEN only the new one is armed
+    hit("after_claim")
+    with pytest.raises(FailpointError):
+        hit("after_put")
+
+
+def test_configure_empty_disarms_everything() -> None:
+    # GIVEN a failpoint armed
+    configure("after_mark=raise")
+    # WHEN configured with an empty spec
+    configure("")
+    # THEN no step fails
+    for step in STEPS:
+        hit(step)
+
+
+def test_configure_rejects_a_bad_spec() -> None:
+    # GIVEN a spec with an unknown step
+    # WHEN configured
+    # THEN it is refused rather than half-applied silently
+    with pytest.raises(ValueError, match="unknown step"):
+        configure("before_putt=raise")

@@ -1,0 +1,287 @@
+"""Classification of PutRecords results: written, definitely not written, or ambiguous.
+
+A wrong call here is a duplicate (resending something written) or a loss (treating as written
+something that was not), so every shape of result is pinned down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from producer.protocol import (
+    PutResultKind,
+    RecordResult,
+    backoff_ms,
+    classify_record,
+    classify_response,
+    is_retriable,
+    request_error_kind,
+)
+
+WRITTEN = PutResultKind.WRITTEN
+NOT_WRITTEN = PutResultKind.NOT_WRITTEN
+AMBIGUOUS = PutResultKind.AMBIGUOUS
+
+OK_ENTRY = {
+    "ShardId": "shardId-000000000001",
+    "SequenceNumber": "49590338271490256608559692538361571095921575989136588898",
+}
+THROTTLED_ENTRY = {
+    "ErrorCode": "ProvisionedThroughputExceededException",
+    "ErrorMessage": "Rate exceeded for shard shardId-000000000001 in stream orders",
+}
+INTERNAL_ENTRY = {"ErrorCode": "InternalFailure", "ErrorMessage": "Internal service failure."}
+
+
+# --- one record ---------------------------------------------------------------------------------
+
+
+def test_entry_with_shard_and_sequence_number_is_written_at_that_position() -> None:
+    # GIVEN a result entry with a ShardId and a SequenceNumber
+    # WHEN classified
+    result = classify_record(OK_ENTRY)
+    # THEN it is written, at that position
+    assert result == RecordResult(WRITTEN, OK_ENTRY["ShardId"], OK_ENTRY["SequenceNumber"])
+
+
+def test_integer_sequence_number_is_kept_as_a_string() -> None:
+    # GIVEN an entry whose sequence number came back as a number
+    # WHEN classified
+    result = classify_record({"ShardId": "shardId-0", "SequenceNumber": 12345678901234567890123})
+    # THEN the position keeps every digit, as a string
+    assert result.sequence_number == "12345678901234567890123"
+
+
+@pytest.mark.parametrize(
+    "entry", [THROTTLED_ENTRY, INTERNAL_ENTRY], ids=["throughput-exceeded", "internal-failure"]
+)
+def test_entry_with_documented_error_code_is_not_written_and_retriable(
+    entry: dict[str, str],
+) -> None:
+    # GIVEN a per-record error of the kind the API reference documents
+    # WHEN classified
+    result = classify_record(entry)
+    # THEN it was definitely not written, keeps the code and message, and may be resent
+    assert result.kind is NOT_WRITTEN
+    assert result.error_code == entry["ErrorCode"]
+    assert result.error_message == entry["ErrorMessage"]
+    assert result.shard_id is None
+    assert result.sequence_number is None
+    assert is_retriable(result)
+
+
+def test_entry_with_unknown_error_code_is_not_written_but_not_retriable() -> None:
+    # GIVEN a per-record error code the protocol does not know
+    # WHEN classified
+    result = classify_record({"ErrorCode": "SomethingNewException"})
+    # THEN it is not written (any per-record ErrorCode means so) but is not resent blindly
+    assert result.kind is NOT_WRITTEN
+    assert not is_retriable(result)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {},
+        {"ShardId": "shardId-0"},
+        {"SequenceNumber": "1"},
+        {"ShardId": "", "SequenceNumber": ""},
+        {"ErrorCode": "", "ErrorMessage": "no code"},
+    ],
+    ids=["empty", "shard-only", "sequence-only", "empty-strings", "empty-error-code"],
+)
+def test_entry_with_neither_position_nor_error_is_ambiguous(entry: dict[str, Any]) -> None:
+    # GIVEN an entry that proves neither a write nor a rejection
+    # WHEN classified
+    result = classify_record(entry)
+    # THEN it is ambiguous: resolved by read-back, never resent and never taken as written
+    assert result.kind is AMBIGUOUS
+    assert not is_retriable(result)
+
+
+# --- a whole response ---------------------------------------------------------------------------
+
+
+def test_response_results_align_with_the_request_by_position() -> None:
+    # GIVEN a partially failed response for three records
+    response = {"FailedRecordCount": 2, "Records": [THROTTLED_ENTRY, OK_ENTRY, INTERNAL_ENTRY]}
+    # WHEN classified
+    results = classify_response(response, sent=3)
+    # THEN the i-th result belongs to the i-th record sent
+    assert [r.kind for r in results] == [NOT_WRITTEN, WRITTEN, NOT_WRITTEN]
+    assert results[1].shard_id == OK_ENTRY["ShardId"]
+    assert results[0].error_code == "ProvisionedThroughputExceededException"
+    assert results[2].error_code == "InternalFailure"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"Records": [OK_ENTRY, OK_ENTRY]},
+        {"Records": [OK_ENTRY, OK_ENTRY, OK_ENTRY, OK_ENTRY]},
+        {"Records": []},
+        {"FailedRecordCount": 0},
+        {"Records": None},
+        {"Records": {"0": OK_ENTRY}},
+        {},
+    ],
+    ids=[
+        "too-few",
+        "too-many",
+        "empty-list",
+        "no-records",
+        "records-none",
+        "records-not-a-list",
+        "empty",
+    ],
+)
+def test_response_that_does_not_align_makes_every_record_ambiguous(
+    response: dict[str, Any],
+) -> None:
+    # GIVEN a response whose Records cannot be matched to the 3 records sent
+    # WHEN classified
+    results = classify_response(response, sent=3)
+    # THEN none is taken as written or resent: all 3 are ambiguous
+    assert len(results) == 3
+    assert all(r.kind is AMBIGUOUS for r in results)
+
+
+def test_response_of_all_written_records_is_all_written() -> None:
+    # GIVEN a fully successful response
+    # WHEN classified
+    results = classify_response({"FailedRecordCount": 0, "Records": [OK_ENTRY] * 2}, sent=2)
+    # THEN every record is written
+    assert [r.kind for r in results] == [WRITTEN, WRITTEN]
+
+
+# --- a request that raised ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status_code", "error_code"),
+    [
+        (400, "ValidationException"),
+        (400, "ProvisionedThroughputExceededException"),
+        (400, "LimitExceededException"),
+        (400, "ThrottlingException"),
+        (400, "KMSThrottlingException"),
+        (403, "AccessDeniedException"),
+        (404, None),
+        (499, None),
+    ],
+)
+def test_4xx_rejected_the_whole_request(status_code: int, error_code: str | None) -> None:
+    # GIVEN a request Kinesis answered with a 4xx
+    # WHEN classified
+    # THEN nothing in it was written
+    assert request_error_kind(status_code, error_code) is NOT_WRITTEN
+
+
+@pytest.mark.parametrize(
+    ("status_code", "error_code"),
+    [
+        (500, "InternalFailure"),
+        (502, None),
+        (503, "ServiceUnavailable"),
+        (None, None),  # timeout or reset: no answer at all
+        (None, "ReadTimeoutError"),
+    ],
+)
+def test_5xx_and_no_answer_are_ambiguous(status_code: int | None, error_code: str | None) -> None:
+    # GIVEN a request with a 5xx or without any HTTP answer
+    # WHEN classified
+    # THEN it may or may not be in the stream
+    assert request_error_kind(status_code, error_code) is AMBIGUOUS
+
+
+@pytest.mark.parametrize(
+    "error_code", ["ProvisionedThroughputExceededException", "LimitExceededException"]
+)
+def test_throttling_code_without_status_is_not_written(error_code: str) -> None:
+    # GIVEN a throttling error whose HTTP status is not known
+    # WHEN classified
+    # THEN the throttle itself proves the request was refused
+    assert request_error_kind(None, error_code) is NOT_WRITTEN
+
+
+# --- retriability -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error_code",
+    [
+        "ProvisionedThroughputExceededException",
+        "InternalFailure",
+        "LimitExceededException",
+        "KMSThrottlingException",
+        "ThrottlingException",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+    ],
+)
+def test_not_written_throttles_and_unsent_connections_are_retriable(error_code: str) -> None:
+    # GIVEN a definitely-not-written result caused by load or a connection never made
+    # WHEN asked whether to resend
+    # THEN yes: the same request may succeed later
+    assert is_retriable(RecordResult(NOT_WRITTEN, error_code=error_code))
+
+
+@pytest.mark.parametrize(
+    "error_code", ["ValidationException", "AccessDeniedException", "KMSDisabledException", None]
+)
+def test_not_written_rejections_that_would_repeat_are_not_retriable(error_code: str | None) -> None:
+    # GIVEN a not-written result that the same request would get again
+    # WHEN asked whether to resend
+    # THEN no
+    assert not is_retriable(RecordResult(NOT_WRITTEN, error_code=error_code))
+
+
+@pytest.mark.parametrize("kind", [WRITTEN, AMBIGUOUS])
+def test_written_or_ambiguous_results_are_never_retriable(kind: PutResultKind) -> None:
+    # GIVEN a written or an ambiguous result, even with a throttling code on it
+    result = RecordResult(kind, error_code="ProvisionedThroughputExceededException")
+    # WHEN asked whether to resend
+    # THEN never: resending either could write the record twice
+    assert not is_retriable(result)
+
+
+# --- backoff ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected_ms"),
+    [(0, 100), (1, 100), (2, 200), (3, 400), (4, 800), (6, 3200), (7, 5000), (60, 5000)],
+)
+def test_backoff_without_jitter_doubles_up_to_the_cap(attempt: int, expected_ms: int) -> None:
+    # GIVEN a backoff of 100 ms doubling to 5 s, jitter off
+    # WHEN the wait before a retry is computed
+    # THEN it doubles per attempt and never exceeds the cap, even after many attempts
+    assert backoff_ms(attempt, initial_ms=100, max_ms=5000, jitter=0.0) == expected_ms
+
+
+def test_backoff_jitter_scales_within_the_cap() -> None:
+    # GIVEN attempt 3 (cap 400 ms)
+    # WHEN a jitter draw of one half is applied
+    # THEN the wait is half the cap
+    assert backoff_ms(3, initial_ms=100, max_ms=5000, jitter=0.5) == 200
+
+
+@given(
+    attempt=st.integers(0, 200),
+    initial_ms=st.integers(1, 10_000),
+    max_ms=st.integers(1, 60_000),
+    jitter=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_backoff_never_exceeds_the_cap_nor_goes_negative(
+    attempt: int, initial_ms: int, max_ms: int, jitter: float
+) -> None:
+    # GIVEN any attempt, initial wait, cap and jitter draw in [0, 1)
+    # WHEN the wait is computed
+    wait = backoff_ms(attempt, initial_ms, max_ms, jitter)
+    # THEN it is a whole number of ms within [0, min(cap, initial * 2**(attempt-1))]
+    assert isinstance(wait, int)
+    assert 0 <= wait <= min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))

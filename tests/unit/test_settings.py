@@ -1,0 +1,270 @@
+"""Producer settings: the design's defaults, and invalid values refused at start by their variable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from dedupe_store.settings import LedgerSettings
+from producer.protocol import LeasePolicy
+from producer.settings import ProducerSettings
+
+
+@pytest.fixture(autouse=True)
+def clean_keo_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings read KEO_* variables: none from the shell may leak into these tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("KEO_"):
+            monkeypatch.delenv(name)
+
+
+# --- defaults -----------------------------------------------------------------------------------
+
+
+def test_defaults_match_the_design_table() -> None:
+    # GIVEN no KEO_* variable set
+    # WHEN settings are read
+    settings = ProducerSettings()
+    # THEN they are the design's defaults
+    assert settings.put_connect_timeout_s == 2.0
+    assert settings.put_read_timeout_s == 5.0
+    assert settings.clock_skew_s == 5.0
+    assert settings.lease_s == 60.0
+    assert settings.dedupe_ttl_s == 7 * 24 * 3600
+    assert settings.inflight_buckets == 16
+    assert settings.ledger_concurrency == 32
+    assert settings.wait_initial_s == 0.1  # waiting on another owner: 100 ms ...
+    assert settings.wait_max_s == 5.0  # ... doubling to 5 s
+    # AND no endpoint override: real AWS unless told otherwise
+    assert settings.kinesis_endpoint_url is None
+    assert settings.dynamodb_endpoint_url is None
+
+
+def test_default_lease_policy_in_milliseconds() -> None:
+    # GIVEN the default settings
+    # WHEN the lease policy is derived
+    # THEN the put timeout is connect + read, all in milliseconds
+    assert ProducerSettings().lease_policy() == LeasePolicy(
+        lease_ms=60_000, put_timeout_ms=7_000, skew_ms=5_000
+    )
+
+
+# --- the lease ----------------------------------------------------------------------------------
+
+
+def test_lease_too_short_from_the_environment_is_refused_naming_keo_lease_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN KEO_LEASE_S below connect + read + 2 x skew (2 + 5 + 10 = 17 s)
+    monkeypatch.setenv("KEO_LEASE_S", "16")
+    # WHEN settings are read
+    with pytest.raises(ValidationError) as excinfo:
+        ProducerSettings()
+    # THEN the error names the variable, its value, the minimum, and what goes into it
+    message = str(excinfo.value)
+    assert "KEO_LEASE_S=16 is too short" in message
+    assert "= 17 s" in message
+    assert "KEO_PUT_CONNECT_TIMEOUT_S" in message
+    assert "KEO_PUT_READ_TIMEOUT_S" in message
+    assert "KEO_CLOCK_SKEW_S" in message
+
+
+def test_lease_exactly_at_the_minimum_is_accepted() -> None:
+    # GIVEN a lease of exactly connect + read + 2 x skew
+    # WHEN settings are made
+    settings = ProducerSettings(lease_s=17)
+    # THEN they are valid, and so is the lease policy derived from them
+    assert settings.lease_policy().lease_ms == settings.lease_policy().minimum_lease_ms
+
+
+def test_shorter_timeouts_allow_a_shorter_lease() -> None:
+    # GIVEN short put timeouts and skew: 1 + 1 + 2 x 1 = 4 s
+    # WHEN a 4 s lease is configured
+    settings = ProducerSettings(
+        put_connect_timeout_s=1, put_read_timeout_s=1, clock_skew_s=1, lease_s=4
+    )
+    # THEN it is accepted
+    assert settings.lease_policy() == LeasePolicy(4_000, 2_000, 1_000)
+
+
+def test_longer_timeouts_make_the_default_lease_too_short() -> None:
+    # GIVEN a read timeout raised to 60 s with the default 60 s lease
+    # WHEN settings are made
+    # THEN they are refused: a put could land after the lease expired
+    with pytest.raises(ValidationError, match="KEO_LEASE_S=60 is too short"):
+        ProducerSettings(put_read_timeout_s=60)
+
+
+ms_seconds = st.integers(1, 60_000).map(lambda ms: ms / 1000)
+
+
+@given(
+    connect_s=ms_seconds,
+    read_s=ms_seconds,
+    skew_s=st.integers(0, 60_000).map(lambda ms: ms / 1000),
+    lease_s=st.integers(1, 3_600_000).map(lambda ms: ms / 1000),
+)
+def test_settings_that_validate_always_give_a_valid_lease_policy(
+    connect_s: float, read_s: float, skew_s: float, lease_s: float
+) -> None:
+    # GIVEN any timeouts, skew and lease with millisecond resolution
+    try:
+        settings = ProducerSettings(
+            put_connect_timeout_s=connect_s,
+            put_read_timeout_s=read_s,
+            clock_skew_s=skew_s,
+            lease_s=lease_s,
+        )
+    except ValidationError:
+        return
+    # WHEN they pass validation
+    # THEN the protocol accepts their lease policy too: start-up never lets a bad lease through
+    policy = settings.lease_policy()
+    assert policy.lease_ms >= policy.minimum_lease_ms
+
+
+def test_wait_max_below_wait_initial_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a waiting backoff whose cap is below its first step
+    monkeypatch.setenv("KEO_WAIT_INITIAL_S", "2")
+    monkeypatch.setenv("KEO_WAIT_MAX_S", "1")
+    # WHEN settings are read
+    # THEN the error names both variables
+    with pytest.raises(ValidationError, match="KEO_WAIT_MAX_S must be >= KEO_WAIT_INITIAL_S"):
+        ProducerSettings()
+
+
+# --- endpoints ----------------------------------------------------------------------------------
+
+NOT_HTTP_URLS = ["localhost:4567", "127.0.0.1:4567", "ftp://127.0.0.1:4567", "HTTP"]
+NORMALIZED_ENDPOINTS = [
+    pytest.param("http://127.0.0.1:4567/", "http://127.0.0.1:4567", id="trailing-slash"),
+    pytest.param("", None, id="empty-means-aws"),
+]
+PLAIN_ENDPOINTS = [
+    pytest.param("http://127.0.0.1:4567", "http://127.0.0.1:4567", id="http"),
+    pytest.param(
+        "https://kinesis.eu-west-1.amazonaws.com",
+        "https://kinesis.eu-west-1.amazonaws.com",
+        id="https",
+    ),
+]
+
+
+@pytest.mark.parametrize("value", NOT_HTTP_URLS)
+def test_kinesis_endpoint_that_is_not_an_http_url_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    # GIVEN a Kinesis endpoint that is not an http(s) URL
+    monkeypatch.setenv("KEO_KINESIS_ENDPOINT_URL", value)
+    # WHEN settings are read
+    with pytest.raises(ValidationError) as excinfo:
+        ProducerSettings()
+    # THEN the error names the variable and repeats the value
+    message = str(excinfo.value)
+    assert "KEO_KINESIS_ENDPOINT_URL must be an http(s) URL" in message
+    assert value in message
+
+
+@pytest.mark.parametrize(("value", "expected"), PLAIN_ENDPOINTS + NORMALIZED_ENDPOINTS)
+def test_kinesis_endpoint_http_urls_are_accepted_without_trailing_slash(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str | None
+) -> None:
+    # GIVEN an http(s) Kinesis endpoint (or an empty variable)
+    monkeypatch.setenv("KEO_KINESIS_ENDPOINT_URL", value)
+    # WHEN settings are read
+    # THEN it is used without a trailing slash; empty means the AWS default
+    assert ProducerSettings().kinesis_endpoint_url == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), PLAIN_ENDPOINTS)
+def test_dynamodb_endpoint_http_urls_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    # GIVEN an http(s) DynamoDB endpoint
+    monkeypatch.setenv("KEO_DYNAMODB_ENDPOINT_URL", value)
+    # WHEN the producer's settings are read
+    # THEN the ledger is reached there
+    assert ProducerSettings().dynamodb_endpoint_url == expected
+
+
+@pytest.mark.parametrize("value", NOT_HTTP_URLS)
+def test_dynamodb_endpoint_that_is_not_an_http_url_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    # GIVEN a DynamoDB endpoint that is not an http(s) URL
+    monkeypatch.setenv("KEO_DYNAMODB_ENDPOINT_URL", value)
+    # WHEN the producer's settings are read
+    with pytest.raises(ValidationError) as excinfo:
+        ProducerSettings()
+    # THEN they are refused at start, naming the variable
+    assert "KEO_DYNAMODB_ENDPOINT_URL must be an http(s) URL" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(("value", "expected"), NORMALIZED_ENDPOINTS)
+def test_dynamodb_endpoint_is_normalized_like_the_kinesis_one(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str | None
+) -> None:
+    # GIVEN a DynamoDB endpoint with a trailing slash, or set but empty
+    monkeypatch.setenv("KEO_DYNAMODB_ENDPOINT_URL", value)
+    # WHEN the producer's settings are read
+    # THEN the slash is dropped and empty means real AWS (not an endpoint "" with dummy keys)
+    assert ProducerSettings().dynamodb_endpoint_url == expected
+
+
+def test_ledger_settings_alone_do_validate_the_dynamodb_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the ledger's own settings (what the API reads), with a bad DynamoDB endpoint
+    monkeypatch.setenv("KEO_DYNAMODB_ENDPOINT_URL", "localhost:8000")
+    # WHEN read
+    # THEN they are refused: only the producer's subclass loses the check
+    with pytest.raises(ValidationError, match="KEO_DYNAMODB_ENDPOINT_URL must be an http"):
+        LedgerSettings()
+
+
+# --- other limits -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", ["", "has space", "a" * 129, "slash/stream"])
+def test_invalid_stream_name_is_refused(monkeypatch: pytest.MonkeyPatch, stream: str) -> None:
+    # GIVEN a stream name Kinesis would refuse
+    monkeypatch.setenv("KEO_STREAM", stream)
+    # WHEN settings are read
+    # THEN they are refused at start, not at the first put
+    with pytest.raises(ValidationError, match="stream"):
+        ProducerSettings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KEO_PUT_CONNECT_TIMEOUT_S", "0"),
+        ("KEO_PUT_READ_TIMEOUT_S", "-1"),
+        ("KEO_CLOCK_SKEW_S", "-0.5"),
+        ("KEO_PUT_MAX_ATTEMPTS", "0"),
+        ("KEO_INFLIGHT_BUCKETS", "0"),
+        ("KEO_LEDGER_CONCURRENCY", "0"),
+        ("KEO_DEDUPE_TTL_S", "0"),
+    ],
+)
+def test_non_positive_values_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    # GIVEN a timeout, count or TTL that cannot work
+    monkeypatch.setenv(variable, value)
+    # WHEN settings are read
+    # THEN they are refused
+    with pytest.raises(ValidationError):
+        ProducerSettings()
+
+
+def test_zero_clock_skew_is_allowed() -> None:
+    # GIVEN clocks trusted to agree (a single host)
+    # WHEN the skew margin is 0
+    settings = ProducerSettings(clock_skew_s=0)
+    # THEN it is accepted
+    assert settings.lease_policy().skew_ms == 0
