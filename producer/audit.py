@@ -16,9 +16,8 @@ from typing import Any
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
-from producer.kinesis import KinesisReader, Shard
-from producer.kpl import UserRecord
-from producer.protocol import hash_key_of
+from producer.kinesis import KinesisReader
+from producer.readback import visible_to_kcl
 
 
 @dataclass
@@ -90,7 +89,7 @@ def audit_stream(
     seen: dict[str, list[Position]] = defaultdict(list)
     for shard in shards:
         for record in reader.read_all(shard.shard_id):
-            if not _visible_to_kcl(record, shard):
+            if not visible_to_kcl(record, shard):
                 report.dropped_by_kcl += 1
                 continue
             report.user_records += 1
@@ -143,18 +142,6 @@ def _same_record(a: Position, b: Position) -> bool:
         and int(a.sequence_number) == int(b.sequence_number)
         and (a.sub_sequence_number or 0) == (b.sub_sequence_number or 0)
     )
-
-
-def _visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
-    """KCL drops deaggregated user records whose hash key is outside the shard's range."""
-    if not record.aggregated:
-        return True
-    hash_key = (
-        int(record.explicit_hash_key)
-        if record.explicit_hash_key
-        else hash_key_of(record.partition_key)
-    )
-    return shard.covers(hash_key)
 
 
 def _position_json(position: Position) -> dict[str, Any]:

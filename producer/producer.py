@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dedupe_store.clock import Clock
 from dedupe_store.errors import LedgerError
@@ -34,17 +34,19 @@ from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimResult, ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from producer import failpoints, metrics
-from producer.kinesis import KinesisWriter
+from producer.encoding import PutUnit, aggregated_units, single_units
+from producer.kinesis import KinesisWriter, Shard
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
+    STALE_SHARD_MAP,
     LeasePolicy,
     Message,
     PreparedMessage,
     PutResultKind,
     RecordResult,
     backoff_ms,
-    batches,
+    batch_by_size,
     is_retriable,
     prepare,
 )
@@ -99,6 +101,7 @@ class ExactlyOnceProducer:
         sleep: Callable[[float], None] = time.sleep,
         executor: Executor | None = None,
         rng: random.Random | None = None,
+        shard_map: Callable[[], list[Shard]] | None = None,
     ) -> None:
         self.stream = stream
         self._ledger = ledger
@@ -114,6 +117,9 @@ class ExactlyOnceProducer:
             policy.ledger_concurrency, thread_name_prefix="keo-ledger"
         )
         self._rng = rng or random.Random()
+        # aggregation is on when a shard map is given: user records are packed per shard
+        self._shard_map = shard_map
+        self._open_shards: list[Shard] | None = None
 
     def close(self) -> None:
         if self._own_executor and isinstance(self._executor, ThreadPoolExecutor):
@@ -246,20 +252,13 @@ class ExactlyOnceProducer:
         pending = self._ensure_leases(held, outcomes)
         for attempt in range(1, self._policy.put_max_attempts + 1):
             retry: list[tuple[_Held, RecordResult]] = []
-            by_item = {id(h.item): h for h in pending}
-            for batch in batches(h.item for h in pending):
+            units = self._units(pending)
+            for batch in batch_by_size(units, lambda unit: unit.size_bytes):
                 failpoints.hit("before_put")
-                results = self._put(batch)
+                results = self._put([unit.entry for unit in batch])
                 failpoints.hit("after_put")
-                for item, result in zip(batch, results, strict=True):
-                    entry = by_item[id(item)]
-                    if result.kind is PutResultKind.WRITTEN:
-                        position = Position(str(result.shard_id), str(result.sequence_number))
-                        written.append((entry, position))
-                    elif result.kind is PutResultKind.AMBIGUOUS:
-                        ambiguous.append(entry)
-                    else:
-                        retry.append((entry, result))
+                for unit, result in zip(batch, results, strict=True):
+                    self._sort_result(unit, result, written, ambiguous, retry)
             if not retry:
                 break
             final = attempt == self._policy.put_max_attempts
@@ -284,11 +283,47 @@ class ExactlyOnceProducer:
         self._mark_all(written, outcomes)
         return ambiguous
 
-    def _put(self, batch: list[PreparedMessage]) -> list[RecordResult]:
+    def _units(self, pending: list[_Held]) -> list[PutUnit[_Held]]:
+        if self._shard_map is None:
+            return single_units(pending, _item_of)
+        if self._open_shards is None:
+            self._open_shards = [s for s in self._shard_map() if not s.closed]
+        return aggregated_units(pending, _item_of, self._open_shards, self._max_record_bytes)
+
+    def _sort_result(
+        self,
+        unit: PutUnit[_Held],
+        result: RecordResult,
+        written: list[tuple[_Held, Position]],
+        ambiguous: list[_Held],
+        retry: list[tuple[_Held, RecordResult]],
+    ) -> None:
+        if result.kind is PutResultKind.AMBIGUOUS:
+            ambiguous.extend(unit.members)
+            return
+        if result.kind is not PutResultKind.WRITTEN:
+            retry.extend((member, result) for member in unit.members)
+            return
+        shard_id, sequence_number = str(result.shard_id), str(result.sequence_number)
+        if not unit.aggregated:
+            written.append((unit.members[0], Position(shard_id, sequence_number)))
+            return
+        shard = next((s for s in self._open_shards or [] if s.shard_id == shard_id), None)
+        for sub_sequence, member in enumerate(unit.members):
+            if shard is None or not shard.covers(int(member.item.explicit_hash_key)):
+                # the shard map was stale (a reshard): KCL drops this user record on read,
+                # so it is not delivered; refresh the map and send it again, same claim
+                self._open_shards = None
+                stale = RecordResult(PutResultKind.NOT_WRITTEN, error_code=STALE_SHARD_MAP)
+                retry.append((member, stale))
+                continue
+            written.append((member, Position(shard_id, sequence_number, sub_sequence)))
+
+    def _put(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
         metrics.PUT_REQUESTS.labels(self.stream).inc()
         started = time.perf_counter()
         try:
-            results = self._writer.put(batch)
+            results = self._writer.put_entries(entries)
         finally:
             metrics.PUT_SECONDS.labels(self.stream).observe(time.perf_counter() - started)
         for result in results:
@@ -532,6 +567,10 @@ class ExactlyOnceProducer:
         if len(items) <= 1:
             return [fn(item) for item in items]
         return list(self._executor.map(fn, items))
+
+
+def _item_of(entry: _Held) -> PreparedMessage:
+    return entry.item
 
 
 def _failed(item: PreparedMessage, reason: str) -> Outcome:

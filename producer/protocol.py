@@ -276,8 +276,12 @@ def request_error_kind(status_code: int | None, error_code: str | None) -> PutRe
 
 # Not-written results worth resending under the same claim; others (a 4xx such as
 # ValidationException or AccessDenied) will fail the same way again.
+# An aggregate landed on a shard that no longer covers some of its user records.
+STALE_SHARD_MAP = "StaleShardMap"
+
 RETRIABLE_NOT_WRITTEN_CODES = frozenset(
     {
+        STALE_SHARD_MAP,
         "ProvisionedThroughputExceededException",
         "InternalFailure",
         "LimitExceededException",

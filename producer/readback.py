@@ -18,7 +18,7 @@ from dedupe_store.clock import Clock
 from dedupe_store.records import LedgerRecord, Position
 from producer.kinesis import KinesisReader, Shard
 from producer.kpl import UserRecord
-from producer.protocol import LeasePolicy, payload_digest
+from producer.protocol import LeasePolicy, hash_key_of, payload_digest
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,16 @@ class ReadBackResolver:
         found: dict[str, ReadBackResult] = {}
         conflicts: dict[str, Position] = {}
         used: set[tuple[str, str, int | None]] = set()
+        shard_by_id = {shard.shard_id: shard for shard in shards}
         for shard_id, wants in by_shard.items():
-            self._scan(shard_id, wants, now_ms=now_ms, found=found, conflicts=conflicts, used=used)
+            self._scan(
+                shard_by_id[shard_id],
+                wants,
+                now_ms=now_ms,
+                found=found,
+                conflicts=conflicts,
+                used=used,
+            )
 
         results: dict[str, ReadBackResult] = {}
         trim_horizon_ms = now_ms - self._retention_ms
@@ -102,7 +110,7 @@ class ReadBackResolver:
 
     def _scan(
         self,
-        shard_id: str,
+        shard: Shard,
         wants: list[_Want],
         *,
         now_ms: int,
@@ -120,10 +128,10 @@ class ReadBackResolver:
         # never wait for the future: read to the tip as of now, PENDING covers the rest
         end_ms = min(max(w.end_ms for ws in by_key.values() for w in ws), now_ms)
         for record in self._reader.read_window(
-            shard_id, start_ms, end_ms, now_ms=self._clock.now_ms
+            shard.shard_id, start_ms, end_ms, now_ms=self._clock.now_ms
         ):
             candidates = by_key.get(record.partition_key)
-            if not candidates:
+            if not candidates or not visible_to_kcl(record, shard):
                 continue
             identity = (record.shard_id, record.sequence_number, record.sub_sequence_number)
             for want in candidates:
@@ -140,6 +148,19 @@ class ReadBackResolver:
                 conflicts.setdefault(claim.key, _position(record))
             if not by_key:
                 return
+
+
+def visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
+    """KCL drops deaggregated user records whose hash key is outside the shard's range:
+    such a record was written but is never delivered, so it does not count."""
+    if not record.aggregated:
+        return True
+    hash_key = (
+        int(record.explicit_hash_key)
+        if record.explicit_hash_key
+        else hash_key_of(record.partition_key)
+    )
+    return shard.covers(hash_key)
 
 
 def _lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:

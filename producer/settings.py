@@ -43,6 +43,9 @@ class ProducerSettings(LedgerSettings):
     )
     store_payload_max_bytes: int = Field(default=4096, ge=0, le=350_000)
     owner: str | None = Field(default=None, description="producer identity in claims")
+    aggregate: bool = Field(
+        default=False, description="pack user records per shard into KPL aggregates"
+    )
 
     @field_validator("kinesis_endpoint_url")
     @classmethod

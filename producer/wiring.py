@@ -94,6 +94,7 @@ class Stack:
             resolver=self.resolver(),
             owner=owner or self.settings.owner,
             max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
+            shard_map=self.reader.shards if self.settings.aggregate else None,
         )
 
 

@@ -55,6 +55,14 @@ def send(
         bool | None,
         typer.Option("--progress/--no-progress", help="progress bar (default: on a terminal)"),
     ] = None,
+    aggregate: Annotated[
+        bool | None,
+        typer.Option(
+            "--aggregate/--no-aggregate",
+            help="pack user records per shard into KPL aggregates (KCL deaggregates them) "
+            "[env KEO_AGGREGATE]",
+        ),
+    ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
 ) -> None:
@@ -72,6 +80,7 @@ def send(
     settings = load_settings(
         stream=stream,
         table=table,
+        aggregate=aggregate,
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
