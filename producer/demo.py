@@ -93,7 +93,7 @@ def run_exactly_once(
     settings: ProducerSettings, batch: Sequence[Message], lose_every: int
 ) -> tuple[int, list[OutcomeStatus]]:
     stack = build_stack(settings)
-    faults = LostResponses(stack.writer._client, lose_every)
+    faults = LostResponses(stack.writer.client, lose_every)
     statuses: list[OutcomeStatus] = []
     with stack.producer(owner="demo") as producer:
         for start in range(0, len(batch), 500):

@@ -78,6 +78,11 @@ class KinesisWriter:
         self._client = client
         self.stream = stream
 
+    @property
+    def client(self) -> Any:
+        """The botocore client, for event hooks (metrics, injected faults)."""
+        return self._client
+
     def put(self, batch: Sequence[PreparedMessage]) -> list[RecordResult]:
         """One PutRecords call; one classified result per record, in request order."""
         entries = [
@@ -152,6 +157,11 @@ class KinesisReader:
         self._max_throttle_retries = max_throttle_retries
         self._page_limit = page_limit
         self.get_records_calls = 0
+
+    @property
+    def client(self) -> Any:
+        """The botocore client, for event hooks (metrics, injected faults)."""
+        return self._client
 
     def describe(self) -> StreamInfo:
         summary = self._call("describe_stream_summary", StreamName=self.stream)[

@@ -11,6 +11,7 @@ from producer.cli.app import not_built
 
 def register(app: typer.Typer) -> None:
     from producer.cli.audit import audit
+    from producer.cli.bench import bench
     from producer.cli.demo import demo
     from producer.cli.init import init
     from producer.cli.reconcile import reconcile
@@ -21,7 +22,8 @@ def register(app: typer.Typer) -> None:
     app.command("reconcile")(reconcile)
     app.command("audit")(audit)
     app.command("demo")(demo)
-    for name in ("serve", "bench"):
+    app.command("bench")(bench)
+    for name in ("serve",):
         app.command(name, help=f"({name}: not built yet)")(_stub(name))
 
 

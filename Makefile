@@ -1,0 +1,79 @@
+# kinesis-exactly-once: `make setup` once (or let any target do it), then `make test`.
+# Needs python3 (>= 3.11), Node.js (>= 18, with npm) and Java 17 (for Spark). No AWS account.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-builtin-rules
+
+PYTHON    ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+STATE_DIR ?= .keo
+# extra arguments, e.g. `make test PYTEST_ARGS='-m "not spark" -x'`
+PYTEST_ARGS ?=
+SOAK_ARGS   ?=
+
+# The stamps make setup incremental: pip runs again only when pyproject.toml changed, npm only
+# when the lockfile did. `npm ci` empties node_modules first, so its stamp is written last.
+VENV_STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
+
+.PHONY: help setup venv node_modules test lint demo bench soak emulators-up emulators-down \
+	emulators-status clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
+
+setup: venv node_modules ## install everything (Python venv and the npm emulators)
+
+venv: $(VENV_STAMP) ## the Python virtualenv in .venv, with test, lint and spark extras
+
+$(VENV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[test,lint,spark]'
+	touch $@
+
+node_modules: $(NODE_STAMP) ## the emulators (kinesalite, dynalite, kinesis-local), from package-lock.json
+
+$(NODE_STAMP): package-lock.json package.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20 (with npm)" >&2; exit 1; }
+	npm ci --no-audit --no-fund
+	touch $@
+
+test: setup ## run every test (starts and stops its own emulators)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: setup ## ruff check, ruff format --check, mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+demo: setup ## the end-to-end demo on the local stack
+	$(BIN)/keo demo
+
+bench: setup ## the benchmark; figures go to a file, nothing is asserted
+	$(BIN)/keo bench
+
+soak: setup ## a long run with injected faults, then the audit
+	$(BIN)/keo soak $(SOAK_ARGS)
+
+emulators-up: setup ## start the local stack; then `source .keo/endpoints.env`
+	$(BIN)/keo emulators up --state-dir $(STATE_DIR)
+
+emulators-down: ## stop the local stack
+	@if [ -x $(BIN)/keo ]; then $(BIN)/keo emulators down --state-dir $(STATE_DIR); fi
+
+emulators-status: ## show the local stack; fails if something is down
+	$(BIN)/keo emulators status --state-dir $(STATE_DIR)
+
+clean: emulators-down ## stop the emulators, remove their data and every cache
+	rm -rf $(STATE_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist \
+		spark-warehouse metastore_db derby.log
+	find . -path ./$(VENV) -prune -o -path ./node_modules -prune -o \
+		-name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean ## clean, and remove .venv and node_modules too
+	rm -rf $(VENV) node_modules

@@ -1,0 +1,327 @@
+"""The embedded local stack: started once, reused, loopback only, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from producer import emulators as local_stack
+from producer.cli.emulators import app as emulators_cli
+from producer.cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_kinesis import KinesisClient
+
+LOOPBACK_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
+TCP_LISTEN = "0A"
+
+
+def kinesis_client(endpoint: str) -> KinesisClient:
+    return boto3.client(
+        "kinesis",
+        endpoint_url=endpoint,
+        region_name=local_stack.REGION,
+        aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
+        aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
+    )
+
+
+def dynamodb_client(endpoint: str) -> DynamoDBClient:
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        region_name=local_stack.REGION,
+        aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
+        aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
+    )
+
+
+def wait_stream_active(kinesis: KinesisClient, stream: str, timeout_s: float = 10) -> None:
+    # boto3's waiter sleeps 10 s between polls; the emulators switch state in 50 ms
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        if summary["StreamStatus"] == "ACTIVE":
+            return
+        time.sleep(0.05)
+    pytest.fail(f"stream {stream} not ACTIVE after {timeout_s} s")
+
+
+def create_table(dynamodb: DynamoDBClient, table: str) -> None:
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def listeners(port: int) -> list[str]:
+    """Local addresses (hex, as in /proc/net/tcp{,6}) of the TCP sockets listening on ``port``."""
+    found = []
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        if not table.exists():
+            continue
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == TCP_LISTEN:
+                found.append(address)
+    return found
+
+
+def non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(
+                ("192.0.2.1", 9)
+            )  # TEST-NET-1: picks the outgoing interface, sends nothing
+        except OSError:
+            return None
+        address: str = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_endpoints_answer_real_api_calls(emulators: local_stack.Endpoints, names: Any) -> None:
+    # GIVEN the session's stack
+    kinesis = kinesis_client(emulators.kinesis)
+    dynamodb = dynamodb_client(emulators.dynamodb)
+
+    # WHEN a stream and a table are created
+    kinesis.create_stream(StreamName=names.stream, ShardCount=2)
+    create_table(dynamodb, names.table)
+
+    # THEN kinesalite and dynalite serve them
+    wait_stream_active(kinesis, names.stream)
+    assert names.stream in kinesis.list_streams()["StreamNames"]
+    assert names.table in dynamodb.list_tables()["TableNames"]
+
+
+def test_second_up_reuses_running_emulators(
+    emulators: local_stack.Endpoints, emulator_state_dir: Path
+) -> None:
+    # GIVEN a running stack
+    pids_before = {s.name: s.pid for s in local_stack.status(emulator_state_dir)}
+
+    # WHEN up runs again
+    again = local_stack.up(emulator_state_dir)
+
+    # THEN the same processes serve the same endpoints, and endpoints.env points at them
+    assert again == emulators
+    assert {s.name: s.pid for s in local_stack.status(emulator_state_dir)} == pids_before
+    sourced = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$1" && echo "$KEO_KINESIS_ENDPOINT_URL $KEO_DYNAMODB_ENDPOINT_URL"',
+            "-",
+            str(emulator_state_dir / local_stack.ENV_FILE),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert sourced.stdout.split() == [emulators.kinesis, emulators.dynamodb]
+
+
+def test_status_reports_each_emulator_running(
+    emulators: local_stack.Endpoints, emulator_state_dir: Path
+) -> None:
+    statuses = local_stack.status(emulator_state_dir)
+
+    by_name = {s.name: s for s in statuses}
+    assert {local_stack.KINESALITE, local_stack.DYNALITE} <= set(by_name)
+    assert all(s.running for s in statuses)
+    assert by_name[local_stack.KINESALITE].endpoint == emulators.kinesis
+    assert by_name[local_stack.DYNALITE].endpoint == emulators.dynamodb
+
+
+def test_status_command_prints_a_table_and_exits_0(
+    emulators: local_stack.Endpoints, emulator_state_dir: Path
+) -> None:
+    result = CliRunner().invoke(emulators_cli, ["status", "--state-dir", str(emulator_state_dir)])
+
+    assert result.exit_code == ExitCode.OK, result.output
+    assert "kinesalite" in result.output
+    assert "dynalite" in result.output
+
+
+def test_status_command_exits_1_when_nothing_runs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(emulators_cli, ["status", "--state-dir", str(tmp_path)])
+
+    assert result.exit_code == ExitCode.FAILED
+    assert "keo emulators up" in result.output
+
+
+def test_emulators_listen_on_loopback_only(emulators: local_stack.Endpoints) -> None:
+    for endpoint in (emulators.kinesis, emulators.dynamodb):
+        port = port_of(endpoint)
+        # THEN the only listening socket on the port is bound to 127.0.0.1
+        assert listeners(port) == [LOOPBACK_HEX], endpoint
+        # and the machine's other address refuses the connection
+        address = non_loopback_address()
+        if address is not None:
+            with pytest.raises(OSError):  # noqa: PT011 - refused, unreachable: any is fine
+                socket.create_connection((address, port), timeout=2).close()
+
+
+def test_kinesis_local_is_loopback_only_and_supports_update_shard_count(
+    kinesis_local_endpoint: str, names: Any
+) -> None:
+    # GIVEN kinesis-local, started lazily for this test
+    assert listeners(port_of(kinesis_local_endpoint)) == [LOOPBACK_HEX]
+    kinesis = kinesis_client(kinesis_local_endpoint)
+    kinesis.create_stream(StreamName=names.stream, ShardCount=1)
+    wait_stream_active(kinesis, names.stream)
+
+    # WHEN the stream is rescaled with UpdateShardCount (kinesalite lacks it)
+    kinesis.update_shard_count(
+        StreamName=names.stream, TargetShardCount=2, ScalingType="UNIFORM_SCALING"
+    )
+    wait_stream_active(kinesis, names.stream)
+
+    # THEN the new shards name the old one as their parent
+    shards = kinesis.list_shards(StreamName=names.stream)["Shards"]
+    parents = {s.get("ParentShardId") for s in shards} - {None}
+    assert len(parents) == 1
+    assert len(shards) == 3
+
+
+def test_kinesis_local_tls_port_is_loopback_only(
+    kinesis_local_endpoint: str, emulator_state_dir: Path
+) -> None:
+    # the TLS port is in no Endpoints; it must not listen on the network either
+    records = json.loads((emulator_state_dir / local_stack.STATE_FILE).read_text())
+    tls_port = records["emulators"][local_stack.KINESIS_LOCAL]["tls_port"]
+
+    assert listeners(tls_port) == [LOOPBACK_HEX]
+
+
+def test_requested_port_in_use_gives_a_clear_error(tmp_path: Path) -> None:
+    # GIVEN a port another process listens on
+    with socket.socket() as squatter:
+        squatter.bind((local_stack.HOST, 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+
+        # WHEN kinesalite is asked to use it
+        with pytest.raises(local_stack.PortInUseError) as caught:
+            local_stack.up(tmp_path, ports={local_stack.KINESALITE: port})
+
+    # THEN the error names the emulator and the port, and nothing is left running
+    assert (caught.value.name, caught.value.port) == (local_stack.KINESALITE, port)
+    assert str(port) in str(caught.value)
+    assert local_stack.status(tmp_path) == []
+
+
+def test_missing_node_modules_tells_to_run_npm_ci(tmp_path: Path) -> None:
+    with pytest.raises(local_stack.NodeModulesMissingError) as caught:
+        local_stack.up(tmp_path / "state", node_modules=tmp_path / "node_modules")
+
+    assert "npm ci" in str(caught.value)
+    assert caught.value.path == tmp_path / "node_modules"
+
+
+def test_missing_node_tells_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    with pytest.raises(local_stack.NodeNotFoundError) as caught:
+        local_stack.up(tmp_path / "state")
+
+    assert "Node.js" in str(caught.value)
+
+
+def test_up_command_exits_3_when_packages_are_missing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        emulators_cli,
+        ["up", "--state-dir", str(tmp_path / "state")],
+        env={"KEO_NODE_MODULES": str(tmp_path / "node_modules")},
+    )
+
+    assert result.exit_code == ExitCode.CONFIG
+    assert "npm ci" in result.output
+
+
+def test_down_stops_everything_and_data_survives_a_restart(tmp_path: Path, names: Any) -> None:
+    # GIVEN a stack of its own with a stream and a table in it
+    first = local_stack.up(tmp_path)
+    pids = [s.pid for s in local_stack.status(tmp_path)]
+    try:
+        kinesis = kinesis_client(first.kinesis)
+        kinesis.create_stream(StreamName=names.stream, ShardCount=1)
+        wait_stream_active(kinesis, names.stream)
+        create_table(dynamodb_client(first.dynamodb), names.table)
+    finally:
+        # WHEN it is stopped
+        stopped = local_stack.down(tmp_path)
+
+    # THEN the processes are gone, and nothing is recorded
+    # (not "the ports are free": a concurrent test run may take them at once)
+    assert stopped == [local_stack.DYNALITE, local_stack.KINESALITE]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert local_stack.status(tmp_path) == []
+    assert not (tmp_path / local_stack.ENV_FILE).exists()
+
+    # WHEN it starts again from the same state directory
+    second = local_stack.up(tmp_path)
+    try:
+        # THEN the stream and the table are still there
+        assert names.stream in kinesis_client(second.kinesis).list_streams()["StreamNames"]
+        assert names.table in dynamodb_client(second.dynamodb).list_tables()["TableNames"]
+    finally:
+        local_stack.down(tmp_path)
+
+
+def test_up_restarts_only_what_died(tmp_path: Path) -> None:
+    # GIVEN a stack of its own whose dynalite died
+    first = local_stack.up(tmp_path)
+    try:
+        pids = {s.name: s.pid for s in local_stack.status(tmp_path)}
+        os.killpg(pids[local_stack.DYNALITE], signal.SIGKILL)
+        wait_until(lambda: not by_name(local_stack.status(tmp_path))["dynalite"].running)
+        status_result = CliRunner().invoke(emulators_cli, ["status", "--state-dir", str(tmp_path)])
+
+        # WHEN up runs again
+        second = local_stack.up(tmp_path)
+
+        # THEN status had said so, and only dynalite was started again
+        assert status_result.exit_code == ExitCode.FAILED
+        after = by_name(local_stack.status(tmp_path))
+        assert after[local_stack.KINESALITE].pid == pids[local_stack.KINESALITE]
+        assert after[local_stack.DYNALITE].pid != pids[local_stack.DYNALITE]
+        assert all(s.running for s in after.values())
+        assert second.kinesis == first.kinesis
+    finally:
+        local_stack.down(tmp_path)
+
+
+def by_name(statuses: list[local_stack.EmulatorStatus]) -> dict[str, local_stack.EmulatorStatus]:
+    return {s.name: s for s in statuses}
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met after {timeout_s} s")
+        time.sleep(0.05)
