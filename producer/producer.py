@@ -39,6 +39,7 @@ from producer.kinesis import KinesisWriter, Shard
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
+    MAX_RECORDS_PER_PUT,
     STALE_SHARD_MAP,
     LeasePolicy,
     Message,
@@ -249,16 +250,19 @@ class ExactlyOnceProducer:
         """Put every held claim of ours; mark what was written. Returns the ambiguous ones."""
         written: list[tuple[_Held, Position]] = []
         ambiguous: list[_Held] = []
-        pending = self._ensure_leases(held, outcomes)
+        pending = held
         for attempt in range(1, self._policy.put_max_attempts + 1):
             retry: list[tuple[_Held, RecordResult]] = []
-            units = self._units(pending)
-            for batch in batch_by_size(units, lambda unit: unit.size_bytes):
-                failpoints.hit("before_put")
-                results = self._put([unit.entry for unit in batch])
-                failpoints.hit("after_put")
-                for unit, result in zip(batch, results, strict=True):
-                    self._sort_result(unit, result, written, ambiguous, retry)
+            # the lease is checked right before each request leaves, not once for all of them
+            for start in range(0, len(pending), MAX_RECORDS_PER_PUT):
+                ready = self._ensure_leases(pending[start : start + MAX_RECORDS_PER_PUT], outcomes)
+                units = self._units(ready)
+                for batch in batch_by_size(units, lambda unit: unit.size_bytes):
+                    failpoints.hit("before_put")
+                    results = self._put([unit.entry for unit in batch])
+                    failpoints.hit("after_put")
+                    for unit, result in zip(batch, results, strict=True):
+                        self._sort_result(unit, result, written, ambiguous, retry)
             if not retry:
                 break
             final = attempt == self._policy.put_max_attempts
@@ -279,7 +283,7 @@ class ExactlyOnceProducer:
                 )
                 / 1000
             )
-            pending = self._ensure_leases(resend, outcomes)
+            pending = resend
         self._mark_all(written, outcomes)
         return ambiguous
 

@@ -1,0 +1,202 @@
+"""A fault proxy on 127.0.0.1: sits between any process and an emulator and injects faults.
+
+Chosen by the request's ``X-Amz-Target`` (e.g. ``Kinesis_20131202.PutRecords``,
+``DynamoDB_20120810.UpdateItem``) and a seeded schedule, so a failing run can be replayed.
+Usable from processes the tests cannot hook into (``keo send`` subprocesses, Spark
+executors): point their endpoint at the proxy.
+
+Faults:
+    drop_response     forward, then close the connection without answering (written, lost)
+    error_after       forward, then answer 500 InternalFailure (written, looks failed)
+    error_before      answer 500 without forwarding (not written, looks ambiguous)
+    delay             forward after sleeping ``delay_s`` (past the client's read timeout)
+    throttle          answer 400 ProvisionedThroughputExceededException without forwarding
+    partial           PutRecords only: forward a subset of the records and answer per-record
+                      ProvisionedThroughputExceededException for the rest (truly not written)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("drop_response", "error_after", "error_before", "delay", "throttle", "partial")
+
+
+@dataclass
+class FaultRule:
+    """Apply ``fault`` to requests whose target ends with ``operation``, with ``probability``,
+    at most ``limit`` times (None: no limit)."""
+
+    operation: str
+    fault: str
+    probability: float = 1.0
+    limit: int | None = None
+    delay_s: float = 0.0
+    fraction: float = 0.5  # for partial: the share of records refused
+    used: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(FAULTS)}")
+
+
+@dataclass
+class FaultSchedule:
+    rules: list[FaultRule]
+    seed: int = 0
+    injected: Counter[str] = field(default_factory=Counter)
+    _rng: random.Random = field(init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def pick(self, target: str) -> FaultRule | None:
+        with self._lock:
+            for rule in self.rules:
+                if not target.endswith("." + rule.operation):
+                    continue
+                if rule.limit is not None and rule.used >= rule.limit:
+                    continue
+                if self._rng.random() < rule.probability:
+                    rule.used += 1
+                    self.injected[f"{rule.operation}:{rule.fault}"] += 1
+                    return rule
+            return None
+
+    def choose_refused(self, count: int, fraction: float) -> set[int]:
+        with self._lock:
+            refused = {i for i in range(count) if self._rng.random() < fraction}
+        return refused or ({0} if count else set())
+
+
+class FaultProxy:
+    """``with FaultProxy(upstream, schedule) as proxy: use proxy.endpoint``."""
+
+    def __init__(self, upstream: str, schedule: FaultSchedule, *, port: int = 0) -> None:
+        parts = urlsplit(upstream)
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        self.upstream_host, self.upstream_port = parts.hostname, parts.port
+        self.schedule = schedule
+        handler = type("Handler", (_Handler,), {"proxy": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    proxy: FaultProxy
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("fault proxy request %s", format % args)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+        target = self.headers.get("X-Amz-Target", "")
+        rule = self.proxy.schedule.pick(target)
+        fault = rule.fault if rule else None
+        if rule is not None and fault == "delay":
+            time.sleep(rule.delay_s)
+        if fault == "error_before":
+            return self._answer(500, _error_body("InternalFailure", "injected before the write"))
+        if fault == "throttle":
+            return self._answer(
+                400, _error_body("ProvisionedThroughputExceededException", "injected throttle")
+            )
+        if rule is not None and fault == "partial" and target.endswith(".PutRecords"):
+            return self._partial(body, headers, rule)
+        status, upstream_headers, answer = self.proxy.forward("POST", self.path, headers, body)
+        if fault == "drop_response":
+            self.close_connection = True
+            self.connection.close()
+            return None
+        if fault == "error_after":
+            return self._answer(500, _error_body("InternalFailure", "injected after the write"))
+        return self._answer(status, answer, upstream_headers.get("Content-Type"))
+
+    def _partial(self, body: bytes, headers: dict[str, str], rule: FaultRule) -> None:
+        request = json.loads(body)
+        records = request["Records"]
+        refused = self.proxy.schedule.choose_refused(len(records), rule.fraction)
+        kept = [r for i, r in enumerate(records) if i not in refused]
+        results: list[dict[str, Any]] = []
+        upstream: list[dict[str, Any]] = []
+        if kept:
+            request["Records"] = kept
+            status, _, answer = self.proxy.forward(
+                "POST", self.path, headers, json.dumps(request).encode()
+            )
+            if status != 200:
+                return self._answer(status, answer)
+            upstream = json.loads(answer)["Records"]
+        forwarded = iter(upstream)
+        for i in range(len(records)):
+            if i in refused:
+                results.append(
+                    {
+                        "ErrorCode": "ProvisionedThroughputExceededException",
+                        "ErrorMessage": "injected: rate exceeded for shard",
+                    }
+                )
+            else:
+                results.append(next(forwarded))
+        failed = sum(1 for r in results if "ErrorCode" in r)
+        return self._answer(
+            200, json.dumps({"FailedRecordCount": failed, "Records": results}).encode()
+        )
+
+    def _answer(self, status: int, body: bytes, content_type: str | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type or "application/x-amz-json-1.1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return json.dumps({"__type": code, "message": message}).encode()
