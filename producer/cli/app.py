@@ -42,11 +42,6 @@ def _root(
     logging.getLogger("botocore").setLevel(max(logging.getLogger().level, logging.WARNING))
 
 
-def not_built(name: str) -> None:
-    typer.echo(f"keo {name}: not built yet", err=True)
-    raise typer.Exit(ExitCode.NOT_BUILT)
-
-
 def _register() -> None:
     from producer.cli import commands, emulators
 

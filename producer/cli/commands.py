@@ -1,12 +1,8 @@
-"""Registers the subcommands; those not built yet print so and exit non-zero."""
+"""Registers the subcommands of ``keo``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import typer
-
-from producer.cli.app import not_built
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +12,7 @@ def register(app: typer.Typer) -> None:
     from producer.cli.init import init
     from producer.cli.reconcile import reconcile
     from producer.cli.send import send
+    from producer.cli.serve import register as register_serve
 
     app.command("init")(init)
     app.command("send")(send)
@@ -23,12 +20,4 @@ def register(app: typer.Typer) -> None:
     app.command("audit")(audit)
     app.command("demo")(demo)
     app.command("bench")(bench)
-    for name in ("serve",):
-        app.command(name, help=f"({name}: not built yet)")(_stub(name))
-
-
-def _stub(name: str) -> Callable[[], None]:
-    def command() -> None:
-        not_built(name)
-
-    return command
+    register_serve(app)

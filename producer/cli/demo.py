@@ -76,9 +76,9 @@ def demo(
     console.print(
         f"audit it yourself:  source {state_dir}/endpoints.env && "
         f".venv/bin/keo audit --stream {stream} --table keo-demo-ledger\n"
-        "query a key:        KEO_API_TOKEN=secret .venv/bin/keo serve --table keo-demo-ledger "
+        "query a key:        KEO_API_TOKEN=demo-token-0123456789 .venv/bin/keo serve --table keo-demo-ledger "
         "--port 8080 &\n"
-        "                    curl -H 'Authorization: Bearer secret' "
+        "                    curl -H 'Authorization: Bearer demo-token-0123456789' "
         f"http://127.0.0.1:8080/v1/streams/{stream}/messages/order-000001\n"
         f"stop the stack:     .venv/bin/keo emulators down --state-dir {state_dir}"
     )

@@ -11,4 +11,3 @@ class ExitCode(IntEnum):
     USAGE = 2  # unknown flag, bad value (typer/click's own code for usage errors)
     CONFIG = 3  # invalid settings or a missing dependency
     UNAVAILABLE = 4  # a backend could not be reached
-    NOT_BUILT = 5  # the subcommand is not built yet

@@ -24,7 +24,7 @@ def serve(
     *,
     table: Annotated[
         str | None,
-        typer.Option(help="DynamoDB table of the ledger [default: KEO_TABLE, or keo-ledger]"),
+        typer.Option(help="DynamoDB table of the ledger (default: KEO_TABLE, or keo-ledger)"),
     ] = None,
     host: Annotated[
         str, typer.Option(help="address to listen on (127.0.0.1: this machine only)")
@@ -41,14 +41,14 @@ def serve(
         str | None,
         typer.Option(
             "--dynamodb-endpoint-url",
-            help="DynamoDB endpoint [default: KEO_DYNAMODB_ENDPOINT_URL, or AWS]",
+            help="DynamoDB endpoint (default: KEO_DYNAMODB_ENDPOINT_URL, or AWS)",
         ),
     ] = None,
     stream_retention_hours: Annotated[
         int | None,
         typer.Option(
             help="the streams' retention, for the exactly-once window "
-            "[default: KEO_STREAM_RETENTION_HOURS, or unknown]",
+            "(default: KEO_STREAM_RETENTION_HOURS, or unknown)",
             min=24,
             max=8760,
         ),
@@ -56,8 +56,9 @@ def serve(
 ) -> None:
     """Serve the delivery-state API: was key X delivered, where, and when?
 
-    Every /v1 route needs 'Authorization: Bearer <KEO_API_TOKEN>'. /healthz, /readyz and
-    /metrics are open; the OpenAPI document is at /openapi.json, its browser at /docs.
+    Every /v1 route needs 'Authorization: Bearer <KEO_API_TOKEN>'.
+
+    /healthz, /readyz and /metrics are open. The OpenAPI document is at /openapi.json.
     """
     from pydantic import ValidationError
 

@@ -1,0 +1,97 @@
+"""The opaque cursor of the in-flight listing. Pure: no I/O.
+
+The listing walks the sparse in-flight index bucket by bucket (0 .. buckets - 1), each bucket
+in lease-expiry order. A cursor says where the next page starts: the bucket, and within it
+the index position (lease expiry, item key) of the last item returned, or the start of the
+bucket. It also carries the stream and the stale cut-off of the first page, so every page of
+one listing uses the same cut-off and a cursor cannot be replayed against another stream.
+
+Wire form: URL-safe base64 (no padding) of a compact JSON object. Clients must treat it as
+opaque; its layout may change between versions (``v``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import TypeGuard
+
+_VERSION = 1
+MAX_CURSOR_CHARS = 2048
+
+
+class InvalidCursorError(ValueError):
+    """The cursor was not issued by this API for this listing."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightCursor:
+    """Where the next page of an in-flight listing starts."""
+
+    stream: str
+    bucket: int
+    before_ms: int | None  # the stale cut-off of the listing; None lists every in-flight claim
+    after_lease_ms: int | None = None  # both None: start of the bucket
+    after_pk: str | None = None
+
+    def encode(self) -> str:
+        body = {
+            "v": _VERSION,
+            "s": self.stream,
+            "b": self.bucket,
+            "t": self.before_ms,
+            "l": self.after_lease_ms,
+            "k": self.after_pk,
+        }
+        raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str, *, stream: str, buckets: int, stale: bool) -> InFlightCursor:
+    """The cursor ``token`` stands for, checked against the listing it is used with."""
+    if not token or len(token) > MAX_CURSOR_CHARS:
+        raise InvalidCursorError("cursor is empty or too long")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        body = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidCursorError("cursor is not one this API issued") from exc
+    if not isinstance(body, dict) or body.get("v") != _VERSION:
+        raise InvalidCursorError("cursor is not one this API issued")
+    cursor_stream = body.get("s")
+    bucket = body.get("b")
+    before_ms = body.get("t")
+    after_lease_ms = body.get("l")
+    after_pk = body.get("k")
+    if cursor_stream != stream:
+        raise InvalidCursorError("cursor belongs to another stream")
+    if not isinstance(bucket, int) or isinstance(bucket, bool) or not 0 <= bucket < buckets:
+        raise InvalidCursorError("cursor names a bucket outside the in-flight index")
+    if before_ms is not None and not _is_int(before_ms):
+        raise InvalidCursorError("cursor is not one this API issued")
+    if (before_ms is not None) != stale:
+        raise InvalidCursorError(
+            f"cursor was issued for stale={'true' if before_ms is not None else 'false'}"
+        )
+    if after_lease_ms is None and after_pk is None:
+        return InFlightCursor(stream=stream, bucket=bucket, before_ms=before_ms)
+    if not _is_int(after_lease_ms) or after_lease_ms < 0:
+        raise InvalidCursorError("cursor is not one this API issued")
+    if not isinstance(after_pk, str) or not after_pk.startswith(f"{stream}#"):
+        raise InvalidCursorError("cursor is not one this API issued")
+    # DynamoDB rejects a start key outside the query's range condition
+    if before_ms is not None and after_lease_ms >= before_ms:
+        raise InvalidCursorError("cursor is not one this API issued")
+    return InFlightCursor(
+        stream=stream,
+        bucket=bucket,
+        before_ms=before_ms,
+        after_lease_ms=after_lease_ms,
+        after_pk=after_pk,
+    )
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,88 @@
+"""Dependencies of the routes: the ledger (read side only), the settings, the clock, the token.
+
+``create_app`` puts the wired objects on ``app.state``; routes take them through the
+``Annotated`` aliases below, so a test swaps any of them by building the app with its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from typing import Annotated, Protocol
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import UnauthorizedError
+from api.settings import ApiSettings
+from dedupe_store.clock import Clock
+from dedupe_store.records import LedgerRecord
+
+
+class LedgerReader(Protocol):
+    """The part of the ledger the API uses. Reads only: the API never writes the ledger."""
+
+    dedupe_ttl_s: int
+    inflight_buckets: int
+
+    @property
+    def table_name(self) -> str: ...
+
+    def ensure_ready(self) -> None: ...
+
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
+
+    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def in_flight_page(
+        self,
+        stream: str,
+        bucket: int,
+        *,
+        before_ms: int | None,
+        limit: int,
+        after_lease_ms: int | None = None,
+        after_pk: str | None = None,
+    ) -> tuple[list[str], tuple[int, str] | None]: ...
+
+
+def get_ledger(request: Request) -> LedgerReader:
+    ledger: LedgerReader = request.app.state.ledger
+    return ledger
+
+
+def get_settings(request: Request) -> ApiSettings:
+    settings: ApiSettings = request.app.state.settings
+    return settings
+
+
+def get_clock(request: Request) -> Clock:
+    clock: Clock = request.app.state.clock
+    return clock
+
+
+LedgerDep = Annotated[LedgerReader, Depends(get_ledger)]
+SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearerToken",
+    description="the token configured as KEO_API_TOKEN: `Authorization: Bearer <token>`",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+
+
+def require_token(settings: SettingsDep, credentials: BearerDep) -> None:
+    """Let the request through only with the configured bearer token."""
+    expected = settings.api_token
+    if expected is None:
+        # create_app refuses this unless auth is off, and then this dependency is not installed
+        raise UnauthorizedError("the API has no token configured")
+    if credentials is None:
+        raise UnauthorizedError("missing bearer token: send 'Authorization: Bearer <token>'")
+    # constant time: the comparison must not reveal how much of a guess was right
+    if not hmac.compare_digest(
+        credentials.credentials.encode("utf-8"), expected.get_secret_value().encode("utf-8")
+    ):
+        raise UnauthorizedError("wrong bearer token")

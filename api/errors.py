@@ -1,0 +1,39 @@
+"""Errors of the delivery-state API.
+
+The tree::
+
+    ApiError                 anything the API itself refuses (ledger errors are dedupe_store's)
+    ├── ApiConfigError       the app cannot start with these settings (no token, no --no-auth)
+    ├── UnauthorizedError    a /v1 request without the right bearer token       -> 401
+    └── UnknownKeyError      the ledger has no item for the key in the stream    -> 404 (stream, key)
+
+Ledger errors keep their own tree (:mod:`dedupe_store.errors`) and are mapped to problems in
+:mod:`api.problems`: ``LedgerUnavailableError`` and ``LedgerSchemaError`` -> 503.
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """Base of the API's own errors."""
+
+
+class ApiConfigError(ApiError):
+    """Settings the API cannot serve with."""
+
+
+class UnauthorizedError(ApiError):
+    """The request has no bearer token, or not the configured one."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnknownKeyError(ApiError):
+    """No ledger item for ``key`` in ``stream``: never claimed, or its dedupe TTL deleted it."""
+
+    def __init__(self, stream: str, key: str) -> None:
+        super().__init__(f"no delivery state for key {key!r} in stream {stream!r}")
+        self.stream = stream
+        self.key = key

@@ -1,0 +1,58 @@
+"""Settings of the delivery-state API: the ledger's, plus the bearer token and the window.
+
+Read from the environment with the ``KEO_`` prefix (``KEO_API_TOKEN``,
+``KEO_STREAM_RETENTION_HOURS``, ...) and validated at start; ``keo serve`` flags override them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+
+from dedupe_store.settings import LedgerSettings
+
+# 128 bits of entropy as hex is 32 characters; anything shorter than this is guessable.
+MIN_API_TOKEN_LENGTH = 16
+# Kinesis retention is 24 h by default and can be raised to 365 days.
+MIN_RETENTION_HOURS = 24
+MAX_RETENTION_HOURS = 8760
+
+
+class ApiSettings(LedgerSettings):
+    api_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "bearer token every /v1 request must present (KEO_API_TOKEN); the API refuses to "
+            "start without one unless started with --no-auth"
+        ),
+    )
+    stream_retention_hours: int | None = Field(
+        default=None,
+        ge=MIN_RETENTION_HOURS,
+        le=MAX_RETENTION_HOURS,
+        description=(
+            "retention of the streams, for the exactly-once window reported by the API; "
+            "unset means unknown (the window is then at most the dedupe TTL)"
+        ),
+    )
+    summary_count_cap: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="the summary stops counting in-flight claims past this many, and says so",
+    )
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _token_is_strong_enough(cls, value: object) -> object:
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if raw is None or raw == "":
+            return None
+        if isinstance(raw, str):
+            if raw != raw.strip():
+                raise ValueError("KEO_API_TOKEN must not start or end with whitespace")
+            if len(raw) < MIN_API_TOKEN_LENGTH:
+                raise ValueError(
+                    f"KEO_API_TOKEN must be at least {MIN_API_TOKEN_LENGTH} characters "
+                    "(e.g. 'openssl rand -hex 32')"
+                )
+        return value

@@ -1,0 +1,779 @@
+"""The delivery-state API against dynalite, with ledger items written through the ledger's API.
+
+Most tests call the app in-process (ASGI); ``test_keo_serve_*`` start the real server with
+uvicorn on a free loopback port and talk HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from api import ApiConfigError, ApiSettings, create_app
+from dedupe_store.clock import SystemClock
+from dedupe_store.ledger import DynamoDBLedger
+from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord, Position
+
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LEASE_MS = 60_000
+DIGEST = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+PROBLEM = "application/problem+json"
+CLOCK = SystemClock()
+
+
+class AsgiClient:
+    """A blocking client for the app in-process (no socket): one event loop per request."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        async def send() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+                return await client.request(method, url, **kwargs)
+
+        return asyncio.run(send())
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+# One table for the module (creating one takes seconds); every test has a stream of its own.
+
+
+@pytest.fixture(scope="module")
+def api_settings(emulators: Any) -> ApiSettings:
+    return ApiSettings(
+        table=f"api-{uuid.uuid4().hex[:12]}",
+        dynamodb_endpoint_url=emulators.dynamodb,
+        api_token=TOKEN,
+        dedupe_ttl_s=7 * 24 * 3600,
+        stream_retention_hours=24,
+        inflight_buckets=4,
+        summary_count_cap=100_000,
+    )
+
+
+@pytest.fixture(scope="module")
+def ledger(api_settings: ApiSettings) -> DynamoDBLedger:
+    ledger = DynamoDBLedger(
+        api_settings.ledger_connection(),
+        dedupe_ttl_s=api_settings.dedupe_ttl_s,
+        inflight_buckets=api_settings.inflight_buckets,
+    )
+    ledger.create_table()
+    return ledger
+
+
+@pytest.fixture(scope="module")
+def app(api_settings: ApiSettings, ledger: DynamoDBLedger) -> FastAPI:
+    return create_app(api_settings, ledger)
+
+
+@pytest.fixture(scope="module")
+def client(app: FastAPI) -> AsgiClient:
+    return AsgiClient(app)
+
+
+@pytest.fixture
+def stream(names: Any) -> str:
+    return str(names.stream)
+
+
+def claim(
+    ledger: DynamoDBLedger,
+    stream: str,
+    key: str,
+    *,
+    ago_ms: int = 0,
+    payload: bytes | None = None,
+) -> LedgerRecord:
+    """A claim made ``ago_ms`` before now: older than the lease, it is stale."""
+    result = ledger.claim(
+        ClaimRequest(stream, key, DIGEST, "12345678901234567890", payload),
+        owner="producer-1",
+        now_ms=CLOCK.now_ms() - ago_ms,
+        lease_ms=LEASE_MS,
+    )
+    assert result.status is ClaimStatus.WON
+    assert result.record is not None
+    return result.record
+
+
+def deliver(ledger: DynamoDBLedger, stream: str, key: str, seq: str = "4965") -> LedgerRecord:
+    record = claim(ledger, stream, key)
+    position = Position("shardId-000000000001", seq)
+    result = ledger.mark_delivered(record, position, now_ms=CLOCK.now_ms())
+    assert result.applied
+    assert result.current is not None
+    return result.current
+
+
+def message_url(stream: str, key: str) -> str:
+    return f"/v1/streams/{stream}/messages/{quote(key, safe='')}"
+
+
+def assert_problem(response: httpx.Response, status: int, type_suffix: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert body["type"].endswith(type_suffix)
+    assert body["title"]
+    return body
+
+
+# --- one key ---------------------------------------------------------------------------------
+
+
+def test_delivered_key_reports_position_times_and_digest_never_payload(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a key claimed with its payload stored, then delivered
+    record = claim(ledger, stream, "order-1", payload=b"top-secret-payload")
+    delivered = ledger.mark_delivered(
+        record,
+        Position("shardId-000000000003", "49650000000000000000001", 2),
+        now_ms=CLOCK.now_ms(),
+    ).current
+    assert delivered is not None
+
+    # WHEN an operator asks for it
+    response = client.get(message_url(stream, "order-1"), headers=AUTH)
+
+    # THEN the state, position, times and digest come back, and the payload does not
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["state"] == "DELIVERED"
+    assert body["attempt"] == 1
+    assert body["shard_id"] == "shardId-000000000003"
+    assert body["sequence_number"] == "49650000000000000000001"
+    assert body["sub_sequence_number"] == 2
+    assert body["payload_digest"] == DIGEST
+    assert body["claimed_at"].endswith("Z")
+    assert body["delivered_at"] is not None
+    assert body["dedupe_expires_at"] is not None
+    assert body["stale"] is False
+    assert "payload" not in body
+    assert "top-secret-payload" not in response.text
+
+
+@pytest.mark.parametrize("key", ["orders/2024/05/1", "ключ-🚀 with space", "a%b?c#d", "x" * 256])
+def test_any_unicode_key_up_to_256_chars_is_found(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str, key: str
+) -> None:
+    # GIVEN a key with slashes, non-ASCII or URL-special characters
+    deliver(ledger, stream, key)
+
+    # WHEN it is asked for percent-encoded
+    response = client.get(message_url(stream, key), headers=AUTH)
+
+    # THEN it is that key
+    assert response.status_code == 200, response.text
+    assert response.json()["key"] == key
+
+
+def test_in_flight_key_reports_its_lease_and_staleness(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    claim(ledger, stream, "fresh")
+    claim(ledger, stream, "stale", ago_ms=2 * LEASE_MS)
+
+    fresh = client.get(message_url(stream, "fresh"), headers=AUTH).json()
+    stale = client.get(message_url(stream, "stale"), headers=AUTH).json()
+
+    assert (fresh["state"], fresh["stale"], fresh["shard_id"]) == ("IN_FLIGHT", False, None)
+    assert fresh["lease_expires_at"] is not None
+    assert (stale["state"], stale["stale"]) == ("IN_FLIGHT", True)
+
+
+def test_unknown_key_is_404_problem_naming_stream_and_key(client: AsgiClient, stream: str) -> None:
+    response = client.get(message_url(stream, "never-sent"), headers=AUTH)
+
+    body = assert_problem(response, 404, "unknown-key")
+    assert body["stream"] == stream
+    assert body["key"] == "never-sent"
+    assert "never-sent" in body["instance"]
+
+
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("/v1/streams/s/messages/" + "k" * 257, ["path", "key"]),
+        ("/v1/streams/s/messages/", ["path", "key"]),
+        ("/v1/streams/bad%20stream/messages/k", ["path", "stream"]),
+        ("/v1/streams/" + "s" * 129 + "/messages/k", ["path", "stream"]),
+    ],
+)
+def test_invalid_key_or_stream_is_422_with_the_reason(
+    client: AsgiClient, url: str, where: list[str]
+) -> None:
+    response = client.get(url, headers=AUTH)
+
+    body = assert_problem(response, 422, "validation")
+    assert [error["loc"] for error in body["errors"]] == [where]
+    assert body["errors"][0]["msg"]
+    assert ".".join(where) in body["detail"]
+
+
+# --- many keys -------------------------------------------------------------------------------
+
+
+def test_lookup_answers_each_key_in_request_order(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN one delivered key, one in flight, and one never sent
+    deliver(ledger, stream, "delivered", seq="777")
+    claim(ledger, stream, "in/flight")
+
+    # WHEN they are looked up together
+    keys = ["missing", "delivered", "in/flight"]
+    response = client.post(
+        f"/v1/streams/{stream}/messages:lookup", json={"keys": keys}, headers=AUTH
+    )
+
+    # THEN there is one result per key, in request order
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [result["key"] for result in results] == keys
+    assert [result["found"] for result in results] == [False, True, True]
+    assert results[0]["message"] is None
+    assert results[1]["message"]["sequence_number"] == "777"
+    assert results[2]["message"]["state"] == "IN_FLIGHT"
+
+
+def test_lookup_of_100_keys_reads_them_all(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    for index in range(0, 100, 10):
+        deliver(ledger, stream, f"k{index}")
+    keys = [f"k{index}" for index in range(100)]
+
+    response = client.post(
+        f"/v1/streams/{stream}/messages:lookup", json={"keys": keys}, headers=AUTH
+    )
+
+    assert response.status_code == 200, response.text
+    found = [result["key"] for result in response.json()["results"] if result["found"]]
+    assert found == [f"k{index}" for index in range(0, 100, 10)]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"keys": [f"k{index}" for index in range(101)]}, ["body", "keys"]),
+        ({"keys": []}, ["body", "keys"]),
+        ({"keys": ["a", "b", "a"]}, ["body", "keys"]),
+        ({"keys": ["ok", "k" * 257]}, ["body", "keys", 1]),
+        ({"keys": ["ok", ""]}, ["body", "keys", 1]),
+        ({"keys": ["ok"], "extra": 1}, ["body", "extra"]),
+        ({}, ["body", "keys"]),
+    ],
+)
+def test_lookup_refuses_bad_key_lists_with_422(
+    client: AsgiClient, stream: str, body: dict[str, Any], loc: list[Any]
+) -> None:
+    response = client.post(f"/v1/streams/{stream}/messages:lookup", json=body, headers=AUTH)
+
+    problem = assert_problem(response, 422, "validation")
+    assert loc in [error["loc"] for error in problem["errors"]]
+
+
+def test_lookup_refuses_a_body_that_is_not_json(client: AsgiClient, stream: str) -> None:
+    response = client.post(
+        f"/v1/streams/{stream}/messages:lookup",
+        content=b"{not json",
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+
+    assert_problem(response, 422, "validation")
+
+
+# --- in flight -------------------------------------------------------------------------------
+
+
+def _walk_in_flight(client: AsgiClient, stream: str, **params: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(100):
+        query = {**params, **({"cursor": cursor} if cursor else {})}
+        response = client.get(f"/v1/streams/{stream}/in-flight", params=query, headers=AUTH)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert len(page["items"]) <= params.get("limit", 100)
+        items.extend(page["items"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return items
+    raise AssertionError("the listing never ended")
+
+
+def test_in_flight_listing_pages_through_every_claim_once(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN claims in flight across the index buckets, some stale, and one delivered key
+    fresh = {f"fresh-{index}" for index in range(5)}
+    stale = {f"stale-{index}" for index in range(4)}
+    for key in fresh:
+        claim(ledger, stream, key)
+    for key in stale:
+        claim(ledger, stream, key, ago_ms=2 * LEASE_MS)
+    deliver(ledger, stream, "done")
+
+    # WHEN every page is read, two items at a time
+    everything = _walk_in_flight(client, stream, limit=2)
+    only_stale = _walk_in_flight(client, stream, limit=2, stale="true")
+
+    # THEN each in-flight claim appears exactly once, and stale=true lists the stale ones
+    keys = [item["key"] for item in everything]
+    assert sorted(keys) == sorted(fresh | stale)
+    assert {item["key"] for item in everything if item["stale"]} == stale
+    assert sorted(item["key"] for item in only_stale) == sorted(stale)
+    assert all(item["state"] == "IN_FLIGHT" for item in everything)
+
+
+def test_in_flight_listing_leaves_out_claims_settled_since_the_first_page(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a stale claim that is delivered after the listing started
+    record = claim(ledger, stream, "racing", ago_ms=2 * LEASE_MS)
+    first = client.get(f"/v1/streams/{stream}/in-flight?stale=true", headers=AUTH).json()
+    assert [item["key"] for item in first["items"]] == ["racing"]
+    ledger.mark_delivered(record, Position("shardId-0", "1"), now_ms=CLOCK.now_ms())
+
+    # WHEN the listing is read again
+    again = client.get(f"/v1/streams/{stream}/in-flight?stale=true", headers=AUTH).json()
+
+    # THEN the delivered key is not in flight any more
+    assert again["items"] == []
+    assert again["next_cursor"] is None
+
+
+def test_in_flight_of_an_empty_stream_is_one_empty_page(client: AsgiClient, stream: str) -> None:
+    response = client.get(f"/v1/streams/{stream}/in-flight", headers=AUTH)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["items"] == []
+    assert response.json()["next_cursor"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "loc"),
+    [
+        ("limit=0", ["query", "limit"]),
+        ("limit=501", ["query", "limit"]),
+        ("limit=many", ["query", "limit"]),
+        ("stale=perhaps", ["query", "stale"]),
+        ("cursor=not-a-cursor", ["query", "cursor"]),
+        ("stal=true", ["query", "stal"]),
+    ],
+)
+def test_in_flight_refuses_bad_limits_and_cursors_with_422(
+    client: AsgiClient, stream: str, query: str, loc: list[str]
+) -> None:
+    response = client.get(f"/v1/streams/{stream}/in-flight?{query}", headers=AUTH)
+
+    problem = assert_problem(response, 422, "validation")
+    assert [error["loc"] for error in problem["errors"]] == [loc]
+
+
+def test_a_cursor_only_continues_its_own_listing(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a cursor from a stale-only listing
+    for index in range(3):
+        claim(ledger, stream, f"stale-{index}", ago_ms=2 * LEASE_MS)
+    page = client.get(f"/v1/streams/{stream}/in-flight?stale=true&limit=1", headers=AUTH).json()
+    cursor = page["next_cursor"]
+    assert cursor is not None
+
+    # WHEN it is used for a full listing, or for another stream
+    other_listing = client.get(
+        f"/v1/streams/{stream}/in-flight", params={"cursor": cursor}, headers=AUTH
+    )
+    other_stream = client.get(
+        "/v1/streams/another-stream/in-flight",
+        params={"cursor": cursor, "stale": "true"},
+        headers=AUTH,
+    )
+
+    # THEN both are refused with the reason
+    assert "stale=true" in assert_problem(other_listing, 422, "validation")["detail"]
+    assert "another stream" in assert_problem(other_stream, 422, "validation")["detail"]
+
+
+# --- summary and operations -----------------------------------------------------------------
+
+
+def test_summary_counts_in_flight_and_stale_and_reports_the_window(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    for index in range(3):
+        claim(ledger, stream, f"fresh-{index}")
+    for index in range(2):
+        claim(ledger, stream, f"stale-{index}", ago_ms=2 * LEASE_MS)
+    deliver(ledger, stream, "done")
+
+    response = client.get(f"/v1/streams/{stream}/summary", headers=AUTH)
+
+    assert response.status_code == 200, response.text
+    summary = response.json()
+    assert (summary["in_flight"], summary["stale"], summary["counts_complete"]) == (5, 2, True)
+    assert summary["exactly_once_window"] == {
+        "dedupe_ttl_seconds": 7 * 24 * 3600,
+        "stream_retention_seconds": 24 * 3600,
+        "window_seconds": 24 * 3600,
+        "limited_by": "stream_retention",
+    }
+    assert summary["last_reconcile"] is None
+
+
+def test_summary_says_when_counting_stopped_at_the_cap(
+    api_settings: ApiSettings, ledger: DynamoDBLedger, stream: str
+) -> None:
+    capped = api_settings.model_copy(update={"summary_count_cap": 2})
+    client = AsgiClient(create_app(capped, ledger))
+    for index in range(3):
+        claim(ledger, stream, f"k{index}")
+
+    summary = client.get(f"/v1/streams/{stream}/summary", headers=AUTH).json()
+
+    assert (summary["in_flight"], summary["counts_complete"]) == (2, False)
+
+
+def test_health_readiness_and_metrics_need_no_token(client: AsgiClient, stream: str) -> None:
+    client.get(message_url(stream, "some-key"), headers=AUTH)
+
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    # labelled by route template, never by the key
+    assert 'route="/v1/streams/{stream}/messages/{key:path}",status="404"' in metrics.text
+    assert "some-key" not in metrics.text
+
+
+# --- the ledger down -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client_of_a_dead_ledger(api_settings: ApiSettings) -> AsgiClient:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    dead = api_settings.model_copy(
+        update={
+            "dynamodb_endpoint_url": f"http://127.0.0.1:{dead_port}",
+            "ledger_max_retry_attempts": 0,
+            "ledger_connect_timeout_s": 1,
+            "ledger_read_timeout_s": 1,
+        }
+    )
+    return AsgiClient(create_app(dead))
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body"),
+    [
+        ("GET", "/v1/streams/s/messages/k", None),
+        ("POST", "/v1/streams/s/messages:lookup", {"keys": ["k"]}),
+        ("GET", "/v1/streams/s/in-flight", None),
+        ("GET", "/v1/streams/s/summary", None),
+        ("GET", "/readyz", None),
+    ],
+)
+def test_ledger_down_is_503_with_retry_after(
+    client_of_a_dead_ledger: AsgiClient, method: str, url: str, body: Any
+) -> None:
+    response = client_of_a_dead_ledger.request(method, url, json=body, headers=AUTH)
+
+    assert_problem(response, 503, "ledger-unavailable")
+    assert response.headers["retry-after"] == "1"
+
+
+def test_missing_table_is_503_not_ready(api_settings: ApiSettings, names: Any) -> None:
+    client = AsgiClient(create_app(api_settings.model_copy(update={"table": f"{names.prefix}-x"})))
+
+    body = assert_problem(client.get("/readyz"), 503, "ledger-not-ready")
+    assert "keo init" in body["detail"]
+    assert_problem(client.get("/v1/streams/s/messages/k", headers=AUTH), 503, "ledger-not-ready")
+
+
+# --- auth ------------------------------------------------------------------------------------
+
+V1_ROUTES = [
+    ("GET", "/v1/streams/s/messages/k", None),
+    ("POST", "/v1/streams/s/messages:lookup", {"keys": ["k"]}),
+    ("GET", "/v1/streams/s/in-flight", None),
+    ("GET", "/v1/streams/s/summary", None),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body"), V1_ROUTES)
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": f"Bearer {TOKEN[:-1]}"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+    ],
+    ids=["missing", "wrong", "longer", "shorter", "basic", "no-scheme"],
+)
+def test_every_v1_route_refuses_a_missing_or_wrong_token(
+    client: AsgiClient, method: str, url: str, body: Any, headers: dict[str, str]
+) -> None:
+    response = client.request(method, url, json=body, headers=headers)
+
+    assert_problem(response, 401, "unauthorized")
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(("method", "url", "body"), V1_ROUTES)
+def test_every_v1_route_answers_the_right_token(
+    client: AsgiClient, method: str, url: str, body: Any
+) -> None:
+    response = client.request(method, url, json=body, headers=AUTH)
+
+    assert response.status_code in {200, 404}, response.text
+
+
+def test_the_app_refuses_to_start_without_a_token(api_settings: ApiSettings) -> None:
+    no_token = api_settings.model_copy(update={"api_token": None})
+
+    with pytest.raises(ApiConfigError, match="KEO_API_TOKEN"):
+        create_app(no_token)
+
+
+def test_no_auth_serves_v1_without_a_token_and_says_so(
+    api_settings: ApiSettings, ledger: DynamoDBLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    no_token = api_settings.model_copy(update={"api_token": None})
+
+    client = AsgiClient(create_app(no_token, ledger, require_auth=False))
+
+    assert "AUTHENTICATION IS OFF" in caplog.text
+    assert client.get("/v1/streams/s/summary").status_code == 200
+    document = client.get("/openapi.json").json()
+    assert "security" not in document["paths"]["/v1/streams/{stream}/summary"]["get"]
+
+
+# --- the OpenAPI document --------------------------------------------------------------------
+
+
+def test_openapi_document_declares_auth_problems_and_examples(client: AsgiClient) -> None:
+    document = client.get("/openapi.json").json()
+
+    schemes = document["components"]["securitySchemes"]
+    assert list(schemes.values()) == [
+        {"type": "http", "scheme": "bearer", "description": schemes["bearerToken"]["description"]}
+    ]
+    v1_operations = [
+        operation
+        for path, item in document["paths"].items()
+        if path.startswith("/v1/")
+        for operation in item.values()
+    ]
+    assert len(v1_operations) == 4
+    for operation in v1_operations:
+        assert operation["security"] == [{"bearerToken": []}]
+        assert {"401", "422", "503"} <= set(operation["responses"])
+    for item in document["paths"].values():
+        for operation in item.values():
+            for status, response in operation["responses"].items():
+                if int(status) >= 400:
+                    assert list(response["content"]) == [PROBLEM], (status, operation)
+    schemas = document["components"]["schemas"]
+    for name in ("MessageState", "LookupRequest", "LookupResponse", "InFlightPage"):
+        assert schemas[name]["examples"], name
+    assert "StreamSummary" in schemas
+    assert "HTTPValidationError" not in schemas
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_openapi_property_run_finds_no_server_error(
+    app: FastAPI, ledger: DynamoDBLedger, mode: GenerationMode
+) -> None:
+    # GIVEN the served document, and a few items of the documented examples' stream, so
+    # requests can also find keys and pages
+    if ledger.get("orders", "order-2024-000123") is None:
+        deliver(ledger, "orders", "order-2024-000123")
+        claim(ledger, "orders", "order-2024-000124", ago_ms=2 * LEASE_MS)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    operations = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result.err()  # the document is one schemathesis reads
+        operations.append(result.ok())
+    assert len(operations) == 7
+
+    # WHEN each operation is called with generated requests (valid ones, then invalid ones)
+    for operation in operations:
+        inputs = (operation.path_parameters, operation.query, operation.headers, operation.body)
+        if mode is GenerationMode.NEGATIVE and not any(len(part) for part in inputs):
+            continue  # nothing to make invalid
+        # an opaque cursor cannot be valid by schema: a generated one is rightly refused (422)
+        excluded = [positive_data_acceptance] if operation.label.endswith("/in-flight") else []
+        # THEN no answer is a server error, and every answer conforms to the document
+        _property_run(operation.as_strategy(generation_mode=mode), excluded)()
+
+
+def _property_run(cases: Any, excluded: list[Any]) -> Any:
+    @given(case=cases)
+    @settings(
+        max_examples=int(os.environ.get("KEO_TEST_API_EXAMPLES", "12")),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(case: Any) -> None:
+        case.call_and_validate(headers=AUTH, excluded_checks=excluded)
+
+    return run
+
+
+# --- the real server -------------------------------------------------------------------------
+
+_KEO_SERVE = textwrap.dedent(
+    """
+    import sys
+    import typer
+    from producer.cli.serve import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        pass
+
+    register(app)
+    app(sys.argv[1:])
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _keo_serve(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _KEO_SERVE, "serve", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def serve_env(env: dict[str, str], api_settings: ApiSettings) -> dict[str, str]:
+    cleaned = {key: value for key, value in env.items() if not key.startswith("KEO_API_")}
+    return {**cleaned, "KEO_TABLE": api_settings.table}
+
+
+@pytest.fixture
+def running_server(serve_env: dict[str, str], ledger: DynamoDBLedger) -> Iterator[str]:
+    port = _free_port()
+    process = _keo_serve(["--port", str(port)], {**serve_env, "KEO_API_TOKEN": TOKEN})
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                _, stderr = process.communicate()
+                raise AssertionError(f"keo serve exited {process.returncode}: {stderr}")
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def test_keo_serve_answers_over_http_on_loopback(
+    running_server: str, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN the real server (uvicorn) and a delivered key
+    deliver(ledger, stream, "over/http", seq="123456789")
+
+    with httpx.Client(base_url=running_server, timeout=10) as http:
+        # WHEN it is asked over HTTP, with and without the token
+        found = http.get(message_url(stream, "over/http"), headers=AUTH)
+        refused = http.get(message_url(stream, "over/http"))
+        ready = http.get("/readyz")
+        document = http.get("/openapi.json")
+
+    # THEN it answers like the app in-process
+    assert found.status_code == 200, found.text
+    assert found.json()["sequence_number"] == "123456789"
+    assert refused.status_code == 401
+    assert refused.headers["content-type"] == PROBLEM
+    assert ready.json() == {"status": "ready", "table": ledger.table_name}
+    assert "/v1/streams/{stream}/messages/{key}" in document.json()["paths"]
+
+
+def test_keo_serve_refuses_to_start_without_a_token(serve_env: dict[str, str]) -> None:
+    process = _keo_serve(["--port", str(_free_port())], serve_env)
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 3
+    assert "KEO_API_TOKEN" in stderr
+
+
+def test_keo_serve_refuses_no_auth_off_loopback(serve_env: dict[str, str]) -> None:
+    process = _keo_serve(["--no-auth", "--host", "0.0.0.0", "--port", "1"], serve_env)  # noqa: S104
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 3
+    assert "--no-auth" in stderr
+
+
+def test_keo_serve_refuses_a_short_token(serve_env: dict[str, str]) -> None:
+    process = _keo_serve(["--port", "1"], {**serve_env, "KEO_API_TOKEN": "tooShortTok"})
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 3
+    assert "at least 16 characters" in stderr
+    assert "tooShortTok" not in stderr  # a secret, even a bad one, is never echoed
