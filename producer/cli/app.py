@@ -7,8 +7,6 @@ import os
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-
 app = typer.Typer(
     name="keo",
     help=(
