@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.errors import UnauthorizedError
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock
-from dedupe_store.records import LedgerRecord
+from dedupe_store.records import LedgerRecord, RunRecord
 
 
 class LedgerReader(Protocol):
@@ -33,6 +33,8 @@ class LedgerReader(Protocol):
     def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def last_run(self, stream: str) -> RunRecord | None: ...
 
     def in_flight_page(
         self,

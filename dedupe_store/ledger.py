@@ -17,6 +17,7 @@ each write recognises its own effect in the current item and reports it as appli
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ from dedupe_store.records import (
     ClaimResult,
     LedgerRecord,
     Position,
+    RunRecord,
     UpdateResult,
 )
 from dedupe_store.states import LedgerState, Transition, next_state
@@ -60,6 +62,11 @@ _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
 _BATCH_GET_MAX = 100
+
+
+def _run_pk(stream: str) -> str:
+    # stream names cannot contain "/", so no "<stream>#<key>" equals this
+    return f"__keo__/reconcile-run/{stream}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
@@ -236,6 +243,41 @@ class DynamoDBLedger:
                 yield _key_of(stream, item.pk)
         except (QueryError, PynamoDBException) as exc:
             raise _translate(exc, self.table_name, None, "query in-flight index") from exc
+
+    # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
+
+    def record_run(
+        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
+    ) -> None:
+        """Remember the reconciler's last run over ``stream`` (read by the API's summary)."""
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item={
+                    "pk": {"S": _run_pk(stream)},
+                    "started_at_ms": {"N": str(started_ms)},
+                    "finished_at_ms": {"N": str(finished_ms)},
+                    "outcomes": {"S": json.dumps(outcomes, sort_keys=True)},
+                },
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, None, "record a run") from exc
+
+    def last_run(self, stream: str) -> RunRecord | None:
+        try:
+            item = self.client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": _run_pk(stream)}}, ConsistentRead=True
+            ).get("Item")
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, None, "read the last run") from exc
+        if not item:
+            return None
+        return RunRecord(
+            stream=stream,
+            started_ms=int(item["started_at_ms"]["N"]),
+            finished_ms=int(item["finished_at_ms"]["N"]),
+            outcomes={k: int(v) for k, v in json.loads(item["outcomes"]["S"]).items()},
+        )
 
     # --- conditional transitions -----------------------------------------------------------
 

@@ -82,3 +82,13 @@ class UpdateResult:
 
     applied: bool
     current: LedgerRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The reconciler's last run over a stream."""
+
+    stream: str
+    started_ms: int
+    finished_ms: int
+    outcomes: dict[str, int]

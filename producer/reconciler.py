@@ -82,6 +82,7 @@ class Reconciler:
 
     def run_once(self, progress: Callable[[int], None] | None = None) -> ReconcileReport:
         report = ReconcileReport(self.stream)
+        started_ms = self._clock.now_ms()
         calls_before = self._resolver.get_records_calls
         # stale for everyone: lease + skew has passed by our clock
         cutoff_ms = self._clock.now_ms() - self._lease.skew_ms
@@ -91,6 +92,22 @@ class Reconciler:
             if progress is not None:
                 progress(len(chunk))
         report.get_records_calls = self._resolver.get_records_calls - calls_before
+        self._ledger.record_run(
+            self.stream,
+            started_ms=started_ms,
+            finished_ms=self._clock.now_ms(),
+            outcomes={
+                "scanned": report.scanned,
+                "delivered": report.delivered,
+                "resent": report.resent,
+                "released": report.released,
+                "unverifiable": report.unverifiable,
+                "conflicts": len(report.conflicts),
+                "pending": report.pending,
+                "lost_races": report.lost_races,
+                "errors": report.errors,
+            },
+        )
         log.info(
             "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
             "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",

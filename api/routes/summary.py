@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from api.deps import ClockDep, LedgerDep, LedgerReader, SettingsDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
-from api.schemas import StreamSummary, exactly_once_window, from_epoch_ms
+from api.schemas import ReconcileRun, StreamSummary, exactly_once_window, from_epoch_ms
 
 router = APIRouter(prefix="/v1/streams/{stream}", tags=["summary"])
 
@@ -41,8 +41,18 @@ def get_summary(
         exactly_once_window=exactly_once_window(
             ledger.dedupe_ttl_s, settings.stream_retention_hours
         ),
-        # the reconciler does not record its runs in the ledger yet: nothing to report
-        last_reconcile=None,
+        last_reconcile=_last_run(ledger, stream),
+    )
+
+
+def _last_run(ledger: LedgerReader, stream: str) -> ReconcileRun | None:
+    run = ledger.last_run(stream)
+    if run is None:
+        return None
+    return ReconcileRun(
+        started_at=from_epoch_ms(run.started_ms),
+        finished_at=from_epoch_ms(run.finished_ms),
+        outcomes=run.outcomes,
     )
 
 

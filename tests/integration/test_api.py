@@ -454,6 +454,28 @@ def test_summary_counts_in_flight_and_stale_and_reports_the_window(
     assert summary["last_reconcile"] is None
 
 
+def test_summary_shows_the_last_run_the_reconciler_recorded(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN the reconciler recorded a run over this stream
+    ledger.record_run(
+        stream,
+        started_ms=1_700_000_000_000,
+        finished_ms=1_700_000_001_500,
+        outcomes={"scanned": 3, "delivered": 2, "released": 1},
+    )
+
+    # WHEN the summary is asked for
+    response = client.get(f"/v1/streams/{stream}/summary", headers=AUTH)
+
+    # THEN it reports that run, and the run is not counted as a key in flight
+    assert response.status_code == 200, response.text
+    summary = response.json()
+    assert summary["last_reconcile"]["outcomes"] == {"scanned": 3, "delivered": 2, "released": 1}
+    assert summary["last_reconcile"]["finished_at"].startswith("2023-11-14T22:13:21.5")
+    assert summary["in_flight"] == 0
+
+
 def test_summary_says_when_counting_stopped_at_the_cap(
     api_settings: ApiSettings, ledger: DynamoDBLedger, stream: str
 ) -> None:
