@@ -1,0 +1,386 @@
+"""The Spark sink on a real local Spark against the real emulators.
+
+Each test gets its own stream and ledger table; the SparkSession is shared (tests/e2e/conftest.py).
+The stream is read back with plain boto3 calls (tests/integration/streamcheck.py), never with the
+product's reader, so a reader bug cannot hide a duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from threading import Barrier
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from dedupe_store.records import ClaimRequest
+from producer.audit import audit_stream
+from producer.errors import UnresolvedKeysError
+from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
+from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from spark_jobs.produce_stream import start_query
+from spark_jobs.sink import (
+    FAILPOINTS_ENV,
+    BatchLedger,
+    ExactlyOnceSink,
+    PartitionReport,
+    producer_settings,
+)
+
+pytestmark = pytest.mark.spark
+
+SHARDS = 2
+# short leases so a lost race or a replay settles in seconds
+FAST_LEASES = {
+    "KEO_PUT_CONNECT_TIMEOUT_S": "1",
+    "KEO_PUT_READ_TIMEOUT_S": "1",
+    "KEO_CLOCK_SKEW_S": "0.5",
+    "KEO_LEASE_S": "3",
+    "KEO_INFLIGHT_BUCKETS": "4",
+}
+
+
+def _load_streamcheck() -> ModuleType:
+    if "streamcheck" in sys.modules:
+        return sys.modules["streamcheck"]
+    path = Path(__file__).resolve().parents[1] / "integration" / "streamcheck.py"
+    spec = importlib.util.spec_from_file_location("streamcheck", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["streamcheck"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+streamcheck = _load_streamcheck()
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(emulators: Any, names: Any) -> dict[str, str]:
+    """The sink's settings: plain KEO_* strings, as the executors receive them."""
+    return {
+        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
+        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
+        "KEO_REGION": "us-east-1",
+        "KEO_STREAM": names.stream,
+        "KEO_TABLE": names.table,
+        **FAST_LEASES,
+    }
+
+
+@pytest.fixture
+def stack(settings: dict[str, str]) -> Stack:
+    """A fresh stream of two shards and a fresh ledger table, both ACTIVE."""
+    parsed = producer_settings(settings)
+    client = kinesis_client(parsed, for_put=False)
+    client.create_stream(StreamName=parsed.stream, ShardCount=SHARDS)
+    client.get_waiter("stream_exists").wait(
+        StreamName=parsed.stream, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300}
+    )
+    ledger_from(parsed).create_table(wait=True)
+    return build_stack(parsed)
+
+
+@pytest.fixture
+def kinesis(emulators: Any) -> Any:
+    return streamcheck.kinesis_client(emulators.kinesis)
+
+
+def _events(count: int, prefix: str = "k") -> list[tuple[str, str]]:
+    return [(f"{prefix}{i:04d}", f"payload of {prefix}{i:04d}") for i in range(count)]
+
+
+def _frame(spark: Any, rows: list[tuple[Any, ...]], schema: str = "key string, data string") -> Any:
+    return spark.createDataFrame(rows, schema).repartition(2)
+
+
+def _payloads(rows: list[tuple[str, str]]) -> dict[str, bytes]:
+    return {key: data.encode("utf-8") for key, data in rows}
+
+
+# --- (1) a batch is delivered exactly once ----------------------------------------------------
+
+
+def test_a_batch_is_delivered_exactly_once(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN 200 rows in two partitions
+    rows = _events(200)
+    sink = ExactlyOnceSink(settings, query_id="q-static")
+
+    # WHEN they are written as batch 0
+    report = sink.write_batch(_frame(spark, rows), 0)
+
+    # THEN every key is in the stream once, where the ledger says, and the batch is COMPLETE
+    assert report.counts == {
+        "sent": 200,
+        "duplicates": 0,
+        "conflicts": 0,
+        "rejected": 0,
+        "unresolved": 0,
+    }
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(
+        contents, [k for k, _ in rows], stack.ledger, payloads=_payloads(rows)
+    )
+    streamcheck.assert_only(contents, [k for k, _ in rows])
+    assert BatchLedger(stack).is_complete("q-static", 0)
+
+
+def test_binary_data_and_routing_keys_are_sent_as_given(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN binary data and a routing key column
+    rows = [(f"b{i}", bytes([i, 0, 255]), "tenant-a") for i in range(20)]
+    frame = _frame(spark, rows, "id string, body binary, tenant string")
+    sink = ExactlyOnceSink(
+        settings,
+        key_column="id",
+        data_column="body",
+        routing_key_column="tenant",
+        query_id="q-binary",
+    )
+
+    # WHEN written
+    sink.write_batch(frame, 0)
+
+    # THEN the bytes arrive unchanged, all on the routing key's shard
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(
+        contents, [r[0] for r in rows], stack.ledger, payloads={r[0]: r[1] for r in rows}
+    )
+    assert len(contents.per_shard()) == 1
+
+
+# --- (2) replays add nothing ------------------------------------------------------------------
+
+
+def test_a_replayed_batch_adds_nothing(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN batch 0 delivered
+    rows = _events(200)
+    frame = _frame(spark, rows)
+    sink = ExactlyOnceSink(settings, query_id="q-replay")
+    sink.write_batch(frame, 0)
+
+    # WHEN the same batch is replayed with the same batch id
+    replay = sink.write_batch(frame, 0)
+
+    # THEN the batch ledger skips it without any per-key work
+    assert replay.skipped
+    assert sum(replay.counts.values()) == 0
+
+    # WHEN the same rows come again under another batch id
+    again = sink.write_batch(frame, 1)
+
+    # THEN every row is a DUPLICATE, and the stream still holds each key once
+    assert again.counts["duplicates"] == 200
+    assert again.counts["sent"] == 0
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    assert len(contents.records) == 200
+    streamcheck.assert_exactly_once(contents, [k for k, _ in rows], stack.ledger)
+
+
+# --- (3) two tasks on the same partition ------------------------------------------------------
+
+
+def test_two_tasks_writing_the_same_partition_deliver_each_key_once(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN one partition's rows and the executor function of its batch (as a speculative
+    # task and the original would both run it)
+    rows = [(key, data, None) for key, data in _events(200, prefix="race")]
+    sink = ExactlyOnceSink(settings, query_id="q-race")
+    writer = sink.partition_writer(_frame(spark, [(k, d) for k, d, _ in rows]), "q-race", 0)
+    start = Barrier(2)
+
+    def task(_: int) -> list[PartitionReport]:
+        start.wait()
+        return list(writer(0, iter(rows)))
+
+    # WHEN two tasks write it at once
+    with ThreadPoolExecutor(2) as pool:
+        reports = [r for found in pool.map(task, range(2)) for r in found]
+
+    # THEN between them every key was sent once and found a duplicate once, none left open
+    assert sum(r.counts["sent"] for r in reports) == 200
+    assert sum(r.counts["duplicates"] for r in reports) == 200
+    assert not [u for r in reports for u in r.unresolved]
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, [r[0] for r in rows], stack.ledger)
+
+
+# --- (4) dead letters -------------------------------------------------------------------------
+
+
+def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    # GIVEN a batch with an empty key, an oversized record, and a key already used for other
+    # data, among good rows
+    good = _events(30)
+    with stack.producer() as producer:
+        producer.send([Message("taken", b"the first payload")])
+    bad = [
+        ("", "no key"),
+        ("huge", "x" * (1024 * 1024 + 1)),
+        ("taken", "another payload"),
+    ]
+    dead_letters = tmp_path / "dlq"
+    sink = ExactlyOnceSink(settings, dead_letter_path=str(dead_letters), query_id="q-dlq")
+
+    # WHEN it is written as batch 7
+    report = sink.write_batch(_frame(spark, good + bad), 7)
+
+    # THEN the good rows are delivered and the batch is COMPLETE
+    assert report.counts["sent"] == 30
+    assert report.counts["rejected"] == 2
+    assert report.counts["conflicts"] == 1
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, [k for k, _ in good], stack.ledger)
+    streamcheck.assert_only(contents, [k for k, _ in good] + ["taken"])
+    assert contents.counts["taken"] == 1
+    assert BatchLedger(stack).is_complete("q-dlq", 7)
+
+    # AND the bad rows are in the batch's dead-letter file with their reason and data
+    files = sorted((dead_letters / "batch=7").glob("part-*.json"))
+    assert len(files) == 1
+    letters = {
+        row.get("key"): row
+        for row in map(json.loads, files[0].read_text(encoding="utf-8").splitlines())
+    }
+    assert set(letters) == {"", "huge", "taken"}
+    assert letters[""]["status"] == "REJECTED"
+    assert "key is empty" in letters[""]["reason"]
+    assert letters["huge"]["status"] == "REJECTED"
+    assert "bytes" in letters["huge"]["reason"]
+    assert len(letters["huge"]["data"]) == 1024 * 1024 + 1
+    assert letters["taken"]["status"] == "CONFLICT"
+    assert letters["taken"]["data"] == "another payload"
+    assert all(row["batch_id"] == 7 and row["query_id"] == "q-dlq" for row in letters.values())
+
+
+# --- unresolved keys fail the batch ------------------------------------------------------------
+
+
+def test_a_batch_with_an_unresolved_key_raises_and_is_not_marked_complete(
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN a key whose earlier claim the ledger could not verify within retention
+    rows = _events(20)
+    (stuck,), _ = prepare([Message(rows[0][0], rows[0][1].encode())], DEFAULT_MAX_RECORD_BYTES)
+    request = ClaimRequest(
+        stack.settings.stream, stuck.key, stuck.payload_digest, stuck.explicit_hash_key
+    )
+    claim = stack.ledger.claim(
+        request, owner="lost-host", now_ms=int(time.time() * 1000), lease_ms=3000
+    )
+    assert claim.record is not None
+    assert stack.ledger.mark_unverifiable(claim.record).applied
+    sink = ExactlyOnceSink(settings, query_id="q-unresolved")
+
+    # WHEN a batch with that key is written
+    with pytest.raises(UnresolvedKeysError) as raised:
+        sink.write_batch(_frame(spark, rows), 0)
+
+    # THEN the batch fails for Spark to retry, names the key, and is not marked COMPLETE,
+    # while the other rows are delivered
+    assert raised.value.keys == [stuck.key]
+    assert not BatchLedger(stack).is_complete("q-unresolved", 0)
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
+    streamcheck.assert_absent(contents, [stuck.key])
+
+
+# --- (5) a streaming query that dies mid-batch ------------------------------------------------
+
+
+def _write_event_files(source: Path, files: int, per_file: int) -> list[str]:
+    source.mkdir(parents=True)
+    keys: list[str] = []
+    for f in range(files):
+        lines = []
+        for i in range(per_file):
+            key = f"evt-{f}-{i:03d}"
+            keys.append(key)
+            routing = None if i % 2 else f"route-{i % 5}"
+            lines.append(json.dumps({"key": key, "data": f"body {key}", "routing_key": routing}))
+        (source / f"events-{f}.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return keys
+
+
+def _job_args(source: Path, checkpoint: Path, dead_letter: Path) -> argparse.Namespace:
+    return argparse.Namespace(
+        source=str(source),
+        checkpoint=str(checkpoint),
+        dead_letter=str(dead_letter),
+        trigger="available-now",
+        max_files_per_trigger=1,
+    )
+
+
+def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything(
+    spark: Any,
+    settings: dict[str, str],
+    stack: Stack,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    kinesis = streamcheck.kinesis_client(settings["KEO_KINESIS_ENDPOINT_URL"])
+
+    # GIVEN three files of events, one per micro-batch, and a sink that dies after batch 0's
+    # puts, before the batch is marked COMPLETE or committed to the checkpoint
+    keys = _write_event_files(tmp_path / "in", files=3, per_file=40)
+    args = _job_args(tmp_path / "in", tmp_path / "checkpoint", tmp_path / "dlq")
+    sink = ExactlyOnceSink(
+        settings, routing_key_column="routing_key", dead_letter_path=args.dead_letter
+    )
+    monkeypatch.setenv(FAILPOINTS_ENV, "after_puts=raise")
+
+    # WHEN the query runs and dies
+    first = start_query(spark, args, sink)
+    with pytest.raises(StreamingQueryException, match="after_puts"):
+        first.awaitTermination(120)
+    assert len(streamcheck.read_stream(kinesis, stack.settings.stream).records) == 40
+
+    # AND is restarted from the same checkpoint
+    monkeypatch.delenv(FAILPOINTS_ENV)
+    started = time.monotonic()
+    second = start_query(spark, args, sink)
+    assert second.awaitTermination(120)
+    assert second.exception() is None
+    assert time.monotonic() - started < 120
+
+    # THEN the same query id replayed batch 0: every row a duplicate, nothing added
+    assert second.id == first.id
+    replayed = stack.ledger.client.get_item(
+        TableName=stack.ledger.table_name,
+        Key={"pk": {"S": BatchLedger(stack).pk(second.id, 0)}},
+        ConsistentRead=True,
+    )["Item"]
+    assert replayed["count_duplicates"] == {"N": "40"}
+    assert replayed["count_sent"] == {"N": "0"}
+    for batch_id in (1, 2):
+        assert BatchLedger(stack).is_complete(second.id, batch_id)
+
+    # AND the stream holds every event once, and the audit is clean
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
+    streamcheck.assert_only(contents, keys)
+    report = audit_stream(stack.reader, stack.ledger, expected=keys)
+    assert report.clean, report.as_json()
+    assert report.user_records == 120
