@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -286,6 +287,8 @@ class DynamoDBLedger:
     ) -> ClaimResult:
         """Claim a key for a new attempt, if it is absent, RELEASED, or DELIVERED and expired."""
         model = self._model
+        # unique per request: recognises our own retried write, even from the same owner
+        token = uuid.uuid4().hex
         key_absent = model.pk.does_not_exist()
         released = model.state == LedgerState.RELEASED.value
         dedupe_expired = model.expires_at < now_ms // 1000
@@ -297,6 +300,7 @@ class DynamoDBLedger:
             model.state.set(next_state(None, Transition.CLAIM).value),
             model.attempt.set((model.attempt | 0) + 1),
             model.owner.set(owner),
+            model.claim_token.set(token),
             model.claimed_at_ms.set(now_ms),
             model.lease_expires_at_ms.set(lease_expires_at_ms),
             model.inflight_bucket.set(
@@ -317,8 +321,7 @@ class DynamoDBLedger:
         if (
             current is not None
             and current.state is LedgerState.IN_FLIGHT
-            and current.owner == owner
-            and current.claimed_at_ms == now_ms
+            and current.claim_token == token
         ):
             # a retried request whose first try won: this claim is ours
             return ClaimResult.won(current)
@@ -360,9 +363,11 @@ class DynamoDBLedger:
         """A new attempt on a claim whose put can no longer land (conditional on the attempt seen)."""
         next_state(seen.state, Transition.TAKE_OVER)
         model = self._model
+        token = uuid.uuid4().hex
         actions: list[Action] = [
             model.attempt.set(seen.attempt + 1),
             model.owner.set(owner),
+            model.claim_token.set(token),
             model.claimed_at_ms.set(now_ms),
             model.lease_expires_at_ms.set(now_ms + lease_ms),
             model.inflight_bucket.set(
@@ -376,8 +381,7 @@ class DynamoDBLedger:
             current is not None
             and current.state is LedgerState.IN_FLIGHT
             and current.attempt == seen.attempt + 1
-            and current.owner == owner
-            and current.claimed_at_ms == now_ms
+            and current.claim_token == token
         ):
             return ClaimResult.won(current)
         return ClaimResult.lost(current)
@@ -509,6 +513,7 @@ def _to_record(item: LedgerItem) -> LedgerRecord:
         attempt=int(item.attempt),
         owner=item.owner,
         claimed_at_ms=int(item.claimed_at_ms),
+        claim_token=item.claim_token,
         payload_digest=item.payload_digest,
         routing_hash_key=item.routing_hash_key,
         lease_expires_at_ms=int(item.lease_expires_at_ms)
