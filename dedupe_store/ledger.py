@@ -287,8 +287,6 @@ class DynamoDBLedger:
     ) -> ClaimResult:
         """Claim a key for a new attempt, if it is absent, RELEASED, or DELIVERED and expired."""
         model = self._model
-        # unique per request: recognises our own retried write, even from the same owner
-        token = uuid.uuid4().hex
         key_absent = model.pk.does_not_exist()
         released = model.state == LedgerState.RELEASED.value
         dedupe_expired = model.expires_at < now_ms // 1000
@@ -300,7 +298,6 @@ class DynamoDBLedger:
             model.state.set(next_state(None, Transition.CLAIM).value),
             model.attempt.set((model.attempt | 0) + 1),
             model.owner.set(owner),
-            model.claim_token.set(token),
             model.claimed_at_ms.set(now_ms),
             model.lease_expires_at_ms.set(lease_expires_at_ms),
             model.inflight_bucket.set(
@@ -316,16 +313,7 @@ class DynamoDBLedger:
             model.payload.set(request.payload) if request.payload else model.payload.remove(),
         ]
         applied, current = self._update(request.stream, request.key, actions, condition)
-        if applied:
-            return ClaimResult.won(_require(current))
-        if (
-            current is not None
-            and current.state is LedgerState.IN_FLIGHT
-            and current.claim_token == token
-        ):
-            # a retried request whose first try won: this claim is ours
-            return ClaimResult.won(current)
-        return ClaimResult.lost(current)
+        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
     def mark_delivered(
         self, record: LedgerRecord, position: Position, *, now_ms: int
@@ -348,13 +336,6 @@ class DynamoDBLedger:
         applied, current = self._update(
             record.stream, record.key, actions, self._held(record.attempt)
         )
-        if not applied and (
-            current is not None
-            and current.state is LedgerState.DELIVERED
-            and current.attempt == record.attempt
-            and current.position == position
-        ):
-            applied = True  # our own earlier try of this same mark
         return UpdateResult(applied, current)
 
     def take_over(
@@ -363,11 +344,9 @@ class DynamoDBLedger:
         """A new attempt on a claim whose put can no longer land (conditional on the attempt seen)."""
         next_state(seen.state, Transition.TAKE_OVER)
         model = self._model
-        token = uuid.uuid4().hex
         actions: list[Action] = [
             model.attempt.set(seen.attempt + 1),
             model.owner.set(owner),
-            model.claim_token.set(token),
             model.claimed_at_ms.set(now_ms),
             model.lease_expires_at_ms.set(now_ms + lease_ms),
             model.inflight_bucket.set(
@@ -375,16 +354,7 @@ class DynamoDBLedger:
             ),
         ]
         applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
-        if applied:
-            return ClaimResult.won(_require(current))
-        if (
-            current is not None
-            and current.state is LedgerState.IN_FLIGHT
-            and current.attempt == seen.attempt + 1
-            and current.claim_token == token
-        ):
-            return ClaimResult.won(current)
-        return ClaimResult.lost(current)
+        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
     def release(self, seen: LedgerRecord) -> UpdateResult:
         """IN_FLIGHT -> RELEASED: not in the stream and no data to resend; the next producer sends."""
@@ -405,8 +375,6 @@ class DynamoDBLedger:
             model.lease_expires_at_ms.remove(),
         ]
         applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
-        if not applied and current is not None:
-            applied = current.state is target and current.attempt == seen.attempt
         return UpdateResult(applied, current)
 
     def delete(self, stream: str, key: str) -> None:
@@ -424,7 +392,14 @@ class DynamoDBLedger:
     def _update(
         self, stream: str, key: str, actions: list[Action], condition: Condition
     ) -> tuple[bool, LedgerRecord | None]:
-        """One conditional UpdateItem: (True, new item) or (False, the item that won instead)."""
+        """One conditional UpdateItem: (True, new item) or (False, the item that won instead).
+
+        Each write carries a token of its own. When the SDK retried a request whose first try
+        was applied, the retry fails its condition and finds the token: the write is ours.
+        Another party's identical write has another token: that one is a lost race.
+        """
+        token = uuid.uuid4().hex
+        actions = [*actions, self._model.write_token.set(token)]
         connection = self._connection()
         kwargs = connection.get_operation_kwargs(
             ledger_pk(stream, key),
@@ -441,9 +416,12 @@ class DynamoDBLedger:
                     UpdateError("update failed", exc), self.table_name, key, "update"
                 ) from exc
             old_item = _old_item_of(exc)
-            if old_item is not None:
-                return False, _to_record(self._model.from_raw_data(old_item))
-            return False, self.get(stream, key)
+            current = (
+                _to_record(self._model.from_raw_data(old_item))
+                if old_item is not None
+                else self.get(stream, key)
+            )
+            return current is not None and current.write_token == token, current
         return True, _to_record(self._model.from_raw_data(data["Attributes"]))
 
 
@@ -513,7 +491,7 @@ def _to_record(item: LedgerItem) -> LedgerRecord:
         attempt=int(item.attempt),
         owner=item.owner,
         claimed_at_ms=int(item.claimed_at_ms),
-        claim_token=item.claim_token,
+        write_token=item.write_token,
         payload_digest=item.payload_digest,
         routing_hash_key=item.routing_hash_key,
         lease_expires_at_ms=int(item.lease_expires_at_ms)

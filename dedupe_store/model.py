@@ -41,7 +41,7 @@ class LedgerItem(Model):
     state = UnicodeAttribute()
     attempt = NumberAttribute()
     owner = UnicodeAttribute()
-    claim_token = UnicodeAttribute(null=True)
+    write_token = UnicodeAttribute(null=True)
     claimed_at_ms = NumberAttribute()
     payload_digest = UnicodeAttribute()
     routing_hash_key = UnicodeAttribute()

@@ -30,7 +30,7 @@ class LedgerRecord:
     payload_digest: str
     routing_hash_key: str
     lease_expires_at_ms: int | None = None
-    claim_token: str | None = None
+    write_token: str | None = None
     position: Position | None = None
     delivered_at_ms: int | None = None
     expires_at_s: int | None = None

@@ -414,7 +414,14 @@ class ExactlyOnceProducer:
             finally:
                 metrics.LEDGER_SECONDS.labels("mark").observe(time.perf_counter() - started)
             failpoints.hit("after_mark")
-            if result.applied:
+            current = result.current
+            if result.applied or (
+                current is not None
+                and current.state is LedgerState.DELIVERED
+                and current.attempt == entry.record.attempt
+                and current.position == position
+            ):
+                # ours, or another party (a reconciler, a waiting producer) recorded our write
                 return Outcome(
                     item.index,
                     item.key,

@@ -68,7 +68,7 @@ class Reconciler:
         lease: LeasePolicy,
         owner: str,
         buckets: Sequence[int] | None = None,
-        chunk_size: int = 1000,
+        chunk_size: int = 10_000,  # claims resolved together: each shard window is read once per chunk
     ) -> None:
         self.stream = stream
         self._ledger = ledger

@@ -1,0 +1,247 @@
+"""Read-back across a reshard, against kinesis-local (kinesis-mock) and dynalite.
+
+A stale claim's record may sit in a shard that was closed by a split or a merge (its parent)
+or in the shard that replaced it (a child). The resolver follows the lineage (every shard,
+open or closed, whose hash range covers the claim's hash key), so the reconciler finds each
+record where it is, marks the ledger with that position, and the audit stays clean.
+
+Stale claims are planted as a crashed producer leaves them (claim, put, no mark); the
+reconciler's injected clock stands 30 s later, so their leases have expired for everyone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import streamcheck
+
+from dedupe_store.clock import SkewedClock, SystemClock
+from dedupe_store.records import ClaimRequest, ClaimStatus
+from dedupe_store.states import LedgerState
+from producer import emulators as local_stack
+from producer.audit import audit_stream
+from producer.kinesis import Shard
+from producer.outcomes import OutcomeStatus
+from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, prepare
+from producer.reconciler import Reconciler
+from producer.settings import ProducerSettings
+from producer.wiring import Stack, build_stack, ledger_from
+
+if TYPE_CHECKING:
+    from conftest import Names
+
+LATER_MS = 30_000
+HALF = 2**127  # the middle of the 128-bit hash key space
+
+
+@pytest.fixture
+def kinesis_local(request: pytest.FixtureRequest) -> str:
+    try:
+        endpoint: str = request.getfixturevalue("kinesis_local_endpoint")
+    except local_stack.EmulatorError as exc:
+        pytest.skip(f"kinesis-local (kinesis-mock) is not available: {exc}")
+    return endpoint
+
+
+@pytest.fixture
+def kinesis(kinesis_local: str) -> Any:
+    return streamcheck.kinesis_client(kinesis_local)
+
+
+def settings_for(emulators: local_stack.Endpoints, names: Names, endpoint: str) -> ProducerSettings:
+    return ProducerSettings(
+        stream=names.stream,
+        table=names.table,
+        kinesis_endpoint_url=endpoint,
+        dynamodb_endpoint_url=emulators.dynamodb,
+        region=local_stack.REGION,
+        put_connect_timeout_s=1.0,
+        put_read_timeout_s=1.0,
+        clock_skew_s=0.5,
+        lease_s=3.0,
+    )
+
+
+def wait_active(kinesis: Any, stream: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        if summary["StreamStatus"] == "ACTIVE":
+            return
+        if time.monotonic() > deadline:
+            pytest.skip(f"kinesis-local: stream {stream} not ACTIVE after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def settings(
+    emulators: local_stack.Endpoints, names: Names, kinesis_local: str
+) -> ProducerSettings:
+    settings = settings_for(emulators, names, kinesis_local)
+    ledger = ledger_from(settings)
+    ledger.create_table(wait=False)
+    deadline = time.monotonic() + 10
+    while ledger.model.describe_table()["TableStatus"] != "ACTIVE":
+        assert time.monotonic() < deadline, f"table {settings.table} not ACTIVE"
+        time.sleep(0.05)
+    return settings
+
+
+def create_stream(kinesis: Any, stream: str, shards: int) -> None:
+    kinesis.create_stream(StreamName=stream, ShardCount=shards)
+    wait_active(kinesis, stream)
+
+
+def messages(prefix: str, count: int) -> list[Message]:
+    return [Message(f"{prefix}-{i:03d}", f'{{"{prefix}": {i}}}'.encode()) for i in range(count)]
+
+
+def deliver(stack: Stack, batch: Sequence[Message]) -> None:
+    with stack.producer() as producer:
+        outcomes = producer.send(batch)
+    assert {o.status for o in outcomes} == {OutcomeStatus.SENT}, outcomes
+
+
+def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
+    """What a producer that crashed after its put leaves: claims IN_FLIGHT, records written."""
+    prepared, rejected = prepare(batch, DEFAULT_MAX_RECORD_BYTES)
+    assert not rejected
+    for item in prepared:
+        request = ClaimRequest(
+            stack.settings.stream, item.key, item.payload_digest, item.explicit_hash_key
+        )
+        result = stack.ledger.claim(
+            request,
+            owner="crashed-producer",
+            now_ms=SystemClock().now_ms(),
+            lease_ms=stack.settings.lease_policy().lease_ms,
+        )
+        assert result.status is ClaimStatus.WON
+    results = stack.writer.put(prepared)
+    assert all(r.kind is PutResultKind.WRITTEN for r in results), results
+
+
+def reconcile(stack: Stack) -> Reconciler:
+    later = build_stack(stack.settings, clock=SkewedClock(SystemClock(), LATER_MS))
+    return Reconciler(
+        stream=later.settings.stream,
+        ledger=later.ledger,
+        resolver=later.resolver(),
+        writer=later.writer,
+        clock=later.clock,
+        lease=later.settings.lease_policy(),
+        owner="reconciler-test",
+    )
+
+
+def covering(shards: Sequence[Shard], key: str, *, closed: bool) -> str:
+    hash_key = int(prepare([Message(key, b"")], DEFAULT_MAX_RECORD_BYTES)[0][0].explicit_hash_key)
+    (shard,) = [s for s in shards if s.covers(hash_key) and s.closed is closed]
+    return shard.shard_id
+
+
+def assert_found_where_they_are(
+    stack: Stack, batch: Sequence[Message], shards: Sequence[Shard], *, closed: bool
+) -> None:
+    """Each key DELIVERED at a position in the parent (closed) or child (open) covering it."""
+    records = stack.ledger.batch_get(stack.settings.stream, [m.key for m in batch])
+    for message in batch:
+        record = records[message.key]
+        assert record.state is LedgerState.DELIVERED, record
+        assert record.position is not None
+        assert record.position.shard_id == covering(shards, message.key, closed=closed), record
+
+
+def assert_clean(stack: Stack, kinesis: Any, keys: Sequence[str]) -> None:
+    report = audit_stream(stack.reader, stack.ledger, expected=keys)
+    assert report.clean, report.as_json()
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
+    streamcheck.assert_only(contents, keys)
+
+
+def test_stale_claims_are_found_in_the_parent_and_the_children_of_a_split(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN a 1-shard stream with delivered messages and stale claims whose records are in it
+    create_stream(kinesis, settings.stream, 1)
+    stack = build_stack(settings)
+    (parent,) = stack.reader.shards()
+    deliver(stack, messages("before", 10))
+    in_parent = messages("parent", 12)
+    plant_stale_claims(stack, in_parent)
+    # and the shard is then split in two
+    kinesis.split_shard(
+        StreamName=settings.stream, ShardToSplit=parent.shard_id, NewStartingHashKey=str(HALF)
+    )
+    wait_active(kinesis, settings.stream)
+    stack = build_stack(settings)
+    shards = stack.reader.shards()
+    children = [s for s in shards if s.parent_shard_id == parent.shard_id]
+    assert len(children) == 2, shards
+    # and more delivered messages and stale claims land in the children
+    deliver(stack, messages("after", 10))
+    in_children = messages("child", 12)
+    plant_stale_claims(stack, in_children)
+
+    # WHEN the reconciler runs
+    report = reconcile(stack).run_once()
+
+    # THEN every stale claim is found and marked where its record is: parent or child
+    assert report.delivered == len(in_parent) + len(in_children), report
+    assert report.unresolved == 0, report
+    assert_found_where_they_are(stack, in_parent, shards, closed=True)
+    assert_found_where_they_are(stack, in_children, shards, closed=False)
+    assert {covering(shards, m.key, closed=False) for m in in_children} == {
+        c.shard_id for c in children
+    }
+    # and the audit, over parent and children, finds each key exactly once
+    everything = messages("before", 10) + in_parent + messages("after", 10) + in_children
+    assert_clean(stack, kinesis, [m.key for m in everything])
+
+
+def test_stale_claims_are_found_in_the_parents_and_the_child_of_a_merge(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN a 2-shard stream with delivered messages and stale claims in both shards
+    create_stream(kinesis, settings.stream, 2)
+    stack = build_stack(settings)
+    parents = sorted(stack.reader.shards(), key=lambda s: s.starting_hash_key)
+    deliver(stack, messages("before", 10))
+    in_parents = messages("parent", 16)
+    plant_stale_claims(stack, in_parents)
+    # and the two shards are then merged into one
+    kinesis.merge_shards(
+        StreamName=settings.stream,
+        ShardToMerge=parents[0].shard_id,
+        AdjacentShardToMerge=parents[1].shard_id,
+    )
+    wait_active(kinesis, settings.stream)
+    stack = build_stack(settings)
+    shards = stack.reader.shards()
+    (child,) = [s for s in shards if not s.closed]
+    assert {child.parent_shard_id, child.adjacent_parent_shard_id} == {
+        p.shard_id for p in parents
+    }, shards
+    # and more delivered messages and stale claims land in the merged shard
+    deliver(stack, messages("after", 10))
+    in_child = messages("child", 12)
+    plant_stale_claims(stack, in_child)
+
+    # WHEN the reconciler runs
+    report = reconcile(stack).run_once()
+
+    # THEN every stale claim is found and marked where its record is: a parent or the child
+    assert report.delivered == len(in_parents) + len(in_child), report
+    assert report.unresolved == 0, report
+    assert_found_where_they_are(stack, in_parents, shards, closed=True)
+    assert {covering(shards, m.key, closed=True) for m in in_parents} == {
+        p.shard_id for p in parents
+    }
+    assert_found_where_they_are(stack, in_child, shards, closed=False)
+    # and the audit, over parents and child, finds each key exactly once
+    everything = messages("before", 10) + in_parents + messages("after", 10) + in_child
+    assert_clean(stack, kinesis, [m.key for m in everything])
