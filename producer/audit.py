@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dedupe_store.ledger import DynamoDBLedger
+from dedupe_store.contract import Ledger
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from producer.kinesis import KinesisReader
@@ -78,7 +78,7 @@ class AuditReport:
 
 def audit_stream(
     reader: KinesisReader,
-    ledger: DynamoDBLedger | None,
+    ledger: Ledger | None,
     *,
     expected: Iterable[str] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -112,7 +112,7 @@ def audit_stream(
 
 
 def _compare_with_ledger(
-    report: AuditReport, ledger: DynamoDBLedger, seen: dict[str, list[Position]]
+    report: AuditReport, ledger: Ledger, seen: dict[str, list[Position]]
 ) -> None:
     known: set[str] = set()
     for record in ledger.scan(report.stream):

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dedupe_store.clock import Clock
+from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimResult, ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from producer import failpoints, metrics
@@ -92,7 +92,7 @@ class ExactlyOnceProducer:
         self,
         *,
         stream: str,
-        ledger: DynamoDBLedger,
+        ledger: Ledger,
         writer: KinesisWriter,
         clock: Clock,
         policy: ProducerPolicy,

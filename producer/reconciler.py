@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dedupe_store.clock import Clock
+from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from producer import failpoints, metrics
@@ -61,7 +61,7 @@ class Reconciler:
         self,
         *,
         stream: str,
-        ledger: DynamoDBLedger,
+        ledger: Ledger,
         resolver: ReadBackResolver,
         writer: KinesisWriter,
         clock: Clock,

@@ -1,0 +1,61 @@
+"""The contract every ledger backend meets: :class:`DynamoDBLedger` in production, an
+in-memory fake in tests. Both pass the same contract test suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+from dedupe_store.records import (
+    ClaimRequest,
+    ClaimResult,
+    LedgerRecord,
+    Position,
+    RunRecord,
+    UpdateResult,
+)
+
+
+class Ledger(Protocol):
+    dedupe_ttl_s: int
+    inflight_buckets: int
+
+    @property
+    def table_name(self) -> str: ...
+
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
+
+    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]: ...
+
+    def stale_in_flight(
+        self,
+        stream: str,
+        *,
+        now_ms: int,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 500,
+    ) -> Iterator[str]: ...
+
+    def claim(
+        self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
+    ) -> ClaimResult: ...
+
+    def mark_delivered(
+        self, record: LedgerRecord, position: Position, *, now_ms: int
+    ) -> UpdateResult: ...
+
+    def take_over(
+        self, seen: LedgerRecord, *, owner: str, now_ms: int, lease_ms: int
+    ) -> ClaimResult: ...
+
+    def release(self, seen: LedgerRecord) -> UpdateResult: ...
+
+    def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult: ...
+
+    def record_run(
+        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
+    ) -> None: ...
+
+    def last_run(self, stream: str) -> RunRecord | None: ...
