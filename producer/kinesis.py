@@ -29,16 +29,18 @@ from producer.protocol import (
 
 log = logging.getLogger(__name__)
 
-# Errors after which the request may or may not have been applied.
-_AMBIGUOUS_TRANSPORT = (
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ConnectionClosedError,
-    botocore.exceptions.ResponseStreamingError,
-)
-# Errors raised before the request could reach Kinesis: nothing was written.
+# Errors raised before the request could reach Kinesis: nothing was written. Caught first:
+# they are subclasses of the connection errors below.
 _UNSENT_TRANSPORT = (
     botocore.exceptions.ConnectTimeoutError,
     botocore.exceptions.EndpointConnectionError,
+)
+# Any other transport failure (read timeout, reset, TLS error, a proxy in the way, a cut
+# response stream): the request may or may not have been applied.
+_AMBIGUOUS_TRANSPORT = (
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.ResponseStreamingError,
 )
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}

@@ -35,6 +35,7 @@ from dedupe_store.records import ClaimRequest, ClaimResult, ClaimStatus, LedgerR
 from dedupe_store.states import LedgerState
 from producer import failpoints, metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
+from producer.errors import StreamError
 from producer.kinesis import KinesisWriter, Shard
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
@@ -511,7 +512,15 @@ class ExactlyOnceProducer:
         resolver = self._resolver
         if resolver is None:  # pragma: no cover - checked by the caller
             return due
-        results = resolver.resolve([h.record for h in due])
+        try:
+            results = resolver.resolve([h.record for h in due])
+        except StreamError as exc:
+            # the claims stay IN_FLIGHT: the reconciler settles them once Kinesis answers
+            for entry in due:
+                outcomes[entry.item.index] = _in_flight(
+                    entry, f"read-back failed: {exc}; run 'keo reconcile'"
+                )
+            return []
         still: list[_Held] = []
         found: list[tuple[_Held, Position]] = []
         takeovers: list[_Held] = []
@@ -542,15 +551,21 @@ class ExactlyOnceProducer:
                     attempt=entry.record.attempt,
                 )
         self._mark_found(found, outcomes)
-        for entry, taken in zip(takeovers, self._map(self._take_over, takeovers), strict=True):
+        return still + self._take_over_all(takeovers, outcomes, to_send)
+
+    def _take_over_all(
+        self, entries: list[_Held], outcomes: dict[int, Outcome], to_send: list[_Held]
+    ) -> list[_Held]:
+        """Read-back proved these puts can no longer land: claim a new attempt to send them.
+        Returns the ones to keep waiting on (someone else took them first)."""
+        still: list[_Held] = []
+        for entry, taken in zip(entries, self._map(self._take_over, entries), strict=True):
             if isinstance(taken, LedgerError):
                 outcomes[entry.item.index] = _in_flight(entry, f"take over failed: {taken}")
             elif taken.status is ClaimStatus.WON and taken.record is not None:
                 to_send.append(_Held(entry.item, taken.record, mine=True))
             else:
-                lost: list[_Held] = []
-                self._judge_lost_claim(entry.item, taken.record, outcomes, lost)
-                still.extend(lost)
+                self._judge_lost_claim(entry.item, taken.record, outcomes, still)
         return still
 
     def _mark_found(
