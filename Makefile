@@ -13,7 +13,9 @@ BIN       := $(VENV)/bin
 STATE_DIR ?= .keo
 # extra arguments, e.g. `make test PYTEST_ARGS='-m "not spark" -x'`
 PYTEST_ARGS ?=
-SOAK_ARGS   ?=
+# the soak: `make soak SEEDS=1,2,3 MESSAGES=3000` (each seed's failures replay exactly)
+SEEDS    ?= 1,2,3
+MESSAGES ?= 400
 
 # The stamps make setup incremental: pip runs again only when pyproject.toml changed, npm only
 # when the lockfile did. `npm ci` empties node_modules first, so its stamp is written last.
@@ -57,8 +59,8 @@ demo: setup ## the end-to-end demo on the local stack
 bench: setup ## the benchmark; figures go to a file, nothing is asserted
 	$(BIN)/keo bench
 
-soak: setup ## a long run with injected faults, then the audit
-	$(BIN)/keo soak $(SOAK_ARGS)
+soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400)
+	SOAK_SEEDS='$(SEEDS)' SOAK_MESSAGES='$(MESSAGES)' $(BIN)/pytest tests/integration/test_soak.py -v $(PYTEST_ARGS)
 
 emulators-up: setup ## start the local stack; then `source .keo/endpoints.env`
 	$(BIN)/keo emulators up --state-dir $(STATE_DIR)

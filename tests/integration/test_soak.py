@@ -1,0 +1,163 @@
+"""A randomized soak: a seeded mix of every fault, then the audit.
+
+Both emulators sit behind fault proxies with seeded schedules: PutRecords responses lost after
+the write, 5xx before and after the write, whole-request and per-record throttling; DynamoDB
+claims and marks throttled, failing before the write, or losing their response after it;
+GetRecords throttled. Two producers race over overlapping keys and chunks are sent again.
+Then the faults stop, the reconciler settles what is left, undelivered keys are sent again,
+and the audit must find every key exactly once.
+
+The seed is in the test id and in every failure message: ``make soak SEEDS=7`` replays it.
+Small by default (CI); ``make soak SEEDS=1,2,3,4,5 MESSAGES=3000`` runs a long one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import streamcheck
+
+from producer import emulators as local_stack
+from producer.cli.init import _create_stream
+from producer.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from producer.outcomes import OutcomeStatus
+from producer.protocol import Message
+from producer.reconciler import Reconciler
+from producer.settings import ProducerSettings
+from producer.wiring import build_stack, kinesis_client, ledger_from
+
+if TYPE_CHECKING:
+    from conftest import Names
+
+SEEDS = [int(s) for s in os.environ.get("SOAK_SEEDS", "1").split(",") if s.strip()]
+MESSAGES = int(os.environ.get("SOAK_MESSAGES", "240"))
+# Generous lease: the proxies share this process and its 2 cores with the producers, and a
+# put must land within its lease (see the stalled-producer bound in the README).
+TIMING: dict[str, Any] = {
+    "put_connect_timeout_s": 1.0,
+    "put_read_timeout_s": 1.0,
+    "clock_skew_s": 1.0,
+    "lease_s": 10.0,
+    "wait_initial_s": 0.1,
+    "wait_max_s": 1.0,
+    "ledger_max_retry_attempts": 3,
+}
+
+
+def _kinesis_faults(seed: int) -> FaultSchedule:
+    return FaultSchedule(
+        [
+            FaultRule("PutRecords", "drop_response", probability=0.12),
+            FaultRule("PutRecords", "error_after", probability=0.05),
+            FaultRule("PutRecords", "error_before", probability=0.05),
+            FaultRule("PutRecords", "throttle", probability=0.05),
+            FaultRule("PutRecords", "partial", probability=0.15, fraction=0.3),
+            FaultRule("GetRecords", "throttle", probability=0.1),
+        ],
+        seed=seed,
+    )
+
+
+def _dynamodb_faults(seed: int) -> FaultSchedule:
+    return FaultSchedule(
+        [
+            FaultRule("UpdateItem", "throttle", probability=0.04),
+            FaultRule("UpdateItem", "error_before", probability=0.03),
+            FaultRule("UpdateItem", "drop_response", probability=0.03),
+        ],
+        seed=seed + 1000,
+    )
+
+
+@pytest.fixture
+def proxies(
+    emulators: local_stack.Endpoints, request: pytest.FixtureRequest
+) -> Iterator[tuple[FaultProxy, FaultProxy]]:
+    seed: int = request.node.callspec.params["seed"]
+    with (
+        FaultProxy(emulators.kinesis, _kinesis_faults(seed)) as kinesis,
+        FaultProxy(emulators.dynamodb, _dynamodb_faults(seed)) as dynamodb,
+    ):
+        yield kinesis, dynamodb
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed={s}" for s in SEEDS])
+def test_soak_every_fault_then_every_key_exactly_once(
+    seed: int,
+    emulators: local_stack.Endpoints,
+    proxies: tuple[FaultProxy, FaultProxy],
+    names: Names,
+) -> None:
+    kinesis_proxy, dynamodb_proxy = proxies
+    direct = ProducerSettings(
+        stream=names.stream,
+        table=names.table,
+        kinesis_endpoint_url=emulators.kinesis,
+        dynamodb_endpoint_url=emulators.dynamodb,
+        **TIMING,
+    )
+    _create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, 30)
+    ledger_from(direct).create_table()
+    faulty = direct.model_copy(
+        update={
+            "kinesis_endpoint_url": kinesis_proxy.endpoint,
+            "dynamodb_endpoint_url": dynamodb_proxy.endpoint,
+        }
+    )
+    rng = random.Random(seed)
+    keys = [f"soak-{seed}-{i:05d}" for i in range(MESSAGES)]
+    payload = {key: f"payload of {key}".encode() for key in keys}
+
+    # GIVEN two producers behind the faulty proxies, racing over overlapping chunks
+    stack = build_stack(faulty)
+    chunks = [keys[i : i + 40] for i in range(0, MESSAGES, 40)]
+
+    def produce(owner: str, order: list[list[str]]) -> None:
+        with stack.producer(owner=owner) as producer:
+            for chunk in order:
+                producer.send([Message(k, payload[k]) for k in chunk])
+
+    first = chunks + rng.sample(chunks, k=max(1, len(chunks) // 3))  # some chunks again
+    second = rng.sample(chunks, k=max(1, len(chunks) // 2))
+    # WHEN they send under every fault
+    racer = threading.Thread(target=produce, args=(f"soak-b-{seed}", second))
+    racer.start()
+    produce(f"soak-a-{seed}", first)
+    racer.join()
+    injected = dict(kinesis_proxy.schedule.injected) | dict(dynamodb_proxy.schedule.injected)
+
+    # AND THEN, faults over: the reconciler settles stale claims, undelivered keys are resent
+    settle = build_stack(direct)
+    delivered: set[str] = set()
+    deadline = time.monotonic() + 180
+    while len(delivered) < len(keys):
+        assert time.monotonic() < deadline, f"seed={seed}: not settled; faults {injected}"
+        time.sleep(direct.lease_s + 2 * direct.clock_skew_s)
+        Reconciler(
+            stream=direct.stream,
+            ledger=settle.ledger,
+            resolver=settle.resolver(),
+            writer=settle.writer,
+            clock=settle.clock,
+            lease=direct.lease_policy(),
+            owner=f"soak-reconciler-{seed}",
+        ).run_once()
+        with settle.producer(owner=f"soak-final-{seed}") as producer:
+            pending = [k for k in keys if k not in delivered]
+            for outcome in producer.send([Message(k, payload[k]) for k in pending]):
+                assert outcome.status is not OutcomeStatus.CONFLICT, f"seed={seed}: {outcome}"
+                if outcome.delivered and outcome.key is not None:
+                    delivered.add(outcome.key)
+
+    # THEN every key is in the stream exactly once, where the ledger says
+    contents = streamcheck.read_stream(streamcheck.kinesis_client(emulators.kinesis), direct.stream)
+    assert not contents.duplicates(), f"seed={seed}: duplicates; faults injected {injected}"
+    streamcheck.assert_exactly_once(contents, keys, settle.ledger)
+    streamcheck.assert_only(contents, keys)
+    assert sum(injected.values()) > 0, f"seed={seed}: no fault was injected"
