@@ -313,16 +313,26 @@ class ExactlyOnceProducer:
         if not unit.aggregated:
             written.append((unit.members[0], Position(shard_id, sequence_number)))
             return
-        shard = next((s for s in self._open_shards or [] if s.shard_id == shard_id), None)
+        shard = self._landed_on(shard_id)
         for sub_sequence, member in enumerate(unit.members):
             if shard is None or not shard.covers(int(member.item.explicit_hash_key)):
                 # the shard map was stale (a reshard): KCL drops this user record on read,
-                # so it is not delivered; refresh the map and send it again, same claim
+                # so it is not delivered; send it again under the same claim, newly routed
                 self._open_shards = None
                 stale = RecordResult(PutResultKind.NOT_WRITTEN, error_code=STALE_SHARD_MAP)
                 retry.append((member, stale))
                 continue
             written.append((member, Position(shard_id, sequence_number, sub_sequence)))
+
+    def _landed_on(self, shard_id: str) -> Shard | None:
+        """The shard an aggregate landed on, re-reading the map when it is a new one: its
+        members inside the new shard's range are delivered, whatever our map said."""
+        known = next((s for s in self._open_shards or [] if s.shard_id == shard_id), None)
+        if known is not None or self._shard_map is None:
+            return known
+        shards = self._shard_map()
+        self._open_shards = [s for s in shards if not s.closed]
+        return next((s for s in shards if s.shard_id == shard_id), None)
 
     def _put(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
         metrics.PUT_REQUESTS.labels(self.stream).inc()

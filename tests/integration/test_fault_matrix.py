@@ -1,0 +1,161 @@
+"""Rows of the fault matrix the other suites do not cover: a stalled producer resuming after
+its claim was taken over, a reshard while an aggregating producer holds a stale shard map,
+and the same key twice in one batch. Each ends with the stream read back and audited.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import streamcheck
+
+from producer import emulators as local_stack
+from producer.audit import audit_stream
+from producer.cli.init import _create_stream
+from producer.outcomes import OutcomeStatus
+from producer.protocol import Message
+from producer.settings import ProducerSettings
+from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+
+if TYPE_CHECKING:
+    from conftest import Names
+
+FAST: dict[str, Any] = {
+    "put_connect_timeout_s": 1.0,
+    "put_read_timeout_s": 1.0,
+    "clock_skew_s": 0.5,
+    "lease_s": 3.0,
+    "wait_initial_s": 0.05,
+    "wait_max_s": 0.5,
+}
+
+
+@pytest.fixture
+def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings:
+    settings = ProducerSettings(
+        stream=names.stream,
+        table=names.table,
+        kinesis_endpoint_url=emulators.kinesis,
+        dynamodb_endpoint_url=emulators.dynamodb,
+        **FAST,
+    )
+    _create_stream(kinesis_client(settings, for_put=False), settings.stream, 2, 30)
+    ledger_from(settings).create_table()
+    return settings
+
+
+@pytest.fixture
+def kinesis(emulators: local_stack.Endpoints) -> Any:
+    return streamcheck.kinesis_client(emulators.kinesis)
+
+
+def test_a_stalled_producer_that_resumes_after_a_take_over_is_reported_not_hidden(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN producer A that stalls for longer than its lease right before its put leaves
+    # (after its lease check: the one window the protocol cannot fence), and producer B
+    stalled, b_done = threading.Event(), threading.Event()
+    stack_a, stack_b = build_stack(settings), build_stack(settings)
+
+    def stall(**_: Any) -> None:
+        if not stalled.is_set():
+            stalled.set()
+            assert b_done.wait(timeout=60)  # A resumes only after B took over and delivered
+
+    stack_a.writer.client.meta.events.register("before-send.kinesis.PutRecords", stall)
+    message = Message("stalled-key", b"the payload")
+    outcomes: dict[str, Any] = {}
+
+    def run_a() -> None:
+        with stack_a.producer(owner="producer-a") as producer:
+            outcomes["a"] = producer.send([message])[0]
+
+    thread = threading.Thread(target=run_a)
+    # WHEN A stalls, B waits out A's lease, reads back (not there), takes over and sends
+    thread.start()
+    assert stalled.wait(timeout=30)
+    with stack_b.producer(owner="producer-b") as producer:
+        outcomes["b"] = producer.send([message])[0]
+    b_done.set()
+    thread.join(timeout=60)
+
+    # THEN B's write is the canonical one, A's mark fails (TAKEN_OVER, never overwriting), and
+    # the duplicate A wrote after resuming is in the stream, reported by the audit
+    assert outcomes["b"].status is OutcomeStatus.SENT
+    assert outcomes["a"].status is OutcomeStatus.TAKEN_OVER
+    record = stack_b.ledger.get(settings.stream, message.key)
+    assert record is not None
+    assert record.position == outcomes["b"].position
+    contents = streamcheck.read_stream(kinesis, settings.stream)
+    assert contents.counts[message.key] == 2
+    report = audit_stream(stack_b.reader, stack_b.ledger, expected=[message.key])
+    assert list(report.duplicates) == [message.key]
+    assert not report.clean
+
+
+def _split_first_shard(client: Any, stream: str) -> None:
+    shard = client.list_shards(StreamName=stream)["Shards"][0]
+    low = int(shard["HashKeyRange"]["StartingHashKey"])
+    high = int(shard["HashKeyRange"]["EndingHashKey"])
+    client.split_shard(
+        StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2)
+    )
+    deadline = time.monotonic() + 30
+    while (
+        client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"][
+            "StreamStatus"
+        ]
+        != "ACTIVE"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_reshard_under_an_aggregating_producer_with_a_stale_shard_map(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN an aggregating producer that learned the shard map before a split
+    stack = build_stack(settings.model_copy(update={"aggregate": True}))
+    first = [Message(f"before-{i:03d}", b"x" * 40) for i in range(120)]
+    second = [Message(f"after-{i:03d}", b"y" * 40) for i in range(120)]
+    with stack.producer(owner="aggregator") as producer:
+        assert Counter(o.status for o in producer.send(first)) == {OutcomeStatus.SENT: 120}
+        # WHEN the first shard splits, and the producer sends again with its old map
+        _split_first_shard(kinesis, settings.stream)
+        outcomes = producer.send(second)
+    # THEN user records that landed outside their shard's range (dropped by KCL) were sent
+    # again, and a consumer sees every key exactly once
+    assert Counter(o.status for o in outcomes) == {OutcomeStatus.SENT: 120}
+    report = audit_stream(stack.reader, stack.ledger, expected=[m.key for m in first + second])
+    assert report.clean, report.as_json()
+    assert report.user_records == 240
+
+
+def test_the_same_key_twice_in_one_batch_is_sent_once(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN a batch with a key repeated with the same data, and one repeated with other data
+    stack: Stack = build_stack(settings)
+    batch = [
+        Message("twice", b"same"),
+        Message("other", b"data"),
+        Message("twice", b"same"),
+        Message("other", b"changed"),
+    ]
+    # WHEN it is sent
+    with stack.producer() as producer:
+        statuses = [o.status for o in producer.send(batch)]
+    # THEN the repeat is a DUPLICATE, the changed one a CONFLICT, and each key is there once
+    assert statuses == [
+        OutcomeStatus.SENT,
+        OutcomeStatus.SENT,
+        OutcomeStatus.DUPLICATE,
+        OutcomeStatus.CONFLICT,
+    ]
+    contents = streamcheck.read_stream(kinesis, settings.stream)
+    streamcheck.assert_exactly_once(contents, ["twice", "other"], stack.ledger)
+    streamcheck.assert_only(contents, ["twice", "other"])
