@@ -289,7 +289,7 @@ class DynamoDBLedger:
         model = self._model
         key_absent = model.pk.does_not_exist()
         released = model.state == LedgerState.RELEASED.value
-        dedupe_expired = model.expires_at < now_ms // 1000
+        dedupe_expired = model.expires_at <= now_ms // 1000  # from its TTL second on
         condition = key_absent | released | dedupe_expired
         lease_expires_at_ms = now_ms + lease_ms
         actions: list[Action] = [

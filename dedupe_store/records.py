@@ -38,7 +38,8 @@ class LedgerRecord:
 
     def is_expired(self, now_ms: int) -> bool:
         """True when the dedupe TTL has passed: the item then counts as absent."""
-        return self.expires_at_s is not None and self.expires_at_s * 1000 <= now_ms
+        # the same second-granularity test as the claim condition (expires_at <= now)
+        return self.expires_at_s is not None and self.expires_at_s <= now_ms // 1000
 
     def lease_expired(self, now_ms: int, skew_ms: int = 0) -> bool:
         return self.lease_expires_at_ms is not None and self.lease_expires_at_ms + skew_ms <= now_ms
