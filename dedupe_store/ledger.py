@@ -17,6 +17,7 @@ each write recognises its own effect in the current item and reports it as appli
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import uuid
@@ -35,9 +36,8 @@ from pynamodb.exceptions import (
     TableError,
     UpdateError,
 )
-from pynamodb.expressions.condition import Condition
-from pynamodb.expressions.update import Action
 
+from dedupe_store import expressions as x
 from dedupe_store.errors import (
     LedgerError,
     LedgerSchemaError,
@@ -286,33 +286,27 @@ class DynamoDBLedger:
         self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
     ) -> ClaimResult:
         """Claim a key for a new attempt, if it is absent, RELEASED, or DELIVERED and expired."""
-        model = self._model
-        key_absent = model.pk.does_not_exist()
-        released = model.state == LedgerState.RELEASED.value
-        dedupe_expired = model.expires_at <= now_ms // 1000  # from its TTL second on
-        condition = key_absent | released | dedupe_expired
-        lease_expires_at_ms = now_ms + lease_ms
-        actions: list[Action] = [
-            model.stream.set(request.stream),
-            model.msg_key.set(request.key),
-            model.state.set(next_state(None, Transition.CLAIM).value),
-            model.attempt.set((model.attempt | 0) + 1),
-            model.owner.set(owner),
-            model.claimed_at_ms.set(now_ms),
-            model.lease_expires_at_ms.set(lease_expires_at_ms),
-            model.inflight_bucket.set(
-                inflight_bucket(request.stream, request.key, self.inflight_buckets)
-            ),
-            model.payload_digest.set(request.payload_digest),
-            model.routing_hash_key.set(request.routing_hash_key),
-            model.shard_id.remove(),
-            model.sequence_number.remove(),
-            model.sub_sequence_number.remove(),
-            model.delivered_at_ms.remove(),
-            model.expires_at.remove(),
-            model.payload.set(request.payload) if request.payload else model.payload.remove(),
-        ]
-        applied, current = self._update(request.stream, request.key, actions, condition)
+        next_state(None, Transition.CLAIM)
+        values: dict[str, Any] = {
+            ":stream": x.s(request.stream),
+            ":key": x.s(request.key),
+            ":in_flight": x.s(LedgerState.IN_FLIGHT.value),
+            ":released": x.s(LedgerState.RELEASED.value),
+            ":zero": x.n(0),
+            ":one": x.n(1),
+            ":owner": x.s(owner),
+            ":now": x.n(now_ms),
+            ":now_s": x.n(now_ms // 1000),
+            ":lease": x.n(now_ms + lease_ms),
+            ":bucket": x.s(inflight_bucket(request.stream, request.key, self.inflight_buckets)),
+            ":digest": x.s(request.payload_digest),
+            ":routing": x.s(request.routing_hash_key),
+        }
+        update = x.CLAIM
+        if request.payload:
+            update = x.CLAIM_WITH_PAYLOAD
+            values[":payload"] = {"B": request.payload}
+        applied, current = self._update(request.stream, request.key, update, x.CLAIMABLE, values)
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
     def mark_delivered(
@@ -320,21 +314,20 @@ class DynamoDBLedger:
     ) -> UpdateResult:
         """IN_FLIGHT under ``record.attempt`` -> DELIVERED at ``position``."""
         next_state(LedgerState.IN_FLIGHT, Transition.MARK_DELIVERED)
-        model = self._model
-        actions: list[Action] = [
-            model.state.set(LedgerState.DELIVERED.value),
-            model.shard_id.set(position.shard_id),
-            model.sequence_number.set(position.sequence_number),
-            model.delivered_at_ms.set(now_ms),
-            model.expires_at.set(now_ms // 1000 + self.dedupe_ttl_s),
-            model.inflight_bucket.remove(),
-            model.lease_expires_at_ms.remove(),
-            model.payload.remove(),
-        ]
+        values: dict[str, Any] = {
+            ":delivered": x.s(LedgerState.DELIVERED.value),
+            ":shard": x.s(position.shard_id),
+            ":seq": x.s(position.sequence_number),
+            ":now": x.n(now_ms),
+            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
+            **self._held_values(record.attempt),
+        }
+        update = x.MARK
         if position.sub_sequence_number is not None:
-            actions.append(model.sub_sequence_number.set(position.sub_sequence_number))
+            update = x.MARK_AGGREGATED
+            values[":subseq"] = x.n(position.sub_sequence_number)
         applied, current = self._update(
-            record.stream, record.key, actions, self._held(record.attempt)
+            record.stream, record.key, update, x.HELD_UNDER_ATTEMPT, values
         )
         return UpdateResult(applied, current)
 
@@ -343,38 +336,33 @@ class DynamoDBLedger:
     ) -> ClaimResult:
         """A new attempt on a claim whose put can no longer land (conditional on the attempt seen)."""
         next_state(seen.state, Transition.TAKE_OVER)
-        model = self._model
-        actions: list[Action] = [
-            model.attempt.set(seen.attempt + 1),
-            model.owner.set(owner),
-            model.claimed_at_ms.set(now_ms),
-            model.lease_expires_at_ms.set(now_ms + lease_ms),
-            model.inflight_bucket.set(
-                inflight_bucket(seen.stream, seen.key, self.inflight_buckets)
-            ),
-        ]
-        applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
+        values = {
+            ":next": x.n(seen.attempt + 1),
+            ":owner": x.s(owner),
+            ":now": x.n(now_ms),
+            ":lease": x.n(now_ms + lease_ms),
+            ":bucket": x.s(inflight_bucket(seen.stream, seen.key, self.inflight_buckets)),
+            **self._held_values(seen.attempt),
+        }
+        applied, current = self._update(
+            seen.stream, seen.key, x.TAKE_OVER, x.HELD_UNDER_ATTEMPT, values
+        )
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
     def release(self, seen: LedgerRecord) -> UpdateResult:
         """IN_FLIGHT -> RELEASED: not in the stream and no data to resend; the next producer sends."""
-        return self._settle(seen, Transition.RELEASE, LedgerState.RELEASED)
+        return self._settle(seen, Transition.RELEASE)
 
     def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult:
         """IN_FLIGHT -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
-        return self._settle(seen, Transition.MARK_UNVERIFIABLE, LedgerState.UNVERIFIABLE)
+        return self._settle(seen, Transition.MARK_UNVERIFIABLE)
 
-    def _settle(
-        self, seen: LedgerRecord, transition: Transition, target: LedgerState
-    ) -> UpdateResult:
-        next_state(seen.state, transition)
-        model = self._model
-        actions: list[Action] = [
-            model.state.set(target.value),
-            model.inflight_bucket.remove(),
-            model.lease_expires_at_ms.remove(),
-        ]
-        applied, current = self._update(seen.stream, seen.key, actions, self._held(seen.attempt))
+    def _settle(self, seen: LedgerRecord, transition: Transition) -> UpdateResult:
+        target = next_state(seen.state, transition)
+        values = {":target": x.s(target.value), **self._held_values(seen.attempt)}
+        applied, current = self._update(
+            seen.stream, seen.key, x.SETTLE, x.HELD_UNDER_ATTEMPT, values
+        )
         return UpdateResult(applied, current)
 
     def delete(self, stream: str, key: str) -> None:
@@ -384,13 +372,12 @@ class DynamoDBLedger:
         except PynamoDBException as exc:
             raise _translate(exc, self.table_name, key, "delete") from exc
 
-    def _held(self, attempt: int) -> Condition:
-        model = self._model
-        held: Condition = (model.state == LedgerState.IN_FLIGHT.value) & (model.attempt == attempt)
-        return held
+    @staticmethod
+    def _held_values(attempt: int) -> dict[str, dict[str, str]]:
+        return {":in_flight": x.s(LedgerState.IN_FLIGHT.value), ":seen": x.n(attempt)}
 
     def _update(
-        self, stream: str, key: str, actions: list[Action], condition: Condition
+        self, stream: str, key: str, update: str, condition: str, values: dict[str, Any]
     ) -> tuple[bool, LedgerRecord | None]:
         """One conditional UpdateItem: (True, new item) or (False, the item that won instead).
 
@@ -399,30 +386,19 @@ class DynamoDBLedger:
         Another party's identical write has another token: that one is a lost race.
         """
         token = uuid.uuid4().hex
-        actions = [*actions, self._model.write_token.set(token)]
-        connection = self._connection()
-        kwargs = connection.get_operation_kwargs(
-            ledger_pk(stream, key),
-            actions=actions,
-            condition=condition,
-            return_values="ALL_NEW",
-            return_values_on_condition_failure="ALL_OLD",
-        )
+        values[":token"] = x.s(token)
+        kwargs = x.update_kwargs(self.table_name, ledger_pk(stream, key), update, condition, values)
         try:
-            data = connection.connection.dispatch(UPDATE_ITEM, kwargs)
+            data = self._connection().connection.dispatch(UPDATE_ITEM, kwargs)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             if _code_of(exc) != _CONDITION_FAILED:
                 raise _translate(
                     UpdateError("update failed", exc), self.table_name, key, "update"
                 ) from exc
             old_item = _old_item_of(exc)
-            current = (
-                _to_record(self._model.from_raw_data(old_item))
-                if old_item is not None
-                else self.get(stream, key)
-            )
+            current = _from_raw(old_item) if old_item is not None else self.get(stream, key)
             return current is not None and current.write_token == token, current
-        return True, _to_record(self._model.from_raw_data(data["Attributes"]))
+        return True, _from_raw(data["Attributes"])
 
 
 # --- translation at the edge ----------------------------------------------------------------
@@ -474,6 +450,48 @@ def _require(record: LedgerRecord | None) -> LedgerRecord:
 
 def _key_of(stream: str, pk: str) -> str:
     return pk[len(stream) + 1 :]
+
+
+def _from_raw(item: dict[str, Any]) -> LedgerRecord:
+    """A ledger record straight from DynamoDB's wire format (the hot path skips pynamodb's
+    deserialization; reads that are not hot go through the model)."""
+
+    def text(name: str) -> str | None:
+        value = item.get(name)
+        return None if value is None else str(value["S"])
+
+    def number(name: str) -> int | None:
+        value = item.get(name)
+        return None if value is None else int(value["N"])
+
+    shard_id, sequence_number = text("shard_id"), text("sequence_number")
+    position = (
+        Position(shard_id, sequence_number, number("sub_sequence_number"))
+        if shard_id is not None and sequence_number is not None
+        else None
+    )
+    payload = item.get("payload")
+    return LedgerRecord(
+        stream=str(item["stream"]["S"]),
+        key=str(item["msg_key"]["S"]),
+        state=LedgerState(item["state"]["S"]),
+        attempt=int(item["attempt"]["N"]),
+        owner=str(item["owner"]["S"]),
+        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
+        payload_digest=str(item["payload_digest"]["S"]),
+        routing_hash_key=str(item["routing_hash_key"]["S"]),
+        lease_expires_at_ms=number("lease_expires_at_ms"),
+        write_token=text("write_token"),
+        position=position,
+        delivered_at_ms=number("delivered_at_ms"),
+        expires_at_s=number("expires_at"),
+        payload=_binary(payload["B"]) if payload is not None else None,
+    )
+
+
+def _binary(value: Any) -> bytes:
+    # botocore returns bytes; a raw item from an error response may carry base64 text
+    return value if isinstance(value, bytes) else base64.b64decode(value)
 
 
 def _to_record(item: LedgerItem) -> LedgerRecord:

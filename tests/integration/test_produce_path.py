@@ -424,7 +424,7 @@ def test_an_sdk_retry_of_a_ledger_write_that_had_applied_is_recognised(
     # GIVEN the ledger's SDK retries once, and five claims (or marks) are applied but their
     # responses are lost on the wire, so the SDK sends the very same request again
     # (a longer lease: the SDK's backoff must not make claims short enough to be renewed)
-    stack = make_stack(ledger_max_retry_attempts=1, lease_s=10.0)
+    stack = make_stack(ledger_max_retry_attempts=1, lease_s=30.0)
     batch = messages(20)
     with FaultInjector(stack.ledger.client, seed=10) as faults:
         faults.response_lost_in_transit(operations=["UpdateItem"], target=target, count=5)
