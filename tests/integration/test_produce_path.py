@@ -623,8 +623,10 @@ def test_two_producers_with_one_owner_claiming_in_the_same_millisecond_deliver_o
 
 
 def test_a_read_back_that_cannot_read_the_stream_leaves_keys_in_flight_and_keeps_the_rest(
-    stack: Stack, kinesis: Any
+    make_stack: StackFactory, kinesis: Any
 ) -> None:
+    # (5 MiB requests: a read timeout long enough that only the injected fault times out)
+    stack = make_stack(put_read_timeout_s=5.0, lease_s=20.0)
     # GIVEN a role that may put but not list shards (AccessDenied), 6 messages of ~1 MiB (two
     # PutRecords calls under the 5 MiB request limit), and the first call's response lost
     # after the write
