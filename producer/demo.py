@@ -1,9 +1,11 @@
-"""The demo: the same messages, the same injected faults, two producers, two audits.
+"""The demo without Spark (``keo demo --no-spark``), and what both demos report.
 
 A plain at-least-once producer (boto3 ``put_records`` in batches of 500, retrying a batch
-whose response was lost, as the SDK does) against the exactly-once producer. Faults injected
-into both identically: PutRecords responses lost after the write, and a batch replayed as
-Spark replays a crashed micro-batch. Both streams are then audited by the same audit.
+whose response was lost, as the SDK does) against the exactly-once producer, in this process.
+Faults injected into both identically: PutRecords responses lost after the write, and a batch
+replayed as Spark replays a crashed micro-batch. Both streams are then audited by the same
+audit. The Spark demo (``spark_jobs/demo.py``) runs the same comparison through two
+``foreachBatch`` sinks and returns the same :class:`DemoResult`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import botocore.exceptions
 
@@ -22,20 +24,44 @@ from producer.audit import AuditReport, audit_stream
 from producer.kinesis import KinesisReader
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, explicit_hash_key
+from producer.reconciler import ReconcileReport
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
 log = logging.getLogger(__name__)
 
 
+LOST_RESPONSES: Final = "responses lost after the write"
+THROTTLED_PUTS: Final = "PutRecords with throttled records"
+DRIVER_KILLS: Final = "driver killed mid-batch"
+SHARD_SPLITS: Final = "shards split mid-run"
+
+
 @dataclass
 class DemoResult:
+    """One side of the comparison: what went in, what was injected, what the audit found."""
+
     name: str
     messages_in: int
-    faults_injected: int
-    batches_replayed: int
     report: AuditReport
     seconds: float
+    batches_replayed: int
+    faults: dict[str, int] = field(default_factory=dict)  # injected, by label
+    table: str | None = None  # the ledger table: None for the plain producer
+    reconciled: ReconcileReport | None = None
+
+    @property
+    def faults_injected(self) -> int:
+        return sum(self.faults.values())
+
+    @property
+    def missing(self) -> int:
+        return len(self.report.expected_missing) + len(self.report.missing_delivered)
+
+    @property
+    def exactly_once(self) -> bool:
+        """Every expected key in the stream exactly once."""
+        return not self.report.duplicates and not self.missing
 
 
 class LostResponses:
@@ -106,7 +132,7 @@ def run_demo(
     *,
     count: int = 2000,
     lose_every: int = 2,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None],
 ) -> list[DemoResult]:
     suffix = time.strftime("%H%M%S")
     batch = messages(count)
@@ -128,7 +154,17 @@ def run_demo(
         reader = KinesisReader(kinesis_client(run_settings, for_put=False), stream)
         ledger = ledger_from(run_settings) if name == "exactly-once" else None
         report = audit_stream(reader, ledger, expected=[m.key for m in batch])
-        results.append(DemoResult(name, count, faults + more, 1, report, seconds))
+        results.append(
+            DemoResult(
+                name,
+                count,
+                report,
+                seconds,
+                batches_replayed=1,
+                faults={LOST_RESPONSES: faults + more},
+                table=run_settings.table if ledger is not None else None,
+            )
+        )
     return results
 
 
