@@ -25,7 +25,6 @@ from dedupe_store.clock import SystemClock
 from dedupe_store.records import ClaimRequest
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.protocol import Message, explicit_hash_key, payload_digest
-from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
@@ -236,15 +235,7 @@ class Bench:
                 ]
             )
         time.sleep(settings.lease_s + 2 * settings.clock_skew_s + 0.2)
-        reconciler = Reconciler(
-            stream=settings.stream,
-            ledger=ledger,
-            resolver=stack.resolver(),
-            writer=stack.writer,
-            clock=clock,
-            lease=settings.lease_policy(),
-            owner="bench-reconciler",
-        )
+        reconciler = stack.reconciler(owner="bench-reconciler")
         started = time.perf_counter()
         report = reconciler.run_once()
         seconds = time.perf_counter() - started

@@ -198,6 +198,18 @@ def batches(
     return batch_by_size(items, lambda item: item.record_bytes, max_records, max_request_bytes)
 
 
+def chunked(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+    """``items`` in lists of ``size`` (the last one shorter), consumed lazily."""
+    chunk: list[_T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def batch_by_size(
     items: Iterable[_T],
     size_of: Callable[[_T], int],

@@ -15,7 +15,7 @@ producer) racing over the same claims never both act.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from dedupe_store.records import ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from producer import failpoints, metrics
 from producer.kinesis import KinesisWriter
-from producer.protocol import LeasePolicy, PutResultKind
+from producer.protocol import LeasePolicy, PutResultKind, chunked
 from producer.readback import ReadBackResolver, Resolution
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Reconciler:
         # stale for everyone: lease + skew has passed by our clock
         cutoff_ms = self._clock.now_ms() - self._lease.skew_ms
         keys = self._ledger.stale_in_flight(self.stream, now_ms=cutoff_ms, buckets=self._buckets)
-        for chunk in _chunks(keys, self._chunk_size):
+        for chunk in chunked(keys, self._chunk_size):
             self._reconcile_chunk(chunk, report)
             if progress is not None:
                 progress(len(chunk))
@@ -206,14 +206,3 @@ def _count(report: ReconcileReport, applied: bool, name: str) -> None:
         setattr(report, name, getattr(report, name) + 1)
     else:
         report.lost_races += 1
-
-
-def _chunks(keys: Iterator[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for key in keys:
-        chunk.append(key)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

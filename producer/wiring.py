@@ -3,6 +3,7 @@ nothing in the protocol creates its own clients."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from dedupe_store.ledger import DynamoDBLedger
 from producer.kinesis import KinesisReader, KinesisWriter, StreamInfo
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
+from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 
 
@@ -82,6 +84,18 @@ class Stack:
             self.clock,
             self.settings.lease_policy(),
             retention_hours=self.info.retention_hours,
+        )
+
+    def reconciler(self, *, owner: str, buckets: Sequence[int] | None = None) -> Reconciler:
+        return Reconciler(
+            stream=self.settings.stream,
+            ledger=self.ledger,
+            resolver=self.resolver(),
+            writer=self.writer,
+            clock=self.clock,
+            lease=self.settings.lease_policy(),
+            owner=owner,
+            buckets=buckets,
         )
 
     def producer(self, *, owner: str | None = None) -> ExactlyOnceProducer:

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,10 +39,10 @@ from producer.audit import audit_stream
 from producer.demo import DRIVER_KILLS, LOST_RESPONSES, SHARD_SPLITS, THROTTLED_PUTS, DemoResult
 from producer.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.producer import default_owner
-from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import EVENT_SCHEMA
+from spark_jobs.session import local_session
 from spark_jobs.sink import FAILPOINTS_ENV, ExactlyOnceSink, producer_settings
 
 log = logging.getLogger(__name__)
@@ -289,9 +288,7 @@ def split_a_shard(admin: Any, stream: str) -> None:
 
 
 def demo_session(log_dir: Path) -> Any:
-    """The demo's one SparkSession: ``local[2]`` on loopback, no UI, quiet logs."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    """The demo's one SparkSession, with Spark's own logs quieter still."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log4j = log_dir / "log4j2.properties"
     # a query that dies is part of the show: Spark's own stack traces are not
@@ -309,24 +306,7 @@ def demo_session(log_dir: Path) -> Any:
         "logger.python.level = off\n",
         encoding="utf-8",
     )
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("keo-demo")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.streaming.stopTimeout", "10s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return local_session("keo-demo", java_options=f"-Dlog4j2.configurationFile={log4j.as_uri()}")
 
 
 def sink_values(settings: ProducerSettings, **overrides: str) -> dict[str, str]:
@@ -421,15 +401,7 @@ def _run_side(
     ledger = None
     if name == EXACTLY_ONCE:
         ledger = stack.ledger
-        reconciled = Reconciler(
-            stream=settings.stream,
-            ledger=stack.ledger,
-            resolver=stack.resolver(),
-            writer=stack.writer,
-            clock=stack.clock,
-            lease=settings.lease_policy(),
-            owner=f"demo-reconciler:{default_owner()}",
-        ).run_once()
+        reconciled = stack.reconciler(owner=f"demo-reconciler:{default_owner()}").run_once()
     report = audit_stream(stack.reader, ledger, expected=keys)
     return DemoResult(
         name,

@@ -38,7 +38,7 @@ from dedupe_store.errors import LedgerUnavailableError
 from producer.errors import UnresolvedKeysError
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import default_owner
-from producer.protocol import Message
+from producer.protocol import Message, chunked
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 
@@ -219,7 +219,7 @@ class PartitionWriter:
         counts: Counter[str] = Counter()
         started = time.perf_counter()
         with stack.producer(owner=owner) as producer:
-            for chunk in _chunks(rows, self.rows_per_send):
+            for chunk in chunked(rows, self.rows_per_send):
                 messages = [_message(row) for row in chunk]
                 for row, outcome in zip(chunk, producer.send(messages), strict=True):
                     self._tally(row, outcome, counts, report)
@@ -249,17 +249,6 @@ class PartitionWriter:
         counts[_COUNTED[outcome.status]] += 1
         if outcome.status in DEAD_LETTER_STATUSES:
             report.dead_letters.append(_dead_letter(row, outcome, binary=self.data_is_binary))
-
-
-def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _data_bytes(value: Any) -> Any:

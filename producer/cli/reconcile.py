@@ -79,22 +79,12 @@ def reconcile(
     )
     buckets = parse_bucket_share(bucket, settings.inflight_buckets)
     from producer.producer import default_owner
-    from producer.reconciler import Reconciler
     from producer.wiring import build_stack
 
     show = progress if progress is not None else sys.stderr.isatty()
     with exit_on_errors():
         stack = build_stack(settings)
-        reconciler = Reconciler(
-            stream=settings.stream,
-            ledger=stack.ledger,
-            resolver=stack.resolver(),
-            writer=stack.writer,
-            clock=stack.clock,
-            lease=settings.lease_policy(),
-            owner=f"reconciler:{default_owner()}",
-            buckets=buckets,
-        )
+        reconciler = stack.reconciler(owner=f"reconciler:{default_owner()}", buckets=buckets)
         while True:
             with Progress(show, "reconciling") as advance:
                 report = reconciler.run_once(advance)

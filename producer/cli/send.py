@@ -24,7 +24,7 @@ from producer.cli.options import (
 )
 from producer.cli.progress import Progress
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.protocol import Message
+from producer.protocol import Message, chunked
 
 
 class DataEncoding(StrEnum):
@@ -92,7 +92,7 @@ def send(
     with exit_on_errors():
         stack = build_stack(settings)
         with stack.producer() as producer, Progress(show_progress, "sending") as advance:
-            for chunk in _chunks(_parse_lines(source, data_encoding), chunk_size):
+            for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
                 messages = [m for _, m in chunk if isinstance(m, Message)]
                 sent = iter(producer.send(messages))
                 for index, parsed in chunk:
@@ -162,16 +162,3 @@ def parse_line(line: str, encoding: DataEncoding) -> Message | str:
         except UnicodeEncodeError:
             return "'data' contains an unpaired surrogate; send it as base64"
     return Message(key, payload, routing)
-
-
-def _chunks(
-    rows: Iterator[tuple[int, Message | str]], size: int
-) -> Iterator[list[tuple[int, Message | str]]]:
-    chunk: list[tuple[int, Message | str]] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -28,7 +28,6 @@ from producer.cli.init import _create_stream
 from producer.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
-from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
@@ -139,15 +138,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
     while len(delivered) < len(keys):
         assert time.monotonic() < deadline, f"seed={seed}: not settled; faults {injected}"
         time.sleep(direct.lease_s + 2 * direct.clock_skew_s)
-        Reconciler(
-            stream=direct.stream,
-            ledger=settle.ledger,
-            resolver=settle.resolver(),
-            writer=settle.writer,
-            clock=settle.clock,
-            lease=direct.lease_policy(),
-            owner=f"soak-reconciler-{seed}",
-        ).run_once()
+        settle.reconciler(owner=f"soak-reconciler-{seed}").run_once()
         with settle.producer(owner=f"soak-final-{seed}") as producer:
             pending = [k for k in keys if k not in delivered]
             for outcome in producer.send([Message(k, payload[k]) for k in pending]):
