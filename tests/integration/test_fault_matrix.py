@@ -1,6 +1,7 @@
 """Rows of the fault matrix the other suites do not cover: a stalled producer resuming after
 its claim was taken over, a reshard while an aggregating producer holds a stale shard map,
-and the same key twice in one batch. Each ends with the stream read back and audited.
+an aggregating producer crashed before its marks, and the same key twice in one batch. Each
+ends with the stream read back and audited.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import streamcheck
 
+from dedupe_store.clock import SkewedClock, SystemClock
 from producer import emulators as local_stack
+from producer import failpoints
 from producer.audit import audit_stream
 from producer.cli.init import _create_stream
+from producer.failpoints import FailpointError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -159,3 +163,35 @@ def test_the_same_key_twice_in_one_batch_is_sent_once(
     contents = streamcheck.read_stream(kinesis, settings.stream)
     streamcheck.assert_exactly_once(contents, ["twice", "other"], stack.ledger)
     streamcheck.assert_only(contents, ["twice", "other"])
+
+
+def test_an_aggregating_producer_crashed_before_its_marks_is_settled_by_the_reconciler(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN an aggregating producer that dies after its put, before any mark
+    stack = build_stack(settings.model_copy(update={"aggregate": True}))
+    batch = [Message(f"agg-{i:03d}", f"payload {i}".encode()) for i in range(150)]
+    failpoints.configure("before_mark=raise")
+    try:
+        with stack.producer(owner="crashing") as producer, pytest.raises(FailpointError):
+            producer.send(batch)
+    finally:
+        failpoints.configure("")
+    # WHEN the reconciler runs once the leases have expired for everyone
+    later = build_stack(
+        settings.model_copy(update={"aggregate": True}), clock=SkewedClock(SystemClock(), 30_000)
+    )
+    report = later.reconciler(owner="reconciler").run_once()
+    # THEN it finds every user record inside its aggregate (sub-sequence numbers) and marks
+    # it; a consumer sees each key once and the ledger points at each one
+    assert (report.scanned, report.delivered, report.unresolved) == (150, 150, 0)
+    contents = streamcheck.read_stream(kinesis, settings.stream)
+    streamcheck.assert_exactly_once(contents, [m.key for m in batch], later.ledger)
+    positions = [later.ledger.get(settings.stream, m.key) for m in batch]
+    assert all(
+        record is not None
+        and record.position is not None
+        and record.position.sub_sequence_number is not None
+        for record in positions
+    )
+    assert audit_stream(later.reader, later.ledger, expected=[m.key for m in batch]).clean

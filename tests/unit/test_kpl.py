@@ -6,6 +6,7 @@ reading against the format the KPL writes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import sys
@@ -266,3 +267,30 @@ def test_importing_kpl_leaves_sys_path_unchanged(fresh_library_import: Any) -> N
     assert sys.modules["aws_kinesis_agg.deaggregator"] is not fresh_library_import
     # ... and sys.path is exactly as it was: nothing of ours is shadowed by the library's folder
     assert sys.path == path_before
+
+
+def test_our_aggregates_read_back_through_the_librarys_own_deaggregator() -> None:
+    # GIVEN user records packed by the producer's Aggregate (each with its explicit hash key)
+    saved = list(sys.path)  # the library puts its own folder first on sys.path
+    from aws_kinesis_agg.deaggregator import iter_deaggregate_records
+
+    sys.path[:] = saved
+
+    aggregate = kpl.Aggregate(1024 * 1024)
+    users = [(f"key-{i}", f"data {i}".encode(), str(1000 + i)) for i in range(20)]
+    for key, data, ehk in users:
+        assert aggregate.add(key, data, ehk)
+    entry = aggregate.entry()
+    record = {
+        "Data": entry["Data"],
+        "PartitionKey": entry["PartitionKey"],
+        "SequenceNumber": "1",
+        "ApproximateArrivalTimestamp": datetime.now(UTC),
+    }
+    # WHEN the library a KCL-style consumer uses deaggregates the Kinesis record
+    read = [r["kinesis"] for r in iter_deaggregate_records([record], data_format="Boto3")]
+    # THEN it gives back exactly the user records, in order, with their keys and hash keys
+    assert [
+        (r["partitionKey"], base64.b64decode(r["data"]), r["explicitHashKey"]) for r in read
+    ] == users
+    assert [r["subSequenceNumber"] for r in read] == list(range(20))
