@@ -23,7 +23,7 @@ from botocore.config import Config
 
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import ClaimRequest
-from producer.kinesis import KinesisReader, KinesisWriter
+from producer.kinesis import KinesisReader
 from producer.protocol import Message, explicit_hash_key, payload_digest
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
@@ -197,14 +197,15 @@ class Bench:
         }
 
     def reconcile(self, stale: int, *, shards: int = 4) -> dict[str, Any]:
-        """Resolve ``stale`` claims whose records are in the stream but were never marked."""
+        """Resolve ``stale`` claims whose records are in the stream but were never marked:
+        what producers that crashed after their put leave behind."""
         settings = self._fresh(
             "reconcile",
             shards=shards,
-            put_connect_timeout_s=0.5,
-            put_read_timeout_s=0.5,
-            clock_skew_s=0.25,
-            lease_s=1.5,
+            put_connect_timeout_s=1.0,
+            put_read_timeout_s=1.0,
+            clock_skew_s=0.5,
+            lease_s=10.0,  # covers claiming a chunk of 500 and putting it, on a busy machine
         )
         stack = build_stack(settings)
         ledger = stack.ledger
@@ -220,20 +221,21 @@ class Bench:
                 lease_ms=settings.lease_policy().lease_ms,
             )
 
+        # like crashed producers: each chunk claimed, then put at once, then never marked
         with ThreadPoolExecutor(settings.ledger_concurrency) as pool:
-            list(pool.map(claim, messages))
-        writer = KinesisWriter(kinesis_client(settings, for_put=False), settings.stream)
-        for start in range(0, stale, 500):
-            writer.put_entries(
-                [
-                    {
-                        "Data": m.data,
-                        "PartitionKey": m.key,
-                        "ExplicitHashKey": explicit_hash_key(m),
-                    }
-                    for m in messages[start : start + 500]
-                ]
-            )
+            for start in range(0, stale, 500):
+                chunk = messages[start : start + 500]
+                list(pool.map(claim, chunk))
+                stack.writer.put_entries(
+                    [
+                        {
+                            "Data": m.data,
+                            "PartitionKey": m.key,
+                            "ExplicitHashKey": explicit_hash_key(m),
+                        }
+                        for m in chunk
+                    ]
+                )
         time.sleep(settings.lease_s + 2 * settings.clock_skew_s + 0.2)
         reconciler = stack.reconciler(owner="bench-reconciler")
         started = time.perf_counter()

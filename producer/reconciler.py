@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -69,7 +70,9 @@ class Reconciler:
         owner: str,
         buckets: Sequence[int] | None = None,
         chunk_size: int = 10_000,  # claims resolved together: each shard window is read once per chunk
+        concurrency: int = 32,
     ) -> None:
+        self._concurrency = concurrency
         self.stream = stream
         self._ledger = ledger
         self._resolver = resolver
@@ -138,52 +141,50 @@ class Reconciler:
         if not claims:
             return
         results = self._resolver.resolve(claims)
-        for claim in claims:
+
+        def act(claim: LedgerRecord) -> tuple[str, str]:
             result = results[claim.key]
             metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
             try:
-                self._act(claim, result.resolution, result.position, report)
+                return claim.key, self._act(claim, result.resolution, result.position)
             except LedgerError as exc:
                 log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
-                report.errors += 1
+                return claim.key, "errors"
 
-    def _act(
-        self,
-        claim: LedgerRecord,
-        resolution: Resolution,
-        position: Position | None,
-        report: ReconcileReport,
-    ) -> None:
+        # ledger latency is hidden by concurrency; every write is conditional on its attempt
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="keo-reconcile") as pool:
+            for key, counted in pool.map(act, claims):
+                if counted == "conflicts":
+                    report.conflicts.append(key)
+                else:
+                    setattr(report, counted, getattr(report, counted) + 1)
+
+    def _act(self, claim: LedgerRecord, resolution: Resolution, position: Position | None) -> str:
+        """Settle one claim; returns the report field it counts in."""
         if resolution is Resolution.FOUND and position is not None:
             failpoints.hit("reconcile_before_mark")
-            applied = self._ledger.mark_delivered(
-                claim, position, now_ms=self._clock.now_ms()
-            ).applied
-            _count(report, applied, "delivered")
-        elif resolution is Resolution.NOT_FOUND:
+            marked = self._ledger.mark_delivered(claim, position, now_ms=self._clock.now_ms())
+            return _counted(marked.applied, "delivered")
+        if resolution is Resolution.NOT_FOUND:
             if claim.payload is not None:
-                self._resend(claim, report)
-            else:
-                _count(report, self._ledger.release(claim).applied, "released")
-        elif resolution is Resolution.UNVERIFIABLE:
-            _count(report, self._ledger.mark_unverifiable(claim).applied, "unverifiable")
-        elif resolution is Resolution.CONFLICT:
-            report.conflicts.append(claim.key)
-        else:
-            report.pending += 1
+                return self._resend(claim)
+            return _counted(self._ledger.release(claim).applied, "released")
+        if resolution is Resolution.UNVERIFIABLE:
+            return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
+        if resolution is Resolution.CONFLICT:
+            return "conflicts"
+        return "pending"
 
-    def _resend(self, claim: LedgerRecord, report: ReconcileReport) -> None:
+    def _resend(self, claim: LedgerRecord) -> str:
         """Send a stored payload under a new attempt; ambiguous again means: next run."""
         taken = self._ledger.take_over(
             claim, owner=self.owner, now_ms=self._clock.now_ms(), lease_ms=self._lease.lease_ms
         )
         if taken.status is not ClaimStatus.WON or taken.record is None:
-            report.lost_races += 1
-            return
+            return "lost_races"
         record = taken.record
         if not self._lease.safe_to_send(record.lease_expires_at_ms or 0, self._clock.now_ms()):
-            report.pending += 1
-            return
+            return "pending"
         (result,) = self._writer.put_entries(
             [
                 {
@@ -194,15 +195,12 @@ class Reconciler:
             ]
         )
         if result.kind is not PutResultKind.WRITTEN:
-            report.pending += 1  # still IN_FLIGHT under our attempt; the next run settles it
-            return
+            return "pending"  # still IN_FLIGHT under our attempt; the next run settles it
         position = Position(str(result.shard_id), str(result.sequence_number))
-        applied = self._ledger.mark_delivered(record, position, now_ms=self._clock.now_ms()).applied
-        _count(report, applied, "resent")
+        marked = self._ledger.mark_delivered(record, position, now_ms=self._clock.now_ms())
+        return _counted(marked.applied, "resent")
 
 
-def _count(report: ReconcileReport, applied: bool, name: str) -> None:
-    if applied:
-        setattr(report, name, getattr(report, name) + 1)
-    else:
-        report.lost_races += 1
+def _counted(applied: bool, name: str) -> str:
+    # a conditional write that lost means another party settled the claim first
+    return name if applied else "lost_races"

@@ -96,6 +96,7 @@ class Stack:
             lease=self.settings.lease_policy(),
             owner=owner,
             buckets=buckets,
+            concurrency=self.settings.ledger_concurrency,
         )
 
     def producer(self, *, owner: str | None = None) -> ExactlyOnceProducer:
