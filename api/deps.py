@@ -7,8 +7,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
-from typing import Annotated, Protocol
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -16,36 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.errors import UnauthorizedError
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock
-from dedupe_store.records import LedgerRecord, RunRecord
-
-
-class LedgerReader(Protocol):
-    """The part of the ledger the API uses. Reads only: the API never writes the ledger."""
-
-    dedupe_ttl_s: int
-    inflight_buckets: int
-
-    @property
-    def table_name(self) -> str: ...
-
-    def ensure_ready(self) -> None: ...
-
-    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
-
-    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
-
-    def last_run(self, stream: str) -> RunRecord | None: ...
-
-    def in_flight_page(
-        self,
-        stream: str,
-        bucket: int,
-        *,
-        before_ms: int | None,
-        limit: int,
-        after_lease_ms: int | None = None,
-        after_pk: str | None = None,
-    ) -> tuple[list[str], tuple[int, str] | None]: ...
+from dedupe_store.contract import LedgerReader
 
 
 def get_ledger(request: Request) -> LedgerReader:

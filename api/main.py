@@ -12,13 +12,14 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.deps import LedgerReader, require_token
+from api.deps import require_token
 from api.errors import ApiConfigError
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, problem_responses
 from api.routes import health, in_flight, messages, summary
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock, SystemClock
+from dedupe_store.contract import LedgerReader
 from dedupe_store.ledger import DynamoDBLedger
 
 log = logging.getLogger(__name__)

@@ -16,16 +16,37 @@ from dedupe_store.records import (
 )
 
 
-class Ledger(Protocol):
+class LedgerReader(Protocol):
+    """What a reader needs (the API): it never writes the ledger."""
+
     dedupe_ttl_s: int
     inflight_buckets: int
 
     @property
     def table_name(self) -> str: ...
 
+    def ensure_ready(self) -> None: ...
+
     def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def last_run(self, stream: str) -> RunRecord | None: ...
+
+    def in_flight_page(
+        self,
+        stream: str,
+        bucket: int,
+        *,
+        before_ms: int | None,
+        limit: int,
+        after_lease_ms: int | None = None,
+        after_pk: str | None = None,
+    ) -> tuple[list[str], tuple[int, str] | None]: ...
+
+
+class Ledger(LedgerReader, Protocol):
+    """The whole ledger: the reads, and the conditional transitions of the protocol."""
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]: ...
 
@@ -57,5 +78,3 @@ class Ledger(Protocol):
     def record_run(
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
     ) -> None: ...
-
-    def last_run(self, stream: str) -> RunRecord | None: ...

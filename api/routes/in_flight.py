@@ -17,10 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.cursor import MAX_CURSOR_CHARS, InFlightCursor, InvalidCursorError, decode_cursor
-from api.deps import ClockDep, LedgerDep, LedgerReader
+from api.deps import ClockDep, LedgerDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import InFlightPage, MessageState, from_epoch_ms
+from dedupe_store.contract import LedgerReader
 from dedupe_store.states import LedgerState
 
 MAX_PAGE_LIMIT = 500

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ClockDep, LedgerDep, LedgerReader, SettingsDep
+from api.deps import ClockDep, LedgerDep, SettingsDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import ReconcileRun, StreamSummary, exactly_once_window, from_epoch_ms
+from dedupe_store.contract import LedgerReader
 
 router = APIRouter(prefix="/v1/streams/{stream}", tags=["summary"])
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import exit_on_errors, load_settings
+from producer.cli.options import exit_on_errors, load_settings, use_local_stack
 
 _BEGIN = "<!-- bench:begin (written by keo bench) -->"
 _END = "<!-- bench:end -->"
@@ -46,17 +44,10 @@ def bench(
     ledger's own ceiling, aggregation on and off, and the reconciler. Writes the figures to
     bench/results/<date>.json and the table in docs/performance.md.
     """
-    from producer import emulators
     from producer.bench import run
 
     concurrencies, reconcile_sizes = _ints(concurrency), _ints(reconcile)
-    if not os.environ.get("KEO_KINESIS_ENDPOINT_URL"):
-        try:
-            endpoints = emulators.up(state_dir)
-        except emulators.EmulatorError as exc:
-            typer.echo(f"keo bench: {exc}", err=True)
-            raise typer.Exit(ExitCode.UNAVAILABLE) from None
-        os.environ.update(endpoints.as_env())
+    use_local_stack(state_dir, "bench")
     settings = load_settings()
     with exit_on_errors():
         results = run(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 import typer
 
 from producer.cli.exit_codes import ExitCode
-from producer.cli.options import exit_on_errors, load_settings
+from producer.cli.options import exit_on_errors, load_settings, use_local_stack
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,23 +99,15 @@ def demo(
 
 def _use_local_stack(console: Console, state_dir: Path) -> bool:
     """Endpoints into the environment; True when the local stack under ``state_dir`` is used."""
-    from producer import emulators
-
-    if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
-        console.print(
-            "[bold]using the endpoints from the environment[/bold] "
-            f"(Kinesis {os.environ['KEO_KINESIS_ENDPOINT_URL']}, "
-            f"DynamoDB {os.environ['KEO_DYNAMODB_ENDPOINT_URL']})"
-        )
-        return False
-    console.print("[bold]starting the local stack[/bold] (kinesalite, dynalite on 127.0.0.1)")
-    try:
-        endpoints = emulators.up(state_dir)
-    except emulators.EmulatorError as exc:
-        typer.echo(f"keo demo: {exc}", err=True)
-        raise typer.Exit(ExitCode.UNAVAILABLE) from None
-    os.environ.update(endpoints.as_env())
-    return True
+    if use_local_stack(state_dir, "demo"):
+        console.print("[bold]started the local stack[/bold] (kinesalite, dynalite on 127.0.0.1)")
+        return True
+    console.print(
+        "[bold]using the endpoints from the environment[/bold] "
+        f"(Kinesis {os.environ['KEO_KINESIS_ENDPOINT_URL']}, "
+        f"DynamoDB {os.environ['KEO_DYNAMODB_ENDPOINT_URL']})"
+    )
+    return False
 
 
 def _run_spark(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import botocore.exceptions
@@ -76,3 +78,19 @@ def exit_on_errors() -> Iterator[None]:
     except ValueError as exc:
         typer.echo(f"keo: {exc}", err=True)
         raise typer.Exit(ExitCode.CONFIG) from None
+
+
+def use_local_stack(state_dir: Path, command: str) -> bool:
+    """Point ``KEO_*_ENDPOINT_URL`` at the embedded stack under ``state_dir``, starting what is
+    not running, unless both endpoints are already set. True when the local stack is used."""
+    if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
+        return False
+    from producer import emulators
+
+    try:
+        endpoints = emulators.up(state_dir)
+    except emulators.EmulatorError as exc:
+        typer.echo(f"keo {command}: {exc}", err=True)
+        raise typer.Exit(ExitCode.UNAVAILABLE) from None
+    os.environ.update(endpoints.as_env())
+    return True
