@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 import pytest
+import stacks
 import streamcheck
 from prometheus_client import REGISTRY
 
 from dedupe_store.clock import Clock, ManualClock
 from dedupe_store.states import LedgerState
 from producer import emulators as local_stack
-from producer.cli.init import _create_stream
 from producer.faults import FaultInjector, FaultKind, UpdateTarget
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, batches, prepare
 from producer.settings import ProducerSettings
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack, ledger_from
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -70,33 +70,7 @@ StackFactory = Callable[..., Stack]
 def settings_for(
     emulators: local_stack.Endpoints, names: Names, **overrides: Any
 ) -> ProducerSettings:
-    values: dict[str, Any] = {
-        "stream": names.stream,
-        "table": names.table,
-        "kinesis_endpoint_url": emulators.kinesis,
-        "dynamodb_endpoint_url": emulators.dynamodb,
-        "region": local_stack.REGION,
-        **FAST,
-        **overrides,
-    }
-    return ProducerSettings(**values)
-
-
-def create_stream_and_table(settings: ProducerSettings, shards: int = SHARDS) -> None:
-    """What ``keo init`` does, without pynamodb's 2 s polling of a table that is ready in 50 ms."""
-    _create_stream(kinesis_client(settings, for_put=False), settings.stream, shards, 30.0)
-    ledger = ledger_from(settings)
-    ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        table = ledger.model.describe_table()
-        indexes = table.get("GlobalSecondaryIndexes", [])
-        if table["TableStatus"] == "ACTIVE" and all(
-            i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"table {settings.table} not ACTIVE")
+    return stacks.settings_for(emulators, names, FAST, **overrides)
 
 
 @pytest.fixture
@@ -108,7 +82,7 @@ def make_stack(emulators: local_stack.Endpoints, names: Names) -> StackFactory:
         nonlocal created
         settings = settings_for(emulators, names, **overrides)
         if not created:
-            create_stream_and_table(settings)
+            stacks.create_stream_and_table(settings, SHARDS)
             created = True
         return build_stack(settings, clock=clock)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import stacks
 import streamcheck
 
 from dedupe_store.clock import Clock, SkewedClock, SystemClock
@@ -34,13 +35,12 @@ from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord
 from dedupe_store.states import LedgerState
 from producer import emulators as local_stack
 from producer.audit import audit_stream
-from producer.cli.init import _create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, batches, prepare
 from producer.readback import ReadBackResolver, ReadBackResult
 from producer.reconciler import Reconciler, ReconcileReport
 from producer.settings import ProducerSettings
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -75,32 +75,7 @@ StackFactory = Callable[..., Stack]
 def settings_for(
     emulators: local_stack.Endpoints, names: Names, **overrides: Any
 ) -> ProducerSettings:
-    values: dict[str, Any] = {
-        "stream": names.stream,
-        "table": names.table,
-        "kinesis_endpoint_url": emulators.kinesis,
-        "dynamodb_endpoint_url": emulators.dynamodb,
-        "region": local_stack.REGION,
-        **FAST,
-        **overrides,
-    }
-    return ProducerSettings(**values)
-
-
-def create_stream_and_table(settings: ProducerSettings, shards: int) -> None:
-    _create_stream(kinesis_client(settings, for_put=False), settings.stream, shards, 30.0)
-    ledger = ledger_from(settings)
-    ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        table = ledger.model.describe_table()
-        indexes = table.get("GlobalSecondaryIndexes", [])
-        if table["TableStatus"] == "ACTIVE" and all(
-            i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"table {settings.table} not ACTIVE")
+    return stacks.settings_for(emulators, names, FAST, **overrides)
 
 
 @pytest.fixture
@@ -112,7 +87,7 @@ def make_stack(emulators: local_stack.Endpoints, names: Names) -> StackFactory:
         nonlocal created
         settings = settings_for(emulators, names, **overrides)
         if not created:
-            create_stream_and_table(settings, shards)
+            stacks.create_stream_and_table(settings, shards)
             created = True
         return build_stack(settings, clock=clock)
 
