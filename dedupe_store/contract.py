@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from dedupe_store.records import (
+    BatchRecord,
     ClaimRequest,
     ClaimResult,
     LedgerRecord,
@@ -77,4 +78,12 @@ class Ledger(LedgerReader, Protocol):
 
     def record_run(
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
+    ) -> None: ...
+
+    def completed_batch(
+        self, stream: str, query: str, batch_id: int, *, now_ms: int
+    ) -> BatchRecord | None: ...
+
+    def mark_batch_complete(
+        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
     ) -> None: ...

@@ -46,6 +46,7 @@ from dedupe_store.errors import (
 )
 from dedupe_store.model import TTL_ATTRIBUTE, ConnectionOptions, LedgerItem, bind_ledger_model
 from dedupe_store.records import (
+    BatchRecord,
     ClaimRequest,
     ClaimResult,
     LedgerRecord,
@@ -63,11 +64,17 @@ _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
 _BATCH_GET_MAX = 100
+BATCH_COMPLETE = "COMPLETE"
 
 
+# Items that are not keys start with "__keo__/": stream names cannot contain "/", so no
+# "<stream>#<key>" is one of them. They have no ``stream`` attribute: scans skip them.
 def _run_pk(stream: str) -> str:
-    # stream names cannot contain "/", so no "<stream>#<key>" equals this
     return f"__keo__/reconcile-run/{stream}"
+
+
+def _batch_pk(stream: str, query: str, batch_id: int) -> str:
+    return f"__keo__/spark-batch/{stream}/{query}/{batch_id}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
@@ -279,6 +286,54 @@ class DynamoDBLedger:
             finished_ms=int(item["finished_at_ms"]["N"]),
             outcomes={k: int(v) for k, v in json.loads(item["outcomes"]["S"]).items()},
         )
+
+    # --- Spark batch records: (stream, query, batch_id) -> COMPLETE -------------------------
+
+    def completed_batch(
+        self, stream: str, query: str, batch_id: int, *, now_ms: int
+    ) -> BatchRecord | None:
+        """The record of a streaming query's batch that settled every row, if there is one."""
+        pk = _batch_pk(stream, query, batch_id)
+        try:
+            item = self.client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": pk}}, ConsistentRead=True
+            ).get("Item")
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, pk, "read a batch record") from exc
+        if not item or item.get("batch_state", {}).get("S") != BATCH_COMPLETE:
+            return None
+        expires_at = item.get(TTL_ATTRIBUTE, {}).get("N")
+        if expires_at is not None and int(expires_at) <= now_ms // 1000:
+            return None  # TTL deletion lags: an item past its expiry counts as absent
+        return BatchRecord(
+            stream=stream,
+            query=query,
+            batch_id=batch_id,
+            completed_ms=int(item["completed_at_ms"]["N"]),
+            counts={k: int(v) for k, v in json.loads(item["counts"]["S"]).items()},
+        )
+
+    def mark_batch_complete(
+        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
+    ) -> None:
+        """Record a settled batch; it expires with the dedupe window, like the keys it sent.
+
+        Unconditional: every writer of this item writes the same fact (COMPLETE).
+        """
+        pk = _batch_pk(stream, query, batch_id)
+        item: dict[str, Any] = {
+            "pk": {"S": pk},
+            "batch_state": {"S": BATCH_COMPLETE},
+            "query_id": {"S": query},
+            "batch_id": {"N": str(batch_id)},
+            "completed_at_ms": {"N": str(now_ms)},
+            TTL_ATTRIBUTE: {"N": str(now_ms // 1000 + self.dedupe_ttl_s)},
+            "counts": {"S": json.dumps(counts, sort_keys=True)},
+        }
+        try:
+            self.client.put_item(TableName=self.table_name, Item=item)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, pk, "record a batch") from exc
 
     # --- conditional transitions -----------------------------------------------------------
 

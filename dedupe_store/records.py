@@ -94,3 +94,14 @@ class RunRecord:
     started_ms: int
     finished_ms: int
     outcomes: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A Spark batch that settled every row: a replay of it skips the per-key work."""
+
+    stream: str
+    query: str
+    batch_id: int
+    completed_ms: int
+    counts: dict[str, int]

@@ -33,9 +33,10 @@ from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimRequest, ClaimResult, ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
-from producer import failpoints, metrics
+from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
 from producer.errors import StreamError
+from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter, Shard
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
@@ -104,6 +105,7 @@ class ExactlyOnceProducer:
         executor: Executor | None = None,
         rng: random.Random | None = None,
         shard_map: Callable[[], list[Shard]] | None = None,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.stream = stream
         self._ledger = ledger
@@ -122,6 +124,7 @@ class ExactlyOnceProducer:
         # aggregation is on when a shard map is given: user records are packed per shard
         self._shard_map = shard_map
         self._open_shards: list[Shard] | None = None
+        self._hooks = hooks
 
     def close(self) -> None:
         if self._own_executor and isinstance(self._executor, ThreadPoolExecutor):
@@ -165,7 +168,7 @@ class ExactlyOnceProducer:
             if isinstance(result, LedgerError):
                 outcomes[item.index] = _failed(item, f"ledger unavailable at claim: {result}")
             elif result.status is ClaimStatus.WON and result.record is not None:
-                failpoints.hit("after_claim")
+                self._hooks.at(Step.AFTER_CLAIM)
                 to_send.append(_Held(item, result.record, mine=True))
             else:
                 self._judge_lost_claim(item, result.record, outcomes, to_wait)
@@ -259,9 +262,9 @@ class ExactlyOnceProducer:
                 ready = self._ensure_leases(pending[start : start + MAX_RECORDS_PER_PUT], outcomes)
                 units = self._units(ready)
                 for batch in batch_by_size(units, lambda unit: unit.size_bytes):
-                    failpoints.hit("before_put")
+                    self._hooks.at(Step.BEFORE_PUT)
                     results = self._put([unit.entry for unit in batch])
-                    failpoints.hit("after_put")
+                    self._hooks.at(Step.AFTER_PUT)
                     for unit, result in zip(batch, results, strict=True):
                         self._sort_result(unit, result, written, ambiguous, retry)
             if not retry:
@@ -403,7 +406,7 @@ class ExactlyOnceProducer:
     ) -> None:
         def mark(pair: tuple[_Held, Position]) -> Outcome:
             entry, position = pair
-            failpoints.hit("before_mark")
+            self._hooks.at(Step.BEFORE_MARK)
             item = entry.item
             started = time.perf_counter()
             try:
@@ -424,7 +427,7 @@ class ExactlyOnceProducer:
                 )
             finally:
                 metrics.LEDGER_SECONDS.labels("mark").observe(time.perf_counter() - started)
-            failpoints.hit("after_mark")
+            self._hooks.at(Step.AFTER_MARK)
             current = result.current
             if result.applied or (
                 current is not None

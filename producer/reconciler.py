@@ -25,7 +25,8 @@ from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimStatus, LedgerRecord, Position
 from dedupe_store.states import LedgerState
-from producer import failpoints, metrics
+from producer import metrics
+from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
 from producer.protocol import LeasePolicy, PutResultKind, chunked
 from producer.readback import ReadBackResolver, Resolution
@@ -71,8 +72,10 @@ class Reconciler:
         buckets: Sequence[int] | None = None,
         chunk_size: int = 10_000,  # claims resolved together: each shard window is read once per chunk
         concurrency: int = 32,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self._concurrency = concurrency
+        self._hooks = hooks
         self.stream = stream
         self._ledger = ledger
         self._resolver = resolver
@@ -162,7 +165,7 @@ class Reconciler:
     def _act(self, claim: LedgerRecord, resolution: Resolution, position: Position | None) -> str:
         """Settle one claim; returns the report field it counts in."""
         if resolution is Resolution.FOUND and position is not None:
-            failpoints.hit("reconcile_before_mark")
+            self._hooks.at(Step.RECONCILE_BEFORE_MARK)
             marked = self._ledger.mark_delivered(claim, position, now_ms=self._clock.now_ms())
             return _counted(marked.applied, "delivered")
         if resolution is Resolution.NOT_FOUND:

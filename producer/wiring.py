@@ -12,6 +12,7 @@ from botocore.config import Config
 
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
+from producer.hooks import NO_HOOKS, Hooks
 from producer.kinesis import KinesisReader, KinesisWriter, StreamInfo
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
@@ -77,6 +78,7 @@ class Stack:
     reader: KinesisReader
     info: StreamInfo
     clock: Clock
+    hooks: Hooks = NO_HOOKS  # the test seam: failpoints, installed by entry points
 
     def resolver(self) -> ReadBackResolver:
         return ReadBackResolver(
@@ -97,9 +99,12 @@ class Stack:
             owner=owner,
             buckets=buckets,
             concurrency=self.settings.ledger_concurrency,
+            hooks=self.hooks,
         )
 
-    def producer(self, *, owner: str | None = None) -> ExactlyOnceProducer:
+    def producer(
+        self, *, owner: str | None = None, hooks: Hooks | None = None
+    ) -> ExactlyOnceProducer:
         return ExactlyOnceProducer(
             stream=self.settings.stream,
             ledger=self.ledger,
@@ -110,10 +115,13 @@ class Stack:
             owner=owner or self.settings.owner,
             max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
             shard_map=self.reader.shards if self.settings.aggregate else None,
+            hooks=self.hooks if hooks is None else hooks,
         )
 
 
-def build_stack(settings: ProducerSettings, *, clock: Clock | None = None) -> Stack:
+def build_stack(
+    settings: ProducerSettings, *, clock: Clock | None = None, hooks: Hooks = NO_HOOKS
+) -> Stack:
     """Wire clients for one stream and table; checks both exist (fails fast otherwise)."""
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
     info = reader.describe()
@@ -126,4 +134,5 @@ def build_stack(settings: ProducerSettings, *, clock: Clock | None = None) -> St
         reader=reader,
         info=info,
         clock=clock or SystemClock(),
+        hooks=hooks,
     )

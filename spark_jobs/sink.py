@@ -4,7 +4,7 @@ Kinesis exactly once per key, through :class:`producer.producer.ExactlyOnceProdu
 ::
 
     sink(df, batch_id)                                       on the driver
-      ├─ batch ledger: (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
+      ├─ ledger: batch (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
       ├─ rdd.mapPartitionsWithIndex(PartitionWriter)          on the executors
       │     └─ producer.send(rows) ── one PartitionReport per partition, back to the driver
       ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-*.json
@@ -32,10 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from dedupe_store.errors import LedgerUnavailableError
 from producer.errors import UnresolvedKeysError
+from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import default_owner
 from producer.protocol import Message, chunked
@@ -45,10 +43,8 @@ from producer.wiring import Stack, build_stack
 log = logging.getLogger(__name__)
 
 ENV_PREFIX: Final = "KEO_"
-# Driver failpoints of the sink, ``step=action[,...]`` with action ``raise`` or ``kill``.
-FAILPOINTS_ENV: Final = "KEO_SPARK_FAILPOINTS"
-FAILPOINT_STEPS: Final = frozenset({"after_puts", "before_complete"})
-BATCH_COMPLETE: Final = "COMPLETE"
+# Seams for tests, not settings: they never travel to the executors as KEO_* values.
+_NOT_SETTINGS: Final = frozenset({"KEO_FAILPOINTS"})
 DEFAULT_ROWS_PER_SEND: Final = 1000
 
 # Everything that is not settled: retrying the batch may still settle it.
@@ -70,14 +66,6 @@ _COUNTED: Final = {
 COUNT_NAMES: Final = ("sent", "duplicates", "conflicts", "rejected", "unresolved")
 
 
-class SinkFailpointError(RuntimeError):
-    """Raised at a sink failpoint whose action is ``raise`` (tests of crash and replay)."""
-
-    def __init__(self, step: str) -> None:
-        super().__init__(f"sink failpoint {step} raised")
-        self.step = step
-
-
 # --- settings ---------------------------------------------------------------------------------
 
 
@@ -89,7 +77,7 @@ def settings_from_env(
     values = {
         name: value
         for name, value in (os.environ if environ is None else environ).items()
-        if name.startswith(ENV_PREFIX) and name != FAILPOINTS_ENV
+        if name.startswith(ENV_PREFIX) and name not in _NOT_SETTINGS
     }
     for name, value in overrides.items():
         if value is not None:
@@ -211,6 +199,7 @@ class PartitionWriter:
     batch_id: int
     data_is_binary: bool
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
+    hooks: Hooks = NO_HOOKS
 
     def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
         stack = stack_for(self.settings)
@@ -218,7 +207,7 @@ class PartitionWriter:
         report = PartitionReport(partition)
         counts: Counter[str] = Counter()
         started = time.perf_counter()
-        with stack.producer(owner=owner) as producer:
+        with stack.producer(owner=owner, hooks=self.hooks) as producer:
             for chunk in chunked(rows, self.rows_per_send):
                 messages = [_message(row) for row in chunk]
                 for row, outcome in zip(chunk, producer.send(messages), strict=True):
@@ -283,66 +272,6 @@ def _dead_letter(row: Any, outcome: Outcome, *, binary: bool) -> DeadLetter:
     )
 
 
-# --- the batch ledger -------------------------------------------------------------------------
-
-
-class BatchLedger:
-    """``(stream, query_id, batch_id) -> COMPLETE`` items in the ledger table.
-
-    The key starts with ``#``, which a per-key item's ``<stream>#<key>`` never does (stream
-    names are non-empty and have no ``#``); the items have no ``stream`` attribute, so the
-    audit and the API never see them. They expire with the dedupe window: a replay after it
-    re-runs the per-key protocol, which is still correct.
-    """
-
-    def __init__(self, stack: Stack) -> None:
-        self._client: Any = stack.ledger.client
-        self._table = stack.ledger.table_name
-        self._stream = stack.settings.stream
-        self._ttl_s = stack.ledger.dedupe_ttl_s
-
-    def pk(self, query_id: str, batch_id: int) -> str:
-        return f"#batch#{self._stream}#{query_id}#{batch_id}"
-
-    def is_complete(self, query_id: str, batch_id: int) -> bool:
-        pk = self.pk(query_id, batch_id)
-        try:
-            response = self._client.get_item(
-                TableName=self._table, Key={"pk": {"S": pk}}, ConsistentRead=True
-            )
-        except (BotoCoreError, ClientError) as exc:
-            raise LedgerUnavailableError(
-                f"DynamoDB failed to read the batch ledger: {type(exc).__name__}",
-                table=self._table,
-                key=pk,
-            ) from exc
-        item = response.get("Item") or {}
-        state = item.get("batch_state", {}).get("S")
-        expires_at = item.get("expires_at", {}).get("N")
-        # TTL deletion lags: an item past its expiry counts as absent
-        return state == BATCH_COMPLETE and (expires_at is None or int(expires_at) > time.time())
-
-    def mark_complete(self, report: BatchReport) -> None:
-        now_s = int(time.time())
-        item = {
-            "pk": {"S": self.pk(report.query_id, report.batch_id)},
-            "batch_state": {"S": BATCH_COMPLETE},
-            "query_id": {"S": report.query_id},
-            "batch_id": {"N": str(report.batch_id)},
-            "completed_at_ms": {"N": str(int(time.time() * 1000))},
-            "expires_at": {"N": str(now_s + self._ttl_s)},
-            **{f"count_{name}": {"N": str(count)} for name, count in report.counts.items()},
-        }
-        try:
-            self._client.put_item(TableName=self._table, Item=item)
-        except (BotoCoreError, ClientError) as exc:
-            raise LedgerUnavailableError(
-                f"DynamoDB failed to mark the batch complete: {type(exc).__name__}",
-                table=self._table,
-                key=item["pk"]["S"],
-            ) from exc
-
-
 # --- the driver side --------------------------------------------------------------------------
 
 
@@ -365,8 +294,10 @@ class ExactlyOnceSink:
         dead_letter_path: str | None = None,
         query_id: str | None = None,
         rows_per_send: int = DEFAULT_ROWS_PER_SEND,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.settings = dict(settings)
+        self.hooks = hooks
         self.stream = producer_settings(self.settings).stream  # fail fast on bad settings
         self.key_column = key_column
         self.data_column = data_column
@@ -383,8 +314,9 @@ class ExactlyOnceSink:
     def write_batch(self, df: Any, batch_id: int) -> BatchReport:
         query_id = self.query_id or _streaming_query_id(df)
         stack = stack_for(self.settings)
-        batches = BatchLedger(stack)
-        if batches.is_complete(query_id, batch_id):
+        ledger = stack.ledger
+        now_ms = stack.clock.now_ms()
+        if ledger.completed_batch(self.stream, query_id, batch_id, now_ms=now_ms) is not None:
             log.info(
                 "batch already complete, skipped stream=%s query=%s batch=%d",
                 self.stream,
@@ -401,7 +333,7 @@ class ExactlyOnceSink:
             .collect()
         ):
             report.add(part)
-        _failpoint("after_puts")
+        self.hooks.at(Step.BATCH_AFTER_PUTS)
         log.info(
             "batch written stream=%s query=%s batch=%d sent=%d duplicates=%d conflicts=%d "
             "rejected=%d unresolved=%d seconds=%.3f",
@@ -428,8 +360,10 @@ class ExactlyOnceSink:
                 dict(by_status),
             )
             raise UnresolvedKeysError(self.stream, [u.key or "" for u in report.unresolved])
-        _failpoint("before_complete")
-        batches.mark_complete(report)
+        self.hooks.at(Step.BATCH_BEFORE_COMPLETE)
+        ledger.mark_batch_complete(
+            self.stream, query_id, batch_id, counts=report.counts, now_ms=stack.clock.now_ms()
+        )
         return report
 
     def partition_writer(self, df: Any, query_id: str, batch_id: int) -> PartitionWriter:
@@ -440,6 +374,7 @@ class ExactlyOnceSink:
             batch_id=batch_id,
             data_is_binary=self._data_is_binary(df),
             rows_per_send=self.rows_per_send,
+            hooks=self.hooks,
         )
 
     def _data_is_binary(self, df: Any) -> bool:
@@ -508,19 +443,3 @@ def _streaming_query_id(df: Any) -> str:
         # outside a streaming query there is no id to key the batch ledger by
         raise ValueError("not inside a streaming query: pass query_id= to ExactlyOnceSink")
     return str(query_id)
-
-
-def _failpoint(step: str) -> None:
-    spec = os.environ.get(FAILPOINTS_ENV, "")
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, action = part.partition("=")
-        if name not in FAILPOINT_STEPS or action not in {"raise", "kill"}:
-            raise ValueError(f"{FAILPOINTS_ENV}: unknown failpoint {part!r}")
-        if name != step:
-            continue
-        log.warning("sink failpoint hit step=%s action=%s", step, action)
-        if action == "kill":
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise SinkFailpointError(step)

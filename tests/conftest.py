@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from producer import emulators as local_stack
+from devstack import emulators as local_stack
 
 # markers by directory: tests/integration/... is `integration`, and so on
 _DIRECTORY_MARKERS = {"integration": "integration", "e2e": "e2e", "spark": "spark"}

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from producer.cli import app
+from cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 

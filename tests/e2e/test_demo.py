@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from producer.cli.demo import DEMO_LEASES, demo, demo_passed, demo_table
-from producer.cli.exit_codes import ExitCode
+from cli.demo import DEMO_LEASES, demo, demo_passed, demo_table
+from cli.exit_codes import ExitCode
 from producer.settings import ProducerSettings
 
 
@@ -30,7 +30,7 @@ def _cells(text: str, label: str) -> list[str]:
 def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once(
     spark: Any, emulators: Any, names: Any, tmp_path: Path
 ) -> None:
-    from spark_jobs.demo import run_spark_demo
+    from devstack.spark_demo import run_spark_demo
 
     # GIVEN the demo's settings on the session's local stack
     settings = ProducerSettings(

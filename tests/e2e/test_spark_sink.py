@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 
 from dedupe_store.records import ClaimRequest
+from devstack.failpoints import Failpoints
 from producer.audit import audit_stream
 from producer.errors import UnresolvedKeysError
+from producer.hooks import NO_HOOKS
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
 from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import start_query
 from spark_jobs.sink import (
-    FAILPOINTS_ENV,
-    BatchLedger,
     ExactlyOnceSink,
     PartitionReport,
     producer_settings,
@@ -135,7 +135,7 @@ def test_a_batch_is_delivered_exactly_once(
         contents, [k for k, _ in rows], stack.ledger, payloads=_payloads(rows)
     )
     streamcheck.assert_only(contents, [k for k, _ in rows])
-    assert BatchLedger(stack).is_complete("q-static", 0)
+    assert _batch_complete(stack, "q-static", 0)
 
 
 def test_binary_data_and_routing_keys_are_sent_as_given(
@@ -252,7 +252,7 @@ def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
     streamcheck.assert_exactly_once(contents, [k for k, _ in good], stack.ledger)
     streamcheck.assert_only(contents, [k for k, _ in good] + ["taken"])
     assert contents.counts["taken"] == 1
-    assert BatchLedger(stack).is_complete("q-dlq", 7)
+    assert _batch_complete(stack, "q-dlq", 7)
 
     # AND the bad rows are in the batch's dead-letter file with their reason and data
     files = sorted((dead_letters / "batch=7").glob("part-*.json"))
@@ -298,7 +298,7 @@ def test_a_batch_with_an_unresolved_key_raises_and_is_not_marked_complete(
     # THEN the batch fails for Spark to retry, names the key, and is not marked COMPLETE,
     # while the other rows are delivered
     assert raised.value.keys == [stuck.key]
-    assert not BatchLedger(stack).is_complete("q-unresolved", 0)
+    assert not _batch_complete(stack, "q-unresolved", 0)
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
     streamcheck.assert_absent(contents, [stuck.key])
@@ -349,16 +349,16 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
     sink = ExactlyOnceSink(
         settings, routing_key_column="routing_key", dead_letter_path=args.dead_letter
     )
-    monkeypatch.setenv(FAILPOINTS_ENV, "after_puts=raise")
+    sink.hooks = Failpoints("batch_after_puts=raise")
 
     # WHEN the query runs and dies
     first = start_query(spark, args, sink)
-    with pytest.raises(StreamingQueryException, match="after_puts"):
+    with pytest.raises(StreamingQueryException, match="batch_after_puts"):
         first.awaitTermination(120)
     assert len(streamcheck.read_stream(kinesis, stack.settings.stream).records) == 40
 
     # AND is restarted from the same checkpoint
-    monkeypatch.delenv(FAILPOINTS_ENV)
+    sink.hooks = NO_HOOKS
     started = time.monotonic()
     second = start_query(spark, args, sink)
     assert second.awaitTermination(120)
@@ -367,15 +367,13 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
 
     # THEN the same query id replayed batch 0: every row a duplicate, nothing added
     assert second.id == first.id
-    replayed = stack.ledger.client.get_item(
-        TableName=stack.ledger.table_name,
-        Key={"pk": {"S": BatchLedger(stack).pk(second.id, 0)}},
-        ConsistentRead=True,
-    )["Item"]
-    assert replayed["count_duplicates"] == {"N": "40"}
-    assert replayed["count_sent"] == {"N": "0"}
+    replayed = stack.ledger.completed_batch(
+        stack.settings.stream, second.id, 0, now_ms=stack.clock.now_ms()
+    )
+    assert replayed is not None
+    assert (replayed.counts["duplicates"], replayed.counts["sent"]) == (40, 0)
     for batch_id in (1, 2):
-        assert BatchLedger(stack).is_complete(second.id, batch_id)
+        assert _batch_complete(stack, second.id, batch_id)
 
     # AND the stream holds every event once, and the audit is clean
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
@@ -384,3 +382,10 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
     report = audit_stream(stack.reader, stack.ledger, expected=keys)
     assert report.clean, report.as_json()
     assert report.user_records == 120
+
+
+def _batch_complete(stack: Stack, query: str, batch_id: int) -> bool:
+    completed = stack.ledger.completed_batch(
+        stack.settings.stream, query, batch_id, now_ms=stack.clock.now_ms()
+    )
+    return completed is not None

@@ -32,6 +32,7 @@ from enum import StrEnum
 
 from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
 from dedupe_store.records import (
+    BatchRecord,
     ClaimRequest,
     ClaimResult,
     LedgerRecord,
@@ -78,6 +79,7 @@ class InMemoryLedger:
         self._lock = threading.RLock()
         self._items: dict[tuple[str, str], LedgerRecord] = {}
         self._runs: dict[str, RunRecord] = {}
+        self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._faults: deque[tuple[str, LedgerFault]] = deque()
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
@@ -212,6 +214,24 @@ class InMemoryLedger:
     def last_run(self, stream: str) -> RunRecord | None:
         with self._lock:
             return self._runs.get(stream)
+
+    def completed_batch(
+        self, stream: str, query: str, batch_id: int, *, now_ms: int
+    ) -> BatchRecord | None:
+        with self._lock:
+            self._read_fault("completed_batch")
+            found = self._batches.get((stream, query, batch_id))
+        if found is None or found[1] <= now_ms // 1000:
+            return None
+        return found[0]
+
+    def mark_batch_complete(
+        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
+    ) -> None:
+        with self._lock:
+            self._read_fault("mark_batch_complete")
+            record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
+            self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
 
     # --- conditional transitions ------------------------------------------------------------
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from producer import emulators as local_stack
-from producer.cli.init import _create_stream
+from cli.init import _create_stream
+from devstack import emulators as local_stack
 from producer.settings import ProducerSettings
 from producer.wiring import kinesis_client, ledger_from
 

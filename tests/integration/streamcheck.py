@@ -22,7 +22,7 @@ import boto3
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
-from producer import emulators as local_stack
+from devstack import emulators as local_stack
 from producer.kpl import UserRecord, deaggregate
 
 _MAX_EMPTY_PAGES = 3  # an open shard's tip: empty pages with MillisBehindLatest 0

@@ -690,7 +690,7 @@ _KEO_SERVE = textwrap.dedent(
     """
     import sys
     import typer
-    from producer.cli.serve import register
+    from cli.serve import register
 
     app = typer.Typer()
 

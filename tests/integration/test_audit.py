@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import streamcheck
 
+from cli.init import _create_stream
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord, Position
-from producer import emulators as local_stack
+from devstack import emulators as local_stack
 from producer.audit import audit_stream
-from producer.cli.init import _create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, explicit_hash_key, payload_digest
 from producer.settings import ProducerSettings

@@ -16,9 +16,9 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from producer import emulators as local_stack
-from producer.cli.emulators import app as emulators_cli
-from producer.cli.exit_codes import ExitCode
+from cli.emulators import app as emulators_cli
+from cli.exit_codes import ExitCode
+from devstack import emulators as local_stack
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import streamcheck
 
+from cli.init import _create_stream
 from dedupe_store.clock import SkewedClock, SystemClock
-from producer import emulators as local_stack
-from producer import failpoints
+from devstack import emulators as local_stack
+from devstack.failpoints import FailpointError, Failpoints
 from producer.audit import audit_stream
-from producer.cli.init import _create_stream
-from producer.failpoints import FailpointError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -169,14 +168,12 @@ def test_an_aggregating_producer_crashed_before_its_marks_is_settled_by_the_reco
     settings: ProducerSettings, kinesis: Any
 ) -> None:
     # GIVEN an aggregating producer that dies after its put, before any mark
-    stack = build_stack(settings.model_copy(update={"aggregate": True}))
+    stack = build_stack(
+        settings.model_copy(update={"aggregate": True}), hooks=Failpoints("before_mark=raise")
+    )
     batch = [Message(f"agg-{i:03d}", f"payload {i}".encode()) for i in range(150)]
-    failpoints.configure("before_mark=raise")
-    try:
-        with stack.producer(owner="crashing") as producer, pytest.raises(FailpointError):
-            producer.send(batch)
-    finally:
-        failpoints.configure("")
+    with stack.producer(owner="crashing") as producer, pytest.raises(FailpointError):
+        producer.send(batch)
     # WHEN the reconciler runs once the leases have expired for everyone
     later = build_stack(
         settings.model_copy(update={"aggregate": True}), clock=SkewedClock(SystemClock(), 30_000)

@@ -22,8 +22,8 @@ from dedupe_store.ledger import DynamoDBLedger, inflight_bucket, ledger_pk
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
-from producer import emulators as local_stack
-from producer.faults import FaultInjector, FaultKind
+from devstack import emulators as local_stack
+from devstack.faults import FaultInjector, FaultKind
 
 if TYPE_CHECKING:
     from conftest import Names

@@ -30,8 +30,8 @@ from prometheus_client import REGISTRY
 
 from dedupe_store.clock import Clock, ManualClock
 from dedupe_store.states import LedgerState
-from producer import emulators as local_stack
-from producer.faults import FaultInjector, FaultKind, UpdateTarget
+from devstack import emulators as local_stack
+from devstack.faults import FaultInjector, FaultKind, UpdateTarget
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, batches, prepare
 from producer.settings import ProducerSettings

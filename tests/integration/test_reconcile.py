@@ -33,7 +33,7 @@ import streamcheck
 from dedupe_store.clock import Clock, SkewedClock, SystemClock
 from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord
 from dedupe_store.states import LedgerState
-from producer import emulators as local_stack
+from devstack import emulators as local_stack
 from producer.audit import audit_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, batches, prepare

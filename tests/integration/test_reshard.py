@@ -21,7 +21,7 @@ import streamcheck
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.records import ClaimRequest, ClaimStatus
 from dedupe_store.states import LedgerState
-from producer import emulators as local_stack
+from devstack import emulators as local_stack
 from producer.audit import audit_stream
 from producer.kinesis import Shard
 from producer.outcomes import OutcomeStatus

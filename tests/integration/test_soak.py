@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import streamcheck
 
-from producer import emulators as local_stack
-from producer.cli.init import _create_stream
-from producer.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from cli.init import _create_stream
+from devstack import emulators as local_stack
+from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings

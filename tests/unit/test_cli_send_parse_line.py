@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from producer.cli.send import DataEncoding, parse_line
+from cli.send import DataEncoding, parse_line
 from producer.protocol import Message
 
 TEXT = DataEncoding.TEXT

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 
 import pytest
 
-from producer import failpoints
-from producer.failpoints import STEPS, FailpointError, configure, hit
+from devstack import failpoints
+from devstack.failpoints import STEPS, FailpointError, Failpoints, from_env
+from producer.hooks import NO_HOOKS, Step
+
+armed = Failpoints()
 
 
 @pytest.fixture(autouse=True)
 def no_failpoints_after_the_test() -> Iterator[None]:
     yield
-    configure("")
+    armed.disarm()
+
+
+def configure(spec: str) -> None:
+    armed.arm(spec)
+
+
+def hit(step: str) -> None:
+    armed.at(Step(step))
 
 
 @pytest.fixture
@@ -30,7 +42,7 @@ def test_unknown_step_is_rejected_by_name() -> None:
     # GIVEN a spec naming a step the producer does not have (a typo)
     # WHEN parsed
     with pytest.raises(ValueError, match="unknown step 'after_clam'") as excinfo:
-        failpoints._parse("after_clam=raise")
+        failpoints.parse("after_clam=raise")
     # THEN the message names it, the variable, and the steps that exist
     assert "KEO_FAILPOINTS" in str(excinfo.value)
     assert "after_claim" in str(excinfo.value)
@@ -42,7 +54,7 @@ def test_unknown_action_is_rejected_by_name(action: str) -> None:
     # WHEN parsed
     # THEN the message names the action and its step
     with pytest.raises(ValueError, match=f"unknown action '{action}' for before_put"):
-        failpoints._parse(f"before_put={action}")
+        failpoints.parse(f"before_put={action}")
 
 
 def test_step_without_action_is_rejected() -> None:
@@ -50,7 +62,7 @@ def test_step_without_action_is_rejected() -> None:
     # WHEN parsed
     # THEN it is refused rather than ignored
     with pytest.raises(ValueError, match="unknown action '' for after_put"):
-        failpoints._parse("after_put")
+        failpoints.parse("after_put")
 
 
 def test_spec_with_several_failpoints_and_spaces_is_read() -> None:
@@ -58,7 +70,7 @@ def test_spec_with_several_failpoints_and_spaces_is_read() -> None:
     spec = " after_claim=raise , before_mark=sleep:0.5,, after_mark=kill "
     # WHEN parsed
     # THEN each step gets its action
-    assert failpoints._parse(spec) == {
+    assert failpoints.parse(spec) == {
         "after_claim": "raise",
         "before_mark": "sleep:0.5",
         "after_mark": "kill",
@@ -69,7 +81,7 @@ def test_empty_spec_means_no_failpoints() -> None:
     # GIVEN an unset or empty KEO_FAILPOINTS
     # WHEN parsed
     # THEN nothing is armed
-    assert failpoints._parse("") == {}
+    assert failpoints.parse("") == {}
 
 
 def test_every_documented_step_can_be_armed() -> None:
@@ -81,11 +93,13 @@ def test_every_documented_step_can_be_armed() -> None:
         "before_mark",
         "after_mark",
         "reconcile_before_mark",
+        "batch_after_puts",
+        "batch_before_complete",
     }
     # WHEN each is armed
     # THEN it is accepted, and there are no others
     assert set(STEPS) == documented
-    assert failpoints._parse(",".join(f"{step}=raise" for step in documented)).keys() == documented
+    assert failpoints.parse(",".join(f"{step}=raise" for step in documented)).keys() == documented
 
 
 @pytest.mark.parametrize("action", ["sleep:", "sleep:soon", "sleep:-1"])
@@ -94,7 +108,7 @@ def test_sleep_with_a_bad_duration_is_rejected_at_parse_time(action: str) -> Non
     # WHEN parsed
     # THEN it is refused up front, naming the action
     with pytest.raises(ValueError, match=f"unknown action '{action}'"):
-        failpoints._parse(f"before_put={action}")
+        failpoints.parse(f"before_put={action}")
 
 
 # --- hitting a step -----------------------------------------------------------------------------
@@ -156,3 +170,33 @@ def test_configure_rejects_a_bad_spec() -> None:
     # THEN it is refused rather than half-applied silently
     with pytest.raises(ValueError, match="unknown step"):
         configure("before_putt=raise")
+
+
+# --- installed by entry points ------------------------------------------------------------------
+
+
+def test_an_unset_or_blank_variable_installs_the_no_op_hooks() -> None:
+    # GIVEN no KEO_FAILPOINTS, or a blank one
+    # WHEN an entry point reads the environment
+    # THEN the product gets the no-op hooks
+    assert from_env({}) is NO_HOOKS
+    assert from_env({"KEO_FAILPOINTS": "  "}) is NO_HOOKS
+
+
+def test_the_variable_arms_the_hooks_an_entry_point_installs() -> None:
+    # GIVEN KEO_FAILPOINTS naming a step
+    hooks = from_env({"KEO_FAILPOINTS": "before_put=raise"})
+    # WHEN the product reaches it
+    # THEN it raises there
+    with pytest.raises(FailpointError):
+        hooks.at(Step.BEFORE_PUT)
+
+
+def test_hooks_survive_pickling_as_spark_ships_them_to_executors() -> None:
+    # GIVEN armed failpoints and the no-op hooks
+    # WHEN pickled and unpickled (a Spark task's closure)
+    shipped = pickle.loads(pickle.dumps(Failpoints("after_put=raise")))  # noqa: S301 - our own bytes
+    # THEN the armed step still fires, and the no-op stays the singleton
+    with pytest.raises(FailpointError):
+        shipped.at(Step.AFTER_PUT)
+    assert pickle.loads(pickle.dumps(NO_HOOKS)) is NO_HOOKS  # noqa: S301 - our own bytes

@@ -40,8 +40,7 @@ from dedupe_store.clock import Clock, ManualClock, SkewedClock
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
-from producer import failpoints
-from producer.failpoints import FailpointError
+from devstack.failpoints import FailpointError, Failpoints
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -80,7 +79,7 @@ class SynchronousExecutor(Executor):
 class ProtocolModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        failpoints.configure("")
+        self.failpoints = Failpoints()
         self.clock = ManualClock()
         self.kinesis = FakeKinesisClient(
             stream=STREAM, clock=self.clock, shard_count=2, put_timeout_ms=LEASE.put_timeout_ms
@@ -144,6 +143,7 @@ class ProtocolModel(RuleBasedStateMachine):
             sleep=self.kinesis.sleep,
             executor=SynchronousExecutor(),
             rng=random.Random(0),
+            hooks=self.failpoints,
         )
 
     # --- rules ----------------------------------------------------------------------------
@@ -164,13 +164,13 @@ class ProtocolModel(RuleBasedStateMachine):
     )
     def crash(self, producer: int, batch: list[str], step: str) -> None:
         """The producer dies at ``step``: its claims stay IN_FLIGHT, its puts may be out."""
-        failpoints.configure(f"{step}=raise")
+        self.failpoints.arm(f"{step}=raise")
         try:
             self._send(producer, [(key, 0) for key in batch])
         except FailpointError:
             pass
         finally:
-            failpoints.configure("")
+            self.failpoints.disarm()
 
     @rule(faults=st.lists(st.sampled_from(list(PutFault)), min_size=1, max_size=3))
     def put_faults(self, faults: list[PutFault]) -> None:
@@ -238,7 +238,7 @@ class ProtocolModel(RuleBasedStateMachine):
     # --- the end of a run -------------------------------------------------------------------
 
     def teardown(self) -> None:
-        failpoints.configure("")
+        self.failpoints.disarm()
         try:
             self._settle_everything()
         finally:

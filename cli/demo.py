@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import exit_on_errors, load_settings, use_local_stack
+from cli.exit_codes import ExitCode
+from cli.options import exit_on_errors, load_settings, use_local_stack
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from producer.demo import DemoResult
+    from devstack.demo import DemoResult
     from producer.settings import ProducerSettings
 
 DEMO_TABLE: Final = "keo-demo-ledger"
@@ -86,7 +86,7 @@ def demo(
         if spark:
             results, workdir = _run_spark(console, settings, messages, seed, state_dir)
         else:
-            from producer.demo import run_demo
+            from devstack.demo import run_demo
 
             workdir = None
             results = run_demo(settings, count=messages, lose_every=lose_every, say=console.print)
@@ -116,7 +116,7 @@ def _run_spark(
     # The CLI is an entry point: it may wire the Spark job. Only here does producer reach into
     # spark_jobs, lazily, so `producer` itself never imports it (nor pyspark).
     try:
-        from spark_jobs.demo import DemoFaults, demo_session, run_spark_demo
+        from devstack.spark_demo import DemoFaults, demo_session, run_spark_demo
     except ImportError as exc:
         typer.echo(
             f"keo demo: Spark is not installed ({exc}); install the 'spark' extra, "

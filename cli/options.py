@@ -13,8 +13,8 @@ import botocore.exceptions
 import typer
 from pydantic import ValidationError
 
+from cli.exit_codes import ExitCode
 from dedupe_store.errors import LedgerError, LedgerSchemaError
-from producer.cli.exit_codes import ExitCode
 from producer.errors import KeoError, StreamNotFoundError
 from producer.settings import ProducerSettings
 
@@ -85,7 +85,7 @@ def use_local_stack(state_dir: Path, command: str) -> bool:
     not running, unless both endpoints are already set. True when the local stack is used."""
     if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
         return False
-    from producer import emulators
+    from devstack import emulators
 
     try:
         endpoints = emulators.up(state_dir)

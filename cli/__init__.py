@@ -10,6 +10,6 @@ Exit codes (scripts can rely on them):
 
 from __future__ import annotations
 
-from producer.cli.app import app, main
+from cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -41,7 +41,7 @@ def _root(
 
 
 def _register() -> None:
-    from producer.cli import commands, emulators
+    from cli import commands, emulators
 
     app.add_typer(emulators.app, name="emulators")
     commands.register(app)

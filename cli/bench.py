@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from producer.cli.options import exit_on_errors, load_settings, use_local_stack
+from cli.options import exit_on_errors, load_settings, use_local_stack
 
 _BEGIN = "<!-- bench:begin (written by keo bench) -->"
 _END = "<!-- bench:end -->"
@@ -44,7 +44,7 @@ def bench(
     ledger's own ceiling, aggregation on and off, and the reconciler. Writes the figures to
     bench/results/<date>.json and the table in docs/performance.md.
     """
-    from producer.bench import run
+    from devstack.bench import run
 
     concurrencies, reconcile_sizes = _ints(concurrency), _ints(reconcile)
     use_local_stack(state_dir, "bench")

@@ -8,8 +8,8 @@ from typing import Annotated
 import botocore.exceptions
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import (
+from cli.exit_codes import ExitCode
+from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
     StreamOpt,

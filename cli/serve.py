@@ -12,7 +12,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
+from cli.exit_codes import ExitCode
 
 
 def register(app: typer.Typer) -> None:

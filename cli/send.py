@@ -13,8 +13,8 @@ from typing import IO, Annotated
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import (
+from cli.exit_codes import ExitCode
+from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
     StreamOpt,
@@ -22,7 +22,7 @@ from producer.cli.options import (
     exit_on_errors,
     load_settings,
 )
-from producer.cli.progress import Progress
+from cli.progress import Progress
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
 
@@ -84,13 +84,14 @@ def send(
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
+    from devstack import failpoints
     from producer.wiring import build_stack
 
     source = _open_input(input_path)
     show_progress = progress if progress is not None else sys.stderr.isatty()
     counts: Counter[str] = Counter()
     with exit_on_errors():
-        stack = build_stack(settings)
+        stack = build_stack(settings, hooks=failpoints.from_env())
         with stack.producer() as producer, Progress(show_progress, "sending") as advance:
             for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
                 messages = [m for _, m in chunk if isinstance(m, Message)]

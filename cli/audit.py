@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import (
+from cli.exit_codes import ExitCode
+from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
     StreamOpt,
@@ -18,7 +18,7 @@ from producer.cli.options import (
     exit_on_errors,
     load_settings,
 )
-from producer.cli.progress import Progress
+from cli.progress import Progress
 
 if TYPE_CHECKING:
     from producer.audit import AuditReport
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def read_expected(path: Path) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
     "key" of every row that 'keo send' would accept (rows it rejects are not expected)."""
-    from producer.cli.send import DataEncoding, parse_line
+    from cli.send import DataEncoding, parse_line
     from producer.protocol import MAX_KEY_CHARS
 
     with path.open(encoding="utf-8") as source:

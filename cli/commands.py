@@ -6,13 +6,13 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from producer.cli.audit import audit
-    from producer.cli.bench import bench
-    from producer.cli.demo import demo
-    from producer.cli.init import init
-    from producer.cli.reconcile import reconcile
-    from producer.cli.send import send
-    from producer.cli.serve import register as register_serve
+    from cli.audit import audit
+    from cli.bench import bench
+    from cli.demo import demo
+    from cli.init import init
+    from cli.reconcile import reconcile
+    from cli.send import send
+    from cli.serve import register as register_serve
 
     app.command("init")(init)
     app.command("send")(send)

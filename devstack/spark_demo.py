@@ -35,15 +35,17 @@ from typing import Any, Final
 
 import botocore.exceptions
 
+from devstack.demo import DRIVER_KILLS, LOST_RESPONSES, SHARD_SPLITS, THROTTLED_PUTS, DemoResult
+from devstack.failpoints import FailpointError, Failpoints
+from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
-from producer.demo import DRIVER_KILLS, LOST_RESPONSES, SHARD_SPLITS, THROTTLED_PUTS, DemoResult
-from producer.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from producer.hooks import NO_HOOKS, Step
 from producer.producer import default_owner
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import local_session
-from spark_jobs.sink import FAILPOINTS_ENV, ExactlyOnceSink, producer_settings
+from spark_jobs.sink import ExactlyOnceSink, producer_settings
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +222,7 @@ class FaultyDriver:
     """Wraps a sink on the driver: splits a shard before one batch, dies in another.
 
     The death comes after the batch's puts and before the batch is committed: the exactly-once
-    sink is stopped at its ``after_puts`` failpoint (before it marks the batch COMPLETE), the
+    sink is stopped at its ``batch_after_puts`` step (before it marks the batch COMPLETE), the
     plain sink right after it returns. Either way Spark has not committed the batch, so the
     restarted query replays it. Each happens once per wrapper.
     """
@@ -251,15 +253,17 @@ class FaultyDriver:
             self._sink(frame, batch_id)
             return
         self.crashes += 1
-        saved = os.environ.get(FAILPOINTS_ENV)
-        os.environ[FAILPOINTS_ENV] = "after_puts=raise"
+        # the driver dies after the batch's puts, before the batch is recorded or committed
+        sink = self._sink
+        if isinstance(sink, ExactlyOnceSink):
+            sink.hooks = Failpoints(f"{Step.BATCH_AFTER_PUTS}=raise")
         try:
-            self._sink(frame, batch_id)
+            sink(frame, batch_id)
+        except FailpointError:
+            raise DriverKilledError(batch_id) from None
         finally:
-            if saved is None:
-                os.environ.pop(FAILPOINTS_ENV, None)
-            else:
-                os.environ[FAILPOINTS_ENV] = saved
+            if isinstance(sink, ExactlyOnceSink):
+                sink.hooks = NO_HOOKS
         raise DriverKilledError(batch_id)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
+from cli.exit_codes import ExitCode
 
 app = typer.Typer(
     help=(
@@ -63,7 +63,7 @@ def up(
 
     Then 'source <state-dir>/endpoints.env' points every other command at them.
     """
-    from producer import emulators
+    from devstack import emulators
 
     requested = {
         emulators.KINESALITE: kinesis_port,
@@ -87,7 +87,7 @@ def up(
 @app.command()
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Stop every emulator started from STATE_DIR (SIGTERM, then SIGKILL). Data and logs stay."""
-    from producer import emulators
+    from devstack import emulators
 
     try:
         stopped = emulators.down(state_dir)
@@ -102,7 +102,7 @@ def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from producer import emulators
+    from devstack import emulators
 
     try:
         statuses = emulators.status(state_dir)
@@ -127,7 +127,7 @@ def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
 
 
 def _fail(exc: Exception) -> NoReturn:
-    from producer import emulators
+    from devstack import emulators
 
     typer.echo(f"keo emulators: {exc}", err=True)
     # a missing program or package is the environment's configuration, not a backend outage

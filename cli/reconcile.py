@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from producer.cli.exit_codes import ExitCode
-from producer.cli.options import (
+from cli.exit_codes import ExitCode
+from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
     StreamOpt,
@@ -18,7 +18,7 @@ from producer.cli.options import (
     exit_on_errors,
     load_settings,
 )
-from producer.cli.progress import Progress
+from cli.progress import Progress
 
 
 def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
@@ -78,12 +78,13 @@ def reconcile(
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
     buckets = parse_bucket_share(bucket, settings.inflight_buckets)
+    from devstack import failpoints
     from producer.producer import default_owner
     from producer.wiring import build_stack
 
     show = progress if progress is not None else sys.stderr.isatty()
     with exit_on_errors():
-        stack = build_stack(settings)
+        stack = build_stack(settings, hooks=failpoints.from_env())
         reconciler = stack.reconciler(owner=f"reconciler:{default_owner()}", buckets=buckets)
         while True:
             with Progress(show, "reconciling") as advance:

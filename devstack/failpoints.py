@@ -1,0 +1,95 @@
+"""Failpoints: named steps where a test makes the process die, pause or raise.
+
+The spec is ``step=action[,step=action...]``, read from ``KEO_FAILPOINTS`` by the entry
+points (:func:`from_env`) and parsed here, once. Actions: ``kill`` (SIGKILL itself: no
+cleanup, like a crash), ``raise`` (:class:`FailpointError`), or ``sleep:<seconds>``.
+Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
+after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete.
+
+A :class:`Failpoints` is the product's :class:`producer.hooks.Hooks`: entry points pass it to
+the producer, the reconciler and the Spark sink. It pickles, so Spark ships it to executors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping
+
+from producer.hooks import NO_HOOKS, Hooks, Step
+
+__all__ = ["ENV", "STEPS", "FailpointError", "Failpoints", "from_env", "parse"]
+
+log = logging.getLogger(__name__)
+
+ENV = "KEO_FAILPOINTS"
+STEPS = frozenset(step.value for step in Step)
+
+
+class FailpointError(RuntimeError):
+    """Raised at a failpoint whose action is ``raise``."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(f"failpoint {step} raised")
+        self.step = step
+
+
+def _is_sleep(action: str) -> bool:
+    prefix, _, seconds = action.partition(":")
+    try:
+        return prefix == "sleep" and math.isfinite(float(seconds)) and float(seconds) >= 0
+    except ValueError:
+        return False
+
+
+def parse(spec: str) -> dict[str, str]:
+    """``{step: action}`` of a spec; refuses unknown steps and actions by name."""
+    actions: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        step, _, action = part.partition("=")
+        if step not in STEPS:
+            raise ValueError(f"{ENV}: unknown step {step!r}; known: {sorted(STEPS)}")
+        if action not in {"kill", "raise"} and not _is_sleep(action):
+            raise ValueError(f"{ENV}: unknown action {action!r} for {step}")
+        actions[step] = action
+    return actions
+
+
+class Failpoints:
+    """Hooks that act at the armed steps; a step that is not armed costs a dict lookup."""
+
+    def __init__(self, spec: str = "") -> None:
+        self._actions: dict[str, str] = parse(spec)
+
+    @property
+    def armed(self) -> Mapping[str, str]:
+        return dict(self._actions)
+
+    def arm(self, spec: str) -> None:
+        """Replace the armed steps; a bad spec leaves them as they were."""
+        parsed = parse(spec)
+        self._actions = parsed
+
+    def disarm(self) -> None:
+        self._actions = {}
+
+    def at(self, step: Step) -> None:
+        action = self._actions.get(step)
+        if action is None:
+            return
+        log.warning("failpoint hit step=%s action=%s pid=%d", step, action, os.getpid())
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "raise":
+            raise FailpointError(step)
+        else:
+            time.sleep(float(action.split(":", 1)[1]))
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Hooks:
+    """The hooks an entry point installs: :data:`NO_HOOKS` unless ``KEO_FAILPOINTS`` is set."""
+    spec = (os.environ if environ is None else environ).get(ENV, "")
+    return Failpoints(spec) if spec.strip() else NO_HOOKS

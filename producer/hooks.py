@@ -1,0 +1,49 @@
+"""The one test seam of the product: named steps where an injected ``Hooks`` object is called.
+
+Product code never reads ``KEO_FAILPOINTS`` nor imports the dev toolbox. An entry point (the
+CLI, a test, the demo) builds a hooks object (``devstack.failpoints`` parses the spec) and
+passes it in; everything defaults to :data:`NO_HOOKS`, which does nothing.
+
+The steps, in the order a send reaches them::
+
+    after_claim ─ before_put ─ after_put ─ before_mark ─ after_mark      (producer)
+    reconcile_before_mark                                                (reconciler)
+    batch_after_puts ─ batch_before_complete                             (Spark sink, driver)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
+
+__all__ = ["NO_HOOKS", "Hooks", "NoHooks", "Step"]
+
+
+class Step(StrEnum):
+    AFTER_CLAIM = "after_claim"
+    BEFORE_PUT = "before_put"
+    AFTER_PUT = "after_put"
+    BEFORE_MARK = "before_mark"
+    AFTER_MARK = "after_mark"
+    RECONCILE_BEFORE_MARK = "reconcile_before_mark"
+    BATCH_AFTER_PUTS = "batch_after_puts"
+    BATCH_BEFORE_COMPLETE = "batch_before_complete"
+
+
+class Hooks(Protocol):
+    """Called at each :class:`Step`; may sleep, raise or end the process (fault tests)."""
+
+    def at(self, step: Step) -> None: ...
+
+
+class NoHooks:
+    """The production default: every step is a no-op."""
+
+    def at(self, step: Step) -> None:  # noqa: ARG002 - the seam's signature
+        return None
+
+    def __reduce__(self) -> str:
+        return "NO_HOOKS"  # unpickles to the module's singleton (Spark ships it to executors)
+
+
+NO_HOOKS = NoHooks()
