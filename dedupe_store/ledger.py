@@ -73,6 +73,12 @@ def _run_pk(stream: str) -> str:
     return f"__keo__/reconcile-run/{stream}"
 
 
+SCHEMA_PK = "__keo__/schema"
+# The layout of the items this code reads and writes. A table stamped with another version is
+# refused, never misread; a table without a stamp predates stamps and is version 1.
+LEDGER_SCHEMA_VERSION = 1
+
+
 def _batch_pk(stream: str, query: str, batch_id: int) -> str:
     return f"__keo__/spark-batch/{stream}/{query}/{batch_id}"
 
@@ -122,14 +128,55 @@ class DynamoDBLedger:
     # --- schema -----------------------------------------------------------------------------
 
     def create_table(self, *, wait: bool = True) -> bool:
-        """Create the table with its in-flight index; True if created, False if it existed."""
+        """Create the table with its in-flight index; True if created, False if it existed.
+
+        With ``wait``, the table is also stamped with this code's schema version (an existing
+        table keeps its stamp, and one of another version is refused).
+        """
         try:
-            if self._model.exists():
-                return False
-            self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
+            created = not self._model.exists()
+            if created:
+                self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
         except (TableError, PynamoDBException) as exc:
             raise _translate(exc, self.table_name, None, "create table") from exc
-        return True
+        if wait:
+            self._stamp_schema()
+        return created
+
+    def schema_version(self) -> int:
+        """The ledger schema version the table is stamped with (1 when it has no stamp)."""
+        try:
+            item = self.client.get_item(
+                TableName=self.table_name, Key={"pk": {"S": SCHEMA_PK}}, ConsistentRead=True
+            ).get("Item")
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, None, "read the schema version") from exc
+        return int(item["schema_version"]["N"]) if item else 1
+
+    def _stamp_schema(self) -> None:
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item={
+                    "pk": {"S": SCHEMA_PK},
+                    "schema_version": {"N": str(LEDGER_SCHEMA_VERSION)},
+                },
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            if _code_of(exc) != _CONDITION_FAILED:
+                raise _translate(exc, self.table_name, None, "stamp the schema version") from exc
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        found = self.schema_version()
+        if found != LEDGER_SCHEMA_VERSION:
+            raise LedgerSchemaError(
+                f"ledger table {self.table_name!r} holds ledger schema version {found}; this keo "
+                f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
+                "or a new table",
+                table=self.table_name,
+            )
 
     def enable_ttl(self) -> bool:
         """Turn on TTL deletion of expired DELIVERED items. False where the backend lacks the API."""
@@ -145,7 +192,7 @@ class DynamoDBLedger:
         return True
 
     def ensure_ready(self) -> None:
-        """Fail fast with a schema error when the table is missing."""
+        """Fail fast with a schema error when the table is missing or of another version."""
         try:
             exists = self._model.exists()
         except PynamoDBException as exc:
@@ -155,6 +202,7 @@ class DynamoDBLedger:
                 f"ledger table {self.table_name!r} does not exist: run 'keo init'",
                 table=self.table_name,
             )
+        self._check_schema()
 
     # --- reads ------------------------------------------------------------------------------
 

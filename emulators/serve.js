@@ -83,6 +83,10 @@ function serveLevelDbEmulator(options, extra) {
     // fixes kinesalite needs before it loads (see kinesalite-patches.js)
     require('./kinesalite-patches.js')(path.join(nodeModules(), 'kinesalite'))
   }
+  if (options.name === 'dynalite') {
+    // DynamoDB's ReturnValuesOnConditionCheckFailure (see dynalite-patches.js)
+    require('./dynalite-patches.js')(path.join(nodeModules(), 'dynalite'))
+  }
   const factory = load(options.name)
   const server = factory({ path: options.path, ...extra })
   exitOnListenError(options.name, server)

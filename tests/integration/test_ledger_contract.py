@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import pytest
 from moto.server import ThreadedMotoServer
 
-from dedupe_store.ledger import DynamoDBLedger, inflight_bucket, ledger_pk
+from dedupe_store.errors import LedgerSchemaError
+from dedupe_store.ledger import (
+    LEDGER_SCHEMA_VERSION,
+    SCHEMA_PK,
+    DynamoDBLedger,
+    inflight_bucket,
+    ledger_pk,
+)
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
@@ -193,3 +200,28 @@ def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: DynamoDBLed
     assert all(found[key] == record for key, record in claimed.items())
     assert found["k-batch-249"].lease_expires_at_ms == T0_MS + LEASE_MS
     assert ledger.get(STREAM, "k-absent-1") is None
+
+
+# --- the schema version -------------------------------------------------------------------------
+
+
+def test_a_table_stamped_by_another_ledger_version_is_refused_not_misread(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN a table created and stamped by this version: it is accepted
+    ledger.create_table(wait=True)
+    assert ledger.schema_version() == LEDGER_SCHEMA_VERSION
+    ledger.ensure_ready()
+    # WHEN another ledger version's stamp is found in it
+    ledger.client.put_item(
+        TableName=ledger.table_name,
+        Item={"pk": {"S": SCHEMA_PK}, "schema_version": {"N": str(LEDGER_SCHEMA_VERSION + 1)}},
+    )
+    # THEN every process that checks the table refuses it, naming both versions
+    newer, ours = LEDGER_SCHEMA_VERSION + 1, LEDGER_SCHEMA_VERSION
+    with pytest.raises(
+        LedgerSchemaError, match=f"schema version {newer}; this keo reads version {ours}"
+    ):
+        ledger.ensure_ready()
+    with pytest.raises(LedgerSchemaError):
+        ledger.create_table(wait=True)
