@@ -1,20 +1,31 @@
 """The contract every ledger backend meets: :class:`DynamoDBLedger` in production, an
-in-memory fake in tests. Both pass the same contract test suite."""
+in-memory fake in tests. Both pass the same contract test suite (``tests/ledger_contract.py``).
+
+Ledger schema v2 (claim groups, see :mod:`dedupe_store.states`): a producer opens a group for
+a chunk of keys, claims each key with one conditional write naming the group, and settles the
+group with every key's position in one conditional write. Readers see the join of the two
+items as a :class:`LedgerRecord`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
+    Group,
+    GroupUpdate,
+    KeyClaim,
+    KeyUpdate,
     LedgerRecord,
     Position,
     RunRecord,
-    UpdateResult,
 )
+
+__all__ = ["Ledger", "LedgerReader"]
 
 
 class LedgerReader(Protocol):
@@ -28,7 +39,9 @@ class LedgerReader(Protocol):
 
     def ensure_ready(self) -> None: ...
 
-    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None: ...
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
+        """A key's delivery (its key item joined with its group), or None if never claimed."""
+        ...
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
 
@@ -43,38 +56,94 @@ class LedgerReader(Protocol):
         limit: int,
         after_lease_ms: int | None = None,
         after_pk: str | None = None,
-    ) -> tuple[list[str], tuple[int, str] | None]: ...
+    ) -> tuple[list[str], tuple[int, str] | None]:
+        """One page of OPEN groups of a bucket (by lease expiry), expanded into the keys they
+        list, with a cursor after the page's last group. Keys may since have moved on: the
+        caller re-reads them."""
+        ...
 
 
 class Ledger(LedgerReader, Protocol):
     """The whole ledger: the reads, and the conditional transitions of the protocol."""
 
-    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]: ...
+    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
+        """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
+        ...
 
-    def stale_in_flight(
+    # --- groups ------------------------------------------------------------------------------
+
+    def open_group(
+        self,
+        stream: str,
+        members: Sequence[str],
+        *,
+        owner: str,
+        now_ms: int,
+        lease_ms: int,
+    ) -> Group:
+        """A new OPEN group (epoch 1) listing ``members``, in the in-flight index. Written
+        before any claim names it, so the reconciler can find every claim that may be sent."""
+        ...
+
+    def get_group(self, stream: str, group_id: str) -> Group | None: ...
+
+    def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]: ...
+
+    def stale_groups(
         self,
         stream: str,
         *,
         now_ms: int,
         buckets: Sequence[int] | None = None,
         page_size: int = 500,
-    ) -> Iterator[str]: ...
+    ) -> Iterator[str]:
+        """Ids of OPEN groups whose lease expired by ``now_ms``, from the eventually
+        consistent index: re-read each one before acting on it."""
+        ...
 
-    def claim(
-        self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult: ...
+    def renew_lease(self, group: Group, *, now_ms: int, lease_ms: int, skew_ms: int) -> GroupUpdate:
+        """OPEN(e) -> OPEN(e + 1) with a lease from ``now_ms``, only while the held lease is
+        still valid by more than ``skew_ms`` (after that, the owner resolves like anyone)."""
+        ...
 
-    def mark_delivered(
-        self, record: LedgerRecord, position: Position, *, now_ms: int
-    ) -> UpdateResult: ...
+    def take_over_group(
+        self, seen: Group, *, owner: str, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> GroupUpdate:
+        """OPEN(e) -> OPEN(e + 1) under a new owner, once the lease expired for everyone: the
+        old owner can no longer record or settle it."""
+        ...
 
-    def take_over(
-        self, seen: LedgerRecord, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult: ...
+    def record_positions(
+        self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
+    ) -> GroupUpdate:
+        """Add ``positions`` (by member key) to the group; with ``settle`` also SETTLED and out
+        of the in-flight index. Conditional on OPEN and the epoch held in ``group``."""
+        ...
 
-    def release(self, seen: LedgerRecord) -> UpdateResult: ...
+    # --- keys --------------------------------------------------------------------------------
 
-    def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult: ...
+    def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
+        """Claim a key for ``group`` if it is absent, RELEASED, or past its dedupe TTL."""
+        ...
+
+    def get_claim(self, stream: str, key: str) -> KeyClaim | None: ...
+
+    def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]: ...
+
+    def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
+        """CLAIMED(n, G) -> CLAIMED(n + 1, ``group``): its put can no longer land (read-back
+        said so). Conditional on the attempt and group seen."""
+        ...
+
+    def release(self, seen: KeyClaim) -> KeyUpdate:
+        """CLAIMED -> RELEASED: not in the stream and no data to resend."""
+        ...
+
+    def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
+        """CLAIMED -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
+        ...
+
+    # --- run and batch records ---------------------------------------------------------------
 
     def record_run(
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dedupe_store.states import LedgerState
+from dedupe_store.states import GroupState, KeyState, LedgerState, delivery_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,8 @@ class Position:
 
 @dataclass(frozen=True, slots=True)
 class LedgerRecord:
-    """One ledger item: the delivery state of one message key in one stream."""
+    """A key's delivery as readers see it: its key item joined with its group's lease and
+    position (:meth:`of`). The producer and the reconciler act on the items themselves."""
 
     stream: str
     key: str
@@ -35,6 +36,30 @@ class LedgerRecord:
     delivered_at_ms: int | None = None
     expires_at_s: int | None = None
     payload: bytes | None = None
+    group_id: str | None = None
+
+    @classmethod
+    def of(cls, claim: KeyClaim, group: Group | None) -> LedgerRecord:
+        """The delivery of ``claim``; ``group`` None (expired and deleted) counts as a lease
+        long gone: readers resolve such a claim like any expired one."""
+        position = group.position_of(claim.key) if group is not None else None
+        return cls(
+            stream=claim.stream,
+            key=claim.key,
+            state=delivery_state(claim.state, has_position=position is not None),
+            attempt=claim.attempt,
+            owner=group.owner if group is not None else "",
+            claimed_at_ms=claim.claimed_at_ms,
+            payload_digest=claim.payload_digest,
+            routing_hash_key=claim.routing_hash_key,
+            lease_expires_at_ms=group.lease_expires_at_ms if group is not None else 0,
+            write_token=claim.write_token,
+            position=position,
+            delivered_at_ms=(group.recorded_at_ms if position is not None and group else None),
+            expires_at_s=claim.expires_at_s,
+            payload=claim.payload,
+            group_id=claim.group_id,
+        )
 
     def is_expired(self, now_ms: int) -> bool:
         """True when the dedupe TTL has passed: the item then counts as absent."""
@@ -56,6 +81,66 @@ class ClaimRequest:
     payload: bytes | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KeyClaim:
+    """A key item: which attempt and which group hold the key. Written once per attempt."""
+
+    stream: str
+    key: str
+    state: KeyState
+    attempt: int
+    group_id: str
+    claimed_at_ms: int
+    payload_digest: str
+    routing_hash_key: str
+    expires_at_s: int
+    write_token: str | None = None
+    payload: bytes | None = None
+
+    def is_expired(self, now_ms: int) -> bool:
+        """True when the dedupe TTL has passed: the item then counts as absent."""
+        return self.expires_at_s <= now_ms // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A claim group item: what the keys a producer sends together share.
+
+    ``members`` is fixed when the group opens; ``positions`` maps a member's index to where
+    its record landed. Only the holder of ``epoch`` writes the group (every write is
+    conditional on it), so a holder may add positions to the ones it read.
+    """
+
+    stream: str
+    group_id: str
+    state: GroupState
+    epoch: int
+    owner: str
+    claimed_at_ms: int
+    lease_expires_at_ms: int
+    members: tuple[str, ...]
+    positions: dict[int, Position] = field(default_factory=dict)
+    recorded_at_ms: int | None = None
+    expires_at_s: int | None = None
+    write_token: str | None = None
+
+    def index_of(self, key: str) -> int | None:
+        try:
+            return self.members.index(key)
+        except ValueError:
+            return None
+
+    def position_of(self, key: str) -> Position | None:
+        index = self.index_of(key)
+        return None if index is None else self.positions.get(index)
+
+    def positions_by_key(self) -> dict[str, Position]:
+        return {self.members[i]: position for i, position in self.positions.items()}
+
+    def lease_expired(self, now_ms: int, skew_ms: int = 0) -> bool:
+        return self.lease_expires_at_ms + skew_ms <= now_ms
+
+
 class ClaimStatus(StrEnum):
     WON = "WON"
     LOST = "LOST"
@@ -63,27 +148,36 @@ class ClaimStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
-    """A claim either won (``record`` is ours, IN_FLIGHT) or lost (``record`` is the holder's)."""
+    """A claim either won (``claim`` is ours) or lost (``claim`` is the holder's item)."""
 
     status: ClaimStatus
-    record: LedgerRecord | None
+    claim: KeyClaim | None
 
     @classmethod
-    def won(cls, record: LedgerRecord) -> ClaimResult:
-        return cls(ClaimStatus.WON, record)
+    def won(cls, claim: KeyClaim) -> ClaimResult:
+        return cls(ClaimStatus.WON, claim)
 
     @classmethod
-    def lost(cls, existing: LedgerRecord | None) -> ClaimResult:
+    def lost(cls, existing: KeyClaim | None) -> ClaimResult:
         # existing is None only when the item vanished between the failed write and the read
         return cls(ClaimStatus.LOST, existing)
 
 
 @dataclass(frozen=True, slots=True)
-class UpdateResult:
-    """A conditional update of a claim: applied, or lost to whoever changed it first."""
+class KeyUpdate:
+    """A conditional update of a key item: applied, or lost to whoever changed it first."""
 
     applied: bool
-    current: LedgerRecord | None
+    current: KeyClaim | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupUpdate:
+    """A conditional update of a group item: applied (``current`` is the new item), or lost
+    (``current`` is the item that won instead, None if it is gone)."""
+
+    applied: bool
+    current: Group | None
 
 
 @dataclass(frozen=True, slots=True)

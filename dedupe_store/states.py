@@ -1,14 +1,18 @@
-"""The ledger's state machine: states, transitions and the table that allows them.
+"""The ledger's state machines (ledger schema v2: claim groups), and the delivery state readers see.
 
-::
+A key item is written once per attempt; the group item it names holds the lease and, once
+known, the key's position::
 
-    (absent) --claim--> IN_FLIGHT --mark_delivered--> DELIVERED
-    IN_FLIGHT --take_over (lease expired, read-back: not found)--> IN_FLIGHT (attempt + 1)
-    IN_FLIGHT --release (not found, no data to resend)--> RELEASED --claim--> IN_FLIGHT
-    IN_FLIGHT --mark_unverifiable (window past retention)--> UNVERIFIABLE
-    DELIVERED past its dedupe TTL counts as absent, so it can be claimed again.
+    key:   (none | RELEASED | expired) --claim--> CLAIMED(attempt n, group G)
+           CLAIMED(n, G) --take_over--> CLAIMED(n + 1, G2)
+           CLAIMED --release--> RELEASED          CLAIMED --mark_unverifiable--> UNVERIFIABLE
+    group: (none) --open--> OPEN(epoch 1)
+           OPEN(e) --renew (lease still valid) / take_over (lease expired)--> OPEN(e + 1)
+           OPEN(e) --record (positions so far)--> OPEN(e)    OPEN(e) --settle--> SETTLED
 
-Pure: no I/O. The DynamoDB conditions in :mod:`dedupe_store.ledger` encode the same table.
+A key is DELIVERED when its key item is CLAIMED by group G and G records a position for it:
+:func:`delivery_state` derives what readers (the API, the audit) see from the two items.
+Pure: no I/O. The DynamoDB conditions in :mod:`dedupe_store.ledger` encode the same tables.
 """
 
 from __future__ import annotations
@@ -17,40 +21,91 @@ from enum import StrEnum
 
 from dedupe_store.errors import InvalidTransitionError
 
+__all__ = [
+    "GroupState",
+    "GroupTransition",
+    "KeyState",
+    "KeyTransition",
+    "LedgerState",
+    "delivery_state",
+    "next_group_state",
+    "next_key_state",
+]
+
 
 class LedgerState(StrEnum):
+    """A key's delivery state, as readers see it (derived from its key item and group)."""
+
     IN_FLIGHT = "IN_FLIGHT"
     DELIVERED = "DELIVERED"
     RELEASED = "RELEASED"
     UNVERIFIABLE = "UNVERIFIABLE"
 
 
-class Transition(StrEnum):
+class KeyState(StrEnum):
+    CLAIMED = "CLAIMED"
+    RELEASED = "RELEASED"
+    UNVERIFIABLE = "UNVERIFIABLE"
+
+
+class GroupState(StrEnum):
+    OPEN = "OPEN"
+    SETTLED = "SETTLED"
+
+
+class KeyTransition(StrEnum):
     CLAIM = "claim"
-    MARK_DELIVERED = "mark_delivered"
     TAKE_OVER = "take_over"
     RELEASE = "release"
     MARK_UNVERIFIABLE = "mark_unverifiable"
 
 
-# None stands for "no item", and for a DELIVERED item whose dedupe TTL has passed.
-TRANSITIONS: dict[tuple[LedgerState | None, Transition], LedgerState] = {
-    (None, Transition.CLAIM): LedgerState.IN_FLIGHT,
-    (LedgerState.RELEASED, Transition.CLAIM): LedgerState.IN_FLIGHT,
-    (LedgerState.IN_FLIGHT, Transition.MARK_DELIVERED): LedgerState.DELIVERED,
-    (LedgerState.IN_FLIGHT, Transition.TAKE_OVER): LedgerState.IN_FLIGHT,
-    (LedgerState.IN_FLIGHT, Transition.RELEASE): LedgerState.RELEASED,
-    (LedgerState.IN_FLIGHT, Transition.MARK_UNVERIFIABLE): LedgerState.UNVERIFIABLE,
+class GroupTransition(StrEnum):
+    OPEN = "open"
+    RENEW = "renew"
+    TAKE_OVER = "take_over"
+    RECORD = "record"
+    SETTLE = "settle"
+
+
+# None stands for "no item", and for an item past its dedupe TTL.
+KEY_TRANSITIONS: dict[tuple[KeyState | None, KeyTransition], KeyState] = {
+    (None, KeyTransition.CLAIM): KeyState.CLAIMED,
+    (KeyState.RELEASED, KeyTransition.CLAIM): KeyState.CLAIMED,
+    (KeyState.CLAIMED, KeyTransition.TAKE_OVER): KeyState.CLAIMED,
+    (KeyState.CLAIMED, KeyTransition.RELEASE): KeyState.RELEASED,
+    (KeyState.CLAIMED, KeyTransition.MARK_UNVERIFIABLE): KeyState.UNVERIFIABLE,
+}
+
+GROUP_TRANSITIONS: dict[tuple[GroupState | None, GroupTransition], GroupState] = {
+    (None, GroupTransition.OPEN): GroupState.OPEN,
+    (GroupState.OPEN, GroupTransition.RENEW): GroupState.OPEN,
+    (GroupState.OPEN, GroupTransition.TAKE_OVER): GroupState.OPEN,
+    (GroupState.OPEN, GroupTransition.RECORD): GroupState.OPEN,
+    (GroupState.OPEN, GroupTransition.SETTLE): GroupState.SETTLED,
 }
 
 
-def next_state(current: LedgerState | None, transition: Transition) -> LedgerState:
-    """The state after ``transition`` from ``current``; raises if the machine forbids it."""
+def next_key_state(current: KeyState | None, transition: KeyTransition) -> KeyState:
+    """The key item's state after ``transition``; raises if the machine forbids it."""
     try:
-        return TRANSITIONS[(current, transition)]
+        return KEY_TRANSITIONS[(current, transition)]
     except KeyError:
         raise InvalidTransitionError(current, transition) from None
 
 
-def is_allowed(current: LedgerState | None, transition: Transition) -> bool:
-    return (current, transition) in TRANSITIONS
+def next_group_state(current: GroupState | None, transition: GroupTransition) -> GroupState:
+    """The group item's state after ``transition``; raises if the machine forbids it."""
+    try:
+        return GROUP_TRANSITIONS[(current, transition)]
+    except KeyError:
+        raise InvalidTransitionError(current, transition) from None
+
+
+def delivery_state(key_state: KeyState, *, has_position: bool) -> LedgerState:
+    """What a reader sees: a claimed key with a position in its group is delivered."""
+    if key_state is KeyState.RELEASED:
+        return LedgerState.RELEASED
+    if key_state is KeyState.UNVERIFIABLE:
+        return LedgerState.UNVERIFIABLE
+    return LedgerState.DELIVERED if has_position else LedgerState.IN_FLIGHT

@@ -1,4 +1,4 @@
-"""The ledger contract: every ``Ledger`` backend must pass these cases.
+"""The ledger contract: every ``Ledger`` backend must pass these cases (ledger schema v2).
 
 ``tests/integration/test_ledger_contract.py`` runs them against DynamoDB (dynalite and moto in
 server mode), ``tests/unit/test_fake_ledger_contract.py`` against the in-memory fake; each
@@ -9,288 +9,401 @@ lost on the wire). Imported with ``from ledger_contract import *`` so pytest col
 from __future__ import annotations
 
 from dedupe_store.contract import Ledger
-from dedupe_store.records import BatchRecord, ClaimRequest, ClaimStatus, LedgerRecord, Position
-from dedupe_store.states import LedgerState
+from dedupe_store.records import (
+    BatchRecord,
+    ClaimRequest,
+    ClaimStatus,
+    Group,
+    KeyClaim,
+    Position,
+)
+from dedupe_store.states import GroupState, KeyState, LedgerState
 from producer.protocol import Message, explicit_hash_key, payload_digest
 
 T0_MS = 1_700_000_000_000  # a fixed "now": the ledger takes time as an argument
 LEASE_MS = 30_000
+SKEW_MS = 1_000
 TTL_S = 3_600
 STREAM = "orders"
 ALICE, BOB = "producer-alice", "producer-bob"
 
 
-def request_for(key: str, data: bytes = b"payload") -> ClaimRequest:
+def request_for(key: str, data: bytes = b"payload", stream: str = STREAM) -> ClaimRequest:
     hash_key = explicit_hash_key(Message(key, data))
-    return ClaimRequest(STREAM, key, payload_digest(data, hash_key), hash_key)
+    return ClaimRequest(stream, key, payload_digest(data, hash_key), hash_key)
 
 
-def claim(ledger: Ledger, key: str, *, owner: str = ALICE, now_ms: int = T0_MS) -> LedgerRecord:
-    result = ledger.claim(request_for(key), owner=owner, now_ms=now_ms, lease_ms=LEASE_MS)
+def open_group(
+    ledger: Ledger, *keys: str, owner: str = ALICE, now_ms: int = T0_MS, stream: str = STREAM
+) -> Group:
+    return ledger.open_group(stream, keys, owner=owner, now_ms=now_ms, lease_ms=LEASE_MS)
+
+
+def claim(ledger: Ledger, key: str, group: Group, *, now_ms: int = T0_MS) -> KeyClaim:
+    result = ledger.claim(request_for(key, stream=group.stream), group, now_ms=now_ms)
     assert result.status is ClaimStatus.WON, result
-    assert result.record is not None
-    return result.record
+    assert result.claim is not None
+    return result.claim
+
+
+def claimed(ledger: Ledger, *keys: str, owner: str = ALICE, now_ms: int = T0_MS) -> Group:
+    """A group of ``keys``, each claimed for it."""
+    group = open_group(ledger, *keys, owner=owner, now_ms=now_ms)
+    for key in keys:
+        claim(ledger, key, group, now_ms=now_ms)
+    return group
 
 
 POSITION = Position(
     "shardId-000000000001", "49590338271490256608559692538361571095921575989136588898"
 )
+LATER = Position("shardId-000000000001", "49590338271490256608559692538361571095921575989136588999")
+
+
+# --- groups -------------------------------------------------------------------------------------
+
+
+def test_an_opened_group_is_open_at_epoch_1_with_its_lease_and_members(ledger: Ledger) -> None:
+    # GIVEN nothing
+    # WHEN alice opens a group for three keys
+    group = open_group(ledger, "k-1", "k-2", "k-3")
+    # THEN it is OPEN at epoch 1, hers, with a lease from now, listing the keys in order
+    assert (group.state, group.epoch, group.owner) == (GroupState.OPEN, 1, ALICE)
+    assert (group.claimed_at_ms, group.lease_expires_at_ms) == (T0_MS, T0_MS + LEASE_MS)
+    assert group.members == ("k-1", "k-2", "k-3")
+    assert group.positions == {}
+    assert ledger.get_group(STREAM, group.group_id) == group
+    # AND two groups never share an id
+    assert open_group(ledger, "k-1").group_id != group.group_id
+
+
+def test_recording_positions_settles_the_group_and_delivers_its_keys(ledger: Ledger) -> None:
+    # GIVEN a group whose two keys are claimed
+    group = claimed(ledger, "k-a", "k-b")
+    aggregated = Position(POSITION.shard_id, POSITION.sequence_number, 3)
+    # WHEN its owner records both positions and settles it
+    result = ledger.record_positions(
+        group, {"k-a": POSITION, "k-b": aggregated}, settle=True, now_ms=T0_MS + 2_000
+    )
+    # THEN the group is SETTLED with both positions, and readers see both keys DELIVERED
+    assert result.applied
+    assert result.current is not None
+    assert result.current.state is GroupState.SETTLED
+    assert result.current.positions_by_key() == {"k-a": POSITION, "k-b": aggregated}
+    record = ledger.get(STREAM, "k-b")
+    assert record is not None
+    assert (record.state, record.position, record.attempt) == (
+        LedgerState.DELIVERED,
+        aggregated,
+        1,
+    )
+    assert record.delivered_at_ms == T0_MS + 2_000
+    assert record.group_id == group.group_id
+    # AND a settled group is out of the in-flight index
+    assert list(ledger.stale_groups(STREAM, now_ms=T0_MS + 10 * LEASE_MS)) == []
+
+
+def test_positions_recorded_so_far_keep_the_group_open_and_are_kept(ledger: Ledger) -> None:
+    # GIVEN a group of two keys, one of which is written
+    group = claimed(ledger, "k-done", "k-pending")
+    first = ledger.record_positions(group, {"k-done": POSITION}, settle=False, now_ms=T0_MS + 1)
+    assert first.applied
+    assert first.current is not None
+    # THEN the group stays OPEN: one key is DELIVERED, the other still IN_FLIGHT
+    assert first.current.state is GroupState.OPEN
+    done, pending = ledger.get(STREAM, "k-done"), ledger.get(STREAM, "k-pending")
+    assert done is not None
+    assert pending is not None
+    assert done.state is LedgerState.DELIVERED
+    assert pending.state is LedgerState.IN_FLIGHT
+    assert pending.lease_expires_at_ms == T0_MS + LEASE_MS
+    # WHEN the second is recorded with the group as last written
+    second = ledger.record_positions(
+        first.current, {"k-pending": LATER}, settle=True, now_ms=T0_MS + 2
+    )
+    # THEN both positions are in the settled group
+    assert second.current is not None
+    assert second.current.positions_by_key() == {"k-done": POSITION, "k-pending": LATER}
+
+
+def test_a_stale_epoch_can_neither_record_nor_settle(ledger: Ledger) -> None:
+    # GIVEN alice's group, taken over by a reconciler once its lease expired for everyone
+    group = claimed(ledger, "k-late")
+    later_ms = T0_MS + LEASE_MS + SKEW_MS
+    taken = ledger.take_over_group(
+        group, owner=BOB, now_ms=later_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    assert taken.applied
+    assert taken.current is not None
+    assert (taken.current.epoch, taken.current.owner) == (2, BOB)
+    assert taken.current.lease_expires_at_ms == later_ms + LEASE_MS
+    # WHEN alice, stalled, tries to settle under epoch 1
+    result = ledger.record_positions(group, {"k-late": POSITION}, settle=True, now_ms=later_ms + 1)
+    # THEN it is refused and the current group is returned, unchanged
+    assert not result.applied
+    assert result.current == taken.current
+    assert ledger.get_group(STREAM, group.group_id) == taken.current
+
+
+def test_a_group_is_taken_over_only_once_its_lease_expired_for_everyone(ledger: Ledger) -> None:
+    # GIVEN alice's group
+    group = claimed(ledger, "k-lease")
+    # WHEN bob tries before lease + skew has passed, then after
+    early = ledger.take_over_group(
+        group, owner=BOB, now_ms=T0_MS + LEASE_MS, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    late = ledger.take_over_group(
+        group, owner=BOB, now_ms=T0_MS + LEASE_MS + SKEW_MS, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    # THEN only the late one applies; a second taker with the same view loses to it
+    assert not early.applied
+    assert late.applied
+    again = ledger.take_over_group(
+        group, owner="carol", now_ms=T0_MS + 2 * LEASE_MS, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    assert not again.applied
+    assert again.current == late.current
+
+
+def test_a_lease_is_renewed_only_while_it_is_valid_by_more_than_the_skew(ledger: Ledger) -> None:
+    # GIVEN alice's group
+    group = claimed(ledger, "k-renew")
+    # WHEN she renews it with time to spare
+    renewed = ledger.renew_lease(group, now_ms=T0_MS + 10_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+    # THEN the lease runs from then, one epoch later
+    assert renewed.applied
+    assert renewed.current is not None
+    assert renewed.current.epoch == 2
+    assert renewed.current.lease_expires_at_ms == T0_MS + 10_000 + LEASE_MS
+    # AND a renewal within the skew margin of the lease's end is refused
+    current = renewed.current
+    late = ledger.renew_lease(
+        current,
+        now_ms=current.lease_expires_at_ms - SKEW_MS,
+        lease_ms=LEASE_MS,
+        skew_ms=SKEW_MS,
+    )
+    assert not late.applied
+    # AND a renewal with a stale epoch is refused
+    stale = ledger.renew_lease(group, now_ms=T0_MS + 11_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+    assert not stale.applied
 
 
 # --- claim --------------------------------------------------------------------------------------
 
 
-def test_claim_of_a_new_key_wins_the_first_attempt(ledger: Ledger) -> None:
-    # GIVEN a key never seen
+def test_claim_of_a_new_key_wins_the_first_attempt_in_its_group(ledger: Ledger) -> None:
+    # GIVEN a key never seen, and alice's open group listing it
     request = request_for("k-new")
-    # WHEN a producer claims it
-    result = ledger.claim(request, owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS)
-    # THEN it wins attempt 1, IN_FLIGHT, with its lease and the message's identity recorded
+    group = open_group(ledger, "k-new")
+    # WHEN she claims it
+    result = ledger.claim(request, group, now_ms=T0_MS)
+    # THEN she wins attempt 1 in her group, with the message's identity and a TTL recorded
     assert result.status is ClaimStatus.WON
-    record = result.record
-    assert record is not None
-    assert (record.state, record.attempt, record.owner) == (LedgerState.IN_FLIGHT, 1, ALICE)
-    assert (record.claimed_at_ms, record.lease_expires_at_ms) == (T0_MS, T0_MS + LEASE_MS)
-    assert (record.payload_digest, record.routing_hash_key) == (
+    key = result.claim
+    assert key is not None
+    assert (key.state, key.attempt, key.group_id) == (KeyState.CLAIMED, 1, group.group_id)
+    assert (key.payload_digest, key.routing_hash_key) == (
         request.payload_digest,
         request.routing_hash_key,
     )
-    assert record.position is None
-    assert ledger.get(STREAM, "k-new") == record
+    assert key.expires_at_s == T0_MS // 1000 + TTL_S
+    assert ledger.get_claim(STREAM, "k-new") == key
+    # AND readers see it IN_FLIGHT under the group's lease, with its owner
+    record = ledger.get(STREAM, "k-new")
+    assert record is not None
+    assert (record.state, record.owner, record.position) == (LedgerState.IN_FLIGHT, ALICE, None)
+    assert record.lease_expires_at_ms == T0_MS + LEASE_MS
 
 
-def test_claim_of_an_in_flight_key_loses_and_returns_the_holders_record(
-    ledger: Ledger,
-) -> None:
+def test_claim_of_a_claimed_key_loses_and_returns_the_holders_item(ledger: Ledger) -> None:
     # GIVEN alice holds the key
-    held = claim(ledger, "k-held", owner=ALICE)
-    # WHEN bob claims it a second later
-    result = ledger.claim(request_for("k-held"), owner=BOB, now_ms=T0_MS + 1_000, lease_ms=LEASE_MS)
-    # THEN bob loses and sees alice's claim, unchanged
+    held = claimed(ledger, "k-held")
+    holder = ledger.get_claim(STREAM, "k-held")
+    # WHEN bob claims it a second later for his group
+    bobs = open_group(ledger, "k-held", owner=BOB, now_ms=T0_MS + 1_000)
+    result = ledger.claim(request_for("k-held"), bobs, now_ms=T0_MS + 1_000)
+    # THEN bob loses and sees alice's claim, naming her group, unchanged
     assert result.status is ClaimStatus.LOST
-    assert result.record == held
-    assert ledger.get(STREAM, "k-held") == held
-
-
-def test_claim_of_a_delivered_key_within_its_ttl_loses_with_the_position(
-    ledger: Ledger,
-) -> None:
-    # GIVEN a key delivered a minute ago
-    ledger.mark_delivered(claim(ledger, "k-done"), POSITION, now_ms=T0_MS)
-    # WHEN it is claimed again inside the dedupe window
-    result = ledger.claim(
-        request_for("k-done"), owner=BOB, now_ms=T0_MS + 60_000, lease_ms=LEASE_MS
-    )
-    # THEN the claim loses and shows where the key already is
-    assert result.status is ClaimStatus.LOST
-    assert result.record is not None
-    assert result.record.state is LedgerState.DELIVERED
-    assert result.record.position == POSITION
+    assert result.claim == holder
+    assert result.claim is not None
+    assert result.claim.group_id == held.group_id
 
 
 def test_claim_of_a_released_key_wins_with_the_next_attempt(ledger: Ledger) -> None:
     # GIVEN a claim that was released (not in the stream, no data to resend)
-    first = claim(ledger, "k-released", owner=ALICE)
+    claimed(ledger, "k-released")
+    first = ledger.get_claim(STREAM, "k-released")
+    assert first is not None
     assert ledger.release(first).applied
-    # WHEN another producer claims the key
-    result = ledger.claim(
-        request_for("k-released"), owner=BOB, now_ms=T0_MS + 5_000, lease_ms=LEASE_MS
-    )
-    # THEN it wins, one attempt later, with a fresh lease
+    # WHEN bob claims the key for his group
+    bobs = open_group(ledger, "k-released", owner=BOB, now_ms=T0_MS + 5_000)
+    result = ledger.claim(request_for("k-released"), bobs, now_ms=T0_MS + 5_000)
+    # THEN he wins, one attempt later, in his group
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.state, result.record.attempt) == (LedgerState.IN_FLIGHT, 2)
-    assert (result.record.owner, result.record.claimed_at_ms) == (BOB, T0_MS + 5_000)
-    assert result.record.lease_expires_at_ms == T0_MS + 5_000 + LEASE_MS
+    assert result.claim is not None
+    assert (result.claim.state, result.claim.attempt) == (KeyState.CLAIMED, 2)
+    assert (result.claim.group_id, result.claim.claimed_at_ms) == (bobs.group_id, T0_MS + 5_000)
 
 
-def test_claim_of_a_delivered_key_past_its_ttl_wins(ledger: Ledger) -> None:
+def test_claim_of_a_key_past_its_ttl_wins(ledger: Ledger) -> None:
     # GIVEN a key delivered at T0, whose dedupe TTL has passed (the item is not deleted yet)
-    ledger.mark_delivered(claim(ledger, "k-expired"), POSITION, now_ms=T0_MS)
+    group = claimed(ledger, "k-expired")
+    ledger.record_positions(group, {"k-expired": POSITION}, settle=True, now_ms=T0_MS)
     later_ms = T0_MS + (TTL_S + 1) * 1000
     # WHEN it is claimed after the TTL
-    result = ledger.claim(request_for("k-expired"), owner=BOB, now_ms=later_ms, lease_ms=LEASE_MS)
-    # THEN the expired item counts as absent: the claim wins, the old position is gone
+    bobs = open_group(ledger, "k-expired", owner=BOB, now_ms=later_ms)
+    result = ledger.claim(request_for("k-expired"), bobs, now_ms=later_ms)
+    # THEN the expired item counts as absent: the claim wins, in the new group, undelivered
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.state, result.record.attempt) == (LedgerState.IN_FLIGHT, 2)
-    assert result.record.position is None
-    assert result.record.expires_at_s is None
+    assert result.claim is not None
+    assert (result.claim.attempt, result.claim.group_id) == (2, bobs.group_id)
+    record = ledger.get(STREAM, "k-expired")
+    assert record is not None
+    assert (record.state, record.position) == (LedgerState.IN_FLIGHT, None)
 
 
-def test_a_claim_by_another_producer_with_the_same_owner_in_the_same_millisecond_loses(
+def test_a_claim_by_another_request_for_the_same_group_in_the_same_millisecond_loses(
     ledger: Ledger,
 ) -> None:
-    # GIVEN alice holds the key (owner names are configurable: two processes may share one)
-    held = claim(ledger, "k-same-owner", owner=ALICE, now_ms=T0_MS)
-    # WHEN another process named alice claims it in the same millisecond
-    result = ledger.claim(request_for("k-same-owner"), owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS)
+    # GIVEN alice's claim (two processes may even share an owner name and a group view)
+    group = claimed(ledger, "k-same")
+    holder = ledger.get_claim(STREAM, "k-same")
+    # WHEN another request claims it for the same group in the same millisecond
+    result = ledger.claim(request_for("k-same"), group, now_ms=T0_MS)
     # THEN it loses: only a retry of the very same request may count as the winner
     assert result.status is ClaimStatus.LOST
-    assert result.record == held
-
-
-# --- mark ---------------------------------------------------------------------------------------
-
-
-def test_mark_with_the_claims_attempt_applies(ledger: Ledger) -> None:
-    # GIVEN alice's claim
-    held = claim(ledger, "k-mark")
-    position = Position(POSITION.shard_id, POSITION.sequence_number, 3)
-    # WHEN she marks it delivered
-    result = ledger.mark_delivered(held, position, now_ms=T0_MS + 2_000)
-    # THEN it is DELIVERED at that position, with a TTL, out of the in-flight index
-    assert result.applied
-    record = ledger.get(STREAM, "k-mark")
-    assert record is not None
-    assert result.current == record
-    assert (record.state, record.attempt, record.position) == (LedgerState.DELIVERED, 1, position)
-    assert record.delivered_at_ms == T0_MS + 2_000
-    assert record.expires_at_s == (T0_MS + 2_000) // 1000 + TTL_S
-    assert record.lease_expires_at_ms is None
-    assert list(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 10 * LEASE_MS)) == []
-
-
-def test_mark_with_a_stale_attempt_loses_and_returns_the_current_record(
-    ledger: Ledger,
-) -> None:
-    # GIVEN alice's claim was taken over by bob (attempt 2)
-    stale = claim(ledger, "k-stale")
-    taken = ledger.take_over(stale, owner=BOB, now_ms=T0_MS + LEASE_MS + 1, lease_ms=LEASE_MS)
-    assert taken.status is ClaimStatus.WON
-    # WHEN alice marks under attempt 1
-    result = ledger.mark_delivered(stale, POSITION, now_ms=T0_MS + LEASE_MS + 2)
-    # THEN her mark loses, bob's claim is untouched and returned
-    assert not result.applied
-    assert result.current == taken.record
-    assert ledger.get(STREAM, "k-stale") == taken.record
-
-
-def test_a_second_mark_of_the_same_position_leaves_the_delivery_as_it_was(
-    ledger: Ledger,
-) -> None:
-    # GIVEN a mark that applied
-    held = claim(ledger, "k-twice")
-    assert ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 1).applied
-    delivered = ledger.get(STREAM, "k-twice")
-    # WHEN the same mark is made again by a second call (a waiting producer, a reconciler)
-    again = ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 2)
-    # THEN the item is unchanged and the caller sees its position delivered
-    assert again.current is not None
-    assert (again.current.state, again.current.position) == (LedgerState.DELIVERED, POSITION)
-    assert ledger.get(STREAM, "k-twice") == delivered
-
-
-def test_a_mark_at_another_position_after_delivery_is_not_applied(
-    ledger: Ledger,
-) -> None:
-    # GIVEN a key delivered at one position
-    held = claim(ledger, "k-other-pos")
-    assert ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 1).applied
-    # WHEN the same attempt tries to mark another position (a second copy of the record)
-    other = Position(POSITION.shard_id, "1")
-    result = ledger.mark_delivered(held, other, now_ms=T0_MS + 2)
-    # THEN the ledger keeps the first position and says so
-    assert not result.applied
-    assert result.current is not None
-    assert result.current.position == POSITION
+    assert result.claim == holder
 
 
 # --- take over, release, unverifiable -----------------------------------------------------------
 
 
-def test_take_over_is_conditional_on_the_attempt_seen(ledger: Ledger) -> None:
-    # GIVEN alice's claim whose lease has expired, seen by bob and by carol
-    seen = claim(ledger, "k-take")
+def test_take_over_of_a_key_is_conditional_on_the_attempt_and_group_seen(ledger: Ledger) -> None:
+    # GIVEN alice's claim, seen by bob and by carol once her lease expired
+    claimed(ledger, "k-take")
+    seen = ledger.get_claim(STREAM, "k-take")
+    assert seen is not None
     later_ms = T0_MS + LEASE_MS + 1_000
-    # WHEN bob takes it over, then carol tries with the same (now stale) view
-    bob = ledger.take_over(seen, owner=BOB, now_ms=later_ms, lease_ms=LEASE_MS)
-    carol = ledger.take_over(seen, owner="producer-carol", now_ms=later_ms + 1, lease_ms=LEASE_MS)
-    # THEN bob wins attempt 2 with a new lease; carol loses and sees bob's claim
+    bobs = open_group(ledger, "k-take", owner=BOB, now_ms=later_ms)
+    carols = open_group(ledger, "k-take", owner="carol", now_ms=later_ms)
+    # WHEN bob takes it over into his group, then carol tries with the same (stale) view
+    bob = ledger.take_over_key(seen, bobs, now_ms=later_ms)
+    carol = ledger.take_over_key(seen, carols, now_ms=later_ms + 1)
+    # THEN bob wins attempt 2 in his group; carol loses and sees bob's claim
     assert bob.status is ClaimStatus.WON
-    assert bob.record is not None
-    assert (bob.record.attempt, bob.record.owner) == (2, BOB)
-    assert bob.record.claimed_at_ms == later_ms
-    assert bob.record.lease_expires_at_ms == later_ms + LEASE_MS
-    assert bob.record.state is LedgerState.IN_FLIGHT
+    assert bob.claim is not None
+    assert (bob.claim.attempt, bob.claim.group_id) == (2, bobs.group_id)
+    assert bob.claim.claimed_at_ms == later_ms
     assert carol.status is ClaimStatus.LOST
-    assert carol.record == bob.record
+    assert carol.claim == bob.claim
+    # AND readers now see bob's lease, not alice's
+    record = ledger.get(STREAM, "k-take")
+    assert record is not None
+    assert (record.owner, record.lease_expires_at_ms) == (BOB, later_ms + LEASE_MS)
+
+
+def test_a_position_recorded_by_a_group_that_lost_the_key_does_not_deliver_it(
+    ledger: Ledger,
+) -> None:
+    # GIVEN alice's key taken over by bob's group
+    alices = claimed(ledger, "k-moved")
+    seen = ledger.get_claim(STREAM, "k-moved")
+    assert seen is not None
+    bobs = open_group(ledger, "k-moved", owner=BOB, now_ms=T0_MS + LEASE_MS + 1)
+    assert ledger.take_over_key(seen, bobs, now_ms=T0_MS + LEASE_MS + 1).status is ClaimStatus.WON
+    # WHEN alice's group records a position for it
+    assert ledger.record_positions(
+        alices, {"k-moved": POSITION}, settle=True, now_ms=T0_MS + 2
+    ).applied
+    # THEN the key is not delivered: its key item names bob's group, which has no position
+    record = ledger.get(STREAM, "k-moved")
+    assert record is not None
+    assert (record.state, record.group_id) == (LedgerState.IN_FLIGHT, bobs.group_id)
 
 
 def test_release_makes_the_key_claimable_and_a_stale_release_is_not_applied(
     ledger: Ledger,
 ) -> None:
     # GIVEN a claim taken over (attempt 2)
-    first = claim(ledger, "k-release")
-    second = ledger.take_over(first, owner=BOB, now_ms=T0_MS + LEASE_MS + 1, lease_ms=LEASE_MS)
-    assert second.record is not None
+    claimed(ledger, "k-release")
+    first = ledger.get_claim(STREAM, "k-release")
+    assert first is not None
+    bobs = open_group(ledger, "k-release", owner=BOB, now_ms=T0_MS + LEASE_MS + 1)
+    second = ledger.take_over_key(first, bobs, now_ms=T0_MS + LEASE_MS + 1)
+    assert second.claim is not None
     # WHEN the old attempt releases it, then the current one does
     stale = ledger.release(first)
-    current = ledger.release(second.record)
-    # THEN only the current attempt's release applies, and the item leaves the in-flight index
+    current = ledger.release(second.claim)
+    # THEN only the current attempt's release applies
     assert not stale.applied
-    assert stale.current == second.record
+    assert stale.current == second.claim
     assert current.applied
     record = ledger.get(STREAM, "k-release")
     assert record is not None
     assert (record.state, record.attempt) == (LedgerState.RELEASED, 2)
-    assert record.lease_expires_at_ms is None
-    assert list(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 10 * LEASE_MS)) == []
 
 
 def test_mark_unverifiable_settles_the_claim(ledger: Ledger) -> None:
     # GIVEN a claim whose read-back window reaches past retention
-    held = claim(ledger, "k-old")
+    claimed(ledger, "k-old")
+    held = ledger.get_claim(STREAM, "k-old")
+    assert held is not None
     # WHEN it is marked unverifiable
     result = ledger.mark_unverifiable(held)
-    # THEN it is UNVERIFIABLE, not claimable, and out of the in-flight index
+    # THEN it is UNVERIFIABLE, and not claimable
     assert result.applied
     record = ledger.get(STREAM, "k-old")
     assert record is not None
     assert (record.state, record.attempt) == (LedgerState.UNVERIFIABLE, 1)
-    lost = ledger.claim(
-        request_for("k-old"), owner=BOB, now_ms=T0_MS + 10 * LEASE_MS, lease_ms=LEASE_MS
-    )
-    assert lost.status is ClaimStatus.LOST
-    assert list(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 10 * LEASE_MS)) == []
+    later_ms = T0_MS + 10 * LEASE_MS
+    bobs = open_group(ledger, "k-old", owner=BOB, now_ms=later_ms)
+    assert ledger.claim(request_for("k-old"), bobs, now_ms=later_ms).status is ClaimStatus.LOST
 
 
 # --- reads --------------------------------------------------------------------------------------
 
 
-def test_stale_in_flight_returns_only_expired_in_flight_keys(ledger: Ledger) -> None:
-    # GIVEN claims with leases ending at different times, one delivered, one released
-    for i, key in enumerate(["k-a", "k-b", "k-c"]):
-        claim(ledger, key, now_ms=T0_MS + i * 10_000)  # leases end T0+30s, +40s, +50s
-    ledger.mark_delivered(claim(ledger, "k-delivered", now_ms=T0_MS), POSITION, now_ms=T0_MS + 1)
-    ledger.release(claim(ledger, "k-released", now_ms=T0_MS))
-    # WHEN the index is asked at T0+45s
-    stale = set(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 45_000))
-    # THEN only the IN_FLIGHT claims whose lease ended are returned
-    assert stale == {"k-a", "k-b"}
-    # and once one is marked it is no longer returned
-    record = ledger.get(STREAM, "k-a")
-    assert record is not None
-    assert ledger.mark_delivered(record, POSITION, now_ms=T0_MS + 46_000).applied
-    assert set(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 45_000)) == {"k-b"}
-    # and a take over moves a key's lease forward, out of the stale set
-    record_b = ledger.get(STREAM, "k-b")
-    assert record_b is not None
-    ledger.take_over(record_b, owner=BOB, now_ms=T0_MS + 46_000, lease_ms=LEASE_MS)
-    assert set(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 45_000)) == set()
-    assert set(ledger.stale_in_flight(STREAM, now_ms=T0_MS + 80_000)) == {"k-b", "k-c"}
+def test_stale_groups_returns_only_open_groups_whose_lease_expired(ledger: Ledger) -> None:
+    # GIVEN groups with leases ending at different times, one settled
+    a, b, c = (claimed(ledger, f"k-{n}", now_ms=T0_MS + i * 10_000) for i, n in enumerate("abc"))
+    settled = claimed(ledger, "k-settled")
+    ledger.record_positions(settled, {"k-settled": POSITION}, settle=True, now_ms=T0_MS + 1)
+    # WHEN the index is asked at T0+45s (leases end T0+30s, +40s, +50s)
+    stale = set(ledger.stale_groups(STREAM, now_ms=T0_MS + 45_000))
+    # THEN only the OPEN groups whose lease ended are returned
+    assert stale == {a.group_id, b.group_id}
+    # AND a renewed lease moves a group out of the stale set
+    renewed = ledger.renew_lease(c, now_ms=T0_MS + 25_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+    assert renewed.applied
+    assert c.group_id not in set(ledger.stale_groups(STREAM, now_ms=T0_MS + 52_000))
 
 
-def test_keys_of_other_streams_are_separate(ledger: Ledger) -> None:
+def test_batch_reads_return_what_exists(ledger: Ledger) -> None:
+    # GIVEN two claimed keys in one group
+    group = claimed(ledger, "k-x", "k-y")
+    # WHEN they are read in batches, with a key and a group that do not exist
+    claims = ledger.batch_get_claims(STREAM, ["k-x", "k-y", "k-none"])
+    groups = ledger.batch_get_groups(STREAM, [group.group_id, "no-such-group"])
+    records = ledger.batch_get(STREAM, ["k-x", "k-none"])
+    # THEN only the existing items come back
+    assert set(claims) == {"k-x", "k-y"}
+    assert set(groups) == {group.group_id}
+    assert set(records) == {"k-x"}
+    assert records["k-x"].state is LedgerState.IN_FLIGHT
+    assert {r.key for r in ledger.scan(STREAM)} == {"k-x", "k-y"}
+
+
+def test_keys_and_groups_of_other_streams_are_separate(ledger: Ledger) -> None:
     # GIVEN the same key claimed in two streams
-    claim(ledger, "k-shared")
-    hash_key = explicit_hash_key(Message("k-shared", b"payload"))
-    other = ClaimRequest("payments", "k-shared", payload_digest(b"payload", hash_key), hash_key)
+    claimed(ledger, "k-shared")
+    other = ledger.open_group("payments", ["k-shared"], owner=BOB, now_ms=T0_MS, lease_ms=LEASE_MS)
     # WHEN the second stream claims it
-    result = ledger.claim(other, owner=BOB, now_ms=T0_MS, lease_ms=LEASE_MS)
+    result = ledger.claim(request_for("k-shared", stream="payments"), other, now_ms=T0_MS)
     # THEN both win: the ledger is per stream
     assert result.status is ClaimStatus.WON
-    assert list(ledger.stale_in_flight("payments", now_ms=T0_MS + 2 * LEASE_MS)) == ["k-shared"]
+    assert list(ledger.stale_groups("payments", now_ms=T0_MS + 2 * LEASE_MS)) == [other.group_id]
+    assert [r.key for r in ledger.scan("payments")] == ["k-shared"]
 
 
 # --- Spark batch records ------------------------------------------------------------------------

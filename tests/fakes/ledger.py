@@ -1,16 +1,19 @@
-"""``InMemoryLedger``: the :class:`dedupe_store.contract.Ledger` in a dict, for tests.
+"""``InMemoryLedger``: the :class:`dedupe_store.contract.Ledger` in dicts, for tests.
 
-Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger`::
+Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledger schema v2)::
 
-    claim:     absent ──── or RELEASED ──── or DELIVERED past its dedupe TTL   ──> IN_FLIGHT #n+1
-    mark:      IN_FLIGHT and attempt = mine                                     ──> DELIVERED
-    take over: IN_FLIGHT and attempt = seen                                     ──> #seen+1
-    release / mark unverifiable: IN_FLIGHT and attempt = seen
+    claim:          key absent, RELEASED or past its TTL        ──> CLAIMED #n+1 in group G
+    take over key:  CLAIMED and attempt = seen and group = seen ──> CLAIMED #seen+1 in G2
+    release / mark unverifiable: CLAIMED and attempt = seen and group = seen
+    open group:     group absent                                ──> OPEN epoch 1
+    renew:          OPEN and epoch = held and lease > now + skew ──> OPEN epoch + 1
+    take over group: OPEN and epoch = seen and lease + skew <= now ──> OPEN epoch + 1
+    record / settle: OPEN and epoch = held                      ──> OPEN / SETTLED
 
 Every write carries a fresh ``write_token``; a write whose condition fails reports "applied"
 only when the current item carries its own token (a retried request whose first try applied).
-The sparse in-flight index holds exactly the IN_FLIGHT items (they alone have a lease), ordered
-like the GSI: by bucket, then lease expiry, then key.
+The sparse in-flight index holds exactly the OPEN groups, ordered like the GSI: by bucket, then
+lease expiry, then the group's key.
 
 Fault knobs (:meth:`InMemoryLedger.inject`) make the next call of an operation:
 
@@ -27,25 +30,49 @@ import threading
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
+from typing import TypeVar
 
 from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
+    Group,
+    GroupUpdate,
+    KeyClaim,
+    KeyUpdate,
     LedgerRecord,
     Position,
     RunRecord,
-    UpdateResult,
 )
-from dedupe_store.states import LedgerState, Transition, next_state
+from dedupe_store.states import (
+    GroupState,
+    GroupTransition,
+    KeyState,
+    KeyTransition,
+    next_group_state,
+    next_key_state,
+)
 
-WRITE_OPERATIONS = frozenset(
-    {"claim", "mark_delivered", "take_over", "release", "mark_unverifiable"}
+KEY_WRITES = frozenset({"claim", "take_over_key", "release", "mark_unverifiable"})
+GROUP_WRITES = frozenset({"open_group", "renew_lease", "take_over_group", "record_positions"})
+WRITE_OPERATIONS = KEY_WRITES | GROUP_WRITES
+READ_OPERATIONS = frozenset(
+    {
+        "get",
+        "batch_get",
+        "scan",
+        "stale_groups",
+        "get_claim",
+        "batch_get_claims",
+        "get_group",
+        "batch_get_groups",
+    }
 )
-READ_OPERATIONS = frozenset({"get", "batch_get", "scan", "stale_in_flight"})
+
+_Item = TypeVar("_Item", KeyClaim, Group)
 
 
 class LedgerFault(StrEnum):
@@ -54,13 +81,9 @@ class LedgerFault(StrEnum):
     APPLY_THEN_RETRY = "apply_then_retry"
 
 
-def inflight_bucket_of(key: str, buckets: int) -> int:
-    """The in-flight bucket of a key, as :func:`dedupe_store.ledger.inflight_bucket` numbers it."""
-    return zlib.crc32(key.encode("utf-8")) % buckets
-
-
-_Condition = Callable[[LedgerRecord | None], bool]
-_Change = Callable[[LedgerRecord | None, str], LedgerRecord]
+def inflight_bucket_of(group_id: str, buckets: int) -> int:
+    """The in-flight bucket of a group, as :func:`dedupe_store.ledger.inflight_bucket` numbers it."""
+    return zlib.crc32(group_id.encode("utf-8")) % buckets
 
 
 class InMemoryLedger:
@@ -77,7 +100,8 @@ class InMemoryLedger:
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         self._lock = threading.RLock()
-        self._items: dict[tuple[str, str], LedgerRecord] = {}
+        self._claims: dict[tuple[str, str], KeyClaim] = {}
+        self._groups: dict[tuple[str, str], Group] = {}
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._faults: deque[tuple[str, LedgerFault]] = deque()
@@ -87,6 +111,9 @@ class InMemoryLedger:
     @property
     def table_name(self) -> str:
         return self._table_name
+
+    def ensure_ready(self) -> None:
+        return None
 
     # --- fault knobs ----------------------------------------------------------------------
 
@@ -133,25 +160,59 @@ class InMemoryLedger:
     def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:  # noqa: ARG002 - always consistent
         with self._lock:
             self._read_fault("get", key)
-            return self._items.get((stream, key))
+            claim = self._claims.get((stream, key))
+            if claim is None:
+                return None
+            return LedgerRecord.of(claim, self._groups.get((stream, claim.group_id)))
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]:
         with self._lock:
             self._read_fault("batch_get")
             found: dict[str, LedgerRecord] = {}
             for key in keys:
-                record = self._items.get((stream, key))
-                if record is not None:
-                    found[key] = record
+                claim = self._claims.get((stream, key))
+                if claim is not None:
+                    group = self._groups.get((stream, claim.group_id))
+                    found[key] = LedgerRecord.of(claim, group)
             return found
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:  # noqa: ARG002 - one page
         with self._lock:
             self._read_fault("scan")
-            records = [r for (s, _), r in self._items.items() if s == stream]
+            records = [
+                LedgerRecord.of(claim, self._groups.get((s, claim.group_id)))
+                for (s, _), claim in self._claims.items()
+                if s == stream
+            ]
         return iter(records)
 
-    def stale_in_flight(
+    def get_claim(self, stream: str, key: str) -> KeyClaim | None:
+        with self._lock:
+            self._read_fault("get_claim", key)
+            return self._claims.get((stream, key))
+
+    def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
+        with self._lock:
+            self._read_fault("batch_get_claims")
+            return {
+                key: claim for key in keys if (claim := self._claims.get((stream, key))) is not None
+            }
+
+    def get_group(self, stream: str, group_id: str) -> Group | None:
+        with self._lock:
+            self._read_fault("get_group")
+            return self._groups.get((stream, group_id))
+
+    def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
+        with self._lock:
+            self._read_fault("batch_get_groups")
+            return {
+                group_id: group
+                for group_id in group_ids
+                if (group := self._groups.get((stream, group_id))) is not None
+            }
+
+    def stale_groups(
         self,
         stream: str,
         *,
@@ -159,15 +220,15 @@ class InMemoryLedger:
         buckets: Sequence[int] | None = None,
         page_size: int = 500,  # noqa: ARG002 - one page
     ) -> Iterator[str]:
-        """Keys whose lease ended before ``now_ms`` (strictly), bucket by bucket."""
+        """Groups whose lease ended before ``now_ms`` (strictly), bucket by bucket."""
         with self._lock:
-            self._read_fault("stale_in_flight")
+            self._read_fault("stale_groups")
             index = self._index(stream)
         wanted = buckets if buckets is not None else range(self.inflight_buckets)
-        keys: list[str] = []
+        ids: list[str] = []
         for bucket in wanted:
-            keys.extend(key for b, lease_ms, key in index if b == bucket and lease_ms < now_ms)
-        return iter(keys)
+            ids.extend(g for b, lease_ms, g in index if b == bucket and lease_ms < now_ms)
+        return iter(ids)
 
     def in_flight_page(
         self,
@@ -179,28 +240,34 @@ class InMemoryLedger:
         after_lease_ms: int | None = None,
         after_pk: str | None = None,
     ) -> tuple[list[str], tuple[int, str] | None]:
-        """One page of a bucket's in-flight keys in index order, with DynamoDB's cursor."""
+        """One page of a bucket's OPEN groups in index order, expanded into their members."""
         with self._lock:
             index = [
-                (lease_ms, f"{stream}#{key}")
-                for b, lease_ms, key in self._index(stream)
+                (lease_ms, group_pk(stream, group_id))
+                for b, lease_ms, group_id in self._index(stream)
                 if b == bucket and (before_ms is None or lease_ms < before_ms)
             ]
-        if after_lease_ms is not None and after_pk is not None:
-            index = [entry for entry in index if entry > (after_lease_ms, after_pk)]
-        page = index[:limit]
-        keys = [pk[len(stream) + 1 :] for _, pk in page]
+            if after_lease_ms is not None and after_pk is not None:
+                index = [entry for entry in index if entry > (after_lease_ms, after_pk)]
+            page = index[:limit]
+            keys = [
+                key
+                for _, pk in page
+                for key in self._groups[(stream, pk.rsplit("/", 1)[1])].members
+            ]
         # like DynamoDB: a full page has a last key, even when nothing follows
         return keys, (page[-1] if len(page) == limit and page else None)
 
     def _index(self, stream: str) -> list[tuple[int, int, str]]:
-        """The sparse GSI: (bucket, lease expiry, key) of the IN_FLIGHT items, sorted."""
+        """The sparse GSI: (bucket, lease expiry, group id) of the OPEN groups, sorted."""
         return sorted(
-            (inflight_bucket_of(key, self.inflight_buckets), record.lease_expires_at_ms, key)
-            for (s, key), record in self._items.items()
-            if s == stream
-            and record.state is LedgerState.IN_FLIGHT
-            and record.lease_expires_at_ms is not None
+            (
+                inflight_bucket_of(group_id, self.inflight_buckets),
+                group.lease_expires_at_ms,
+                group_id,
+            )
+            for (s, group_id), group in self._groups.items()
+            if s == stream and group.state is GroupState.OPEN
         )
 
     # --- run records --------------------------------------------------------------------------
@@ -233,116 +300,201 @@ class InMemoryLedger:
             record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
             self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
 
-    # --- conditional transitions ------------------------------------------------------------
+    # --- groups -----------------------------------------------------------------------------
 
-    def claim(
-        self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult:
-        def claimable(current: LedgerRecord | None) -> bool:
-            # the DynamoDB condition, including its second granularity for the TTL
-            return (
-                current is None
-                or current.state is LedgerState.RELEASED
-                or (current.expires_at_s is not None and current.is_expired(now_ms))
+    def open_group(
+        self, stream: str, members: Sequence[str], *, owner: str, now_ms: int, lease_ms: int
+    ) -> Group:
+        state = next_group_state(None, GroupTransition.OPEN)
+        group_id = uuid.uuid4().hex[:16]
+
+        def change(_current: Group | None, token: str) -> Group:
+            return Group(
+                stream=stream,
+                group_id=group_id,
+                state=state,
+                epoch=1,
+                owner=owner,
+                claimed_at_ms=now_ms,
+                lease_expires_at_ms=now_ms + lease_ms,
+                members=tuple(members),
+                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
+                write_token=token,
             )
 
-        def change(current: LedgerRecord | None, token: str) -> LedgerRecord:
-            return LedgerRecord(
+        applied, current = self._write_group(
+            "open_group", stream, group_id, lambda current: current is None, change
+        )
+        return _require(current if applied else None)
+
+    def renew_lease(self, group: Group, *, now_ms: int, lease_ms: int, skew_ms: int) -> GroupUpdate:
+        next_group_state(group.state, GroupTransition.RENEW)
+
+        def condition(current: Group | None) -> bool:
+            return _holds(current, group.epoch) and _require(current).lease_expires_at_ms > (
+                now_ms + skew_ms
+            )
+
+        def change(current: Group | None, token: str) -> Group:
+            return dataclasses.replace(
+                _require(current),
+                epoch=group.epoch + 1,
+                lease_expires_at_ms=now_ms + lease_ms,
+                write_token=token,
+            )
+
+        return GroupUpdate(
+            *self._write_group("renew_lease", group.stream, group.group_id, condition, change)
+        )
+
+    def take_over_group(
+        self, seen: Group, *, owner: str, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> GroupUpdate:
+        next_group_state(seen.state, GroupTransition.TAKE_OVER)
+
+        def condition(current: Group | None) -> bool:
+            return _holds(current, seen.epoch) and _require(current).lease_expired(now_ms, skew_ms)
+
+        def change(current: Group | None, token: str) -> Group:
+            return dataclasses.replace(
+                _require(current),
+                epoch=seen.epoch + 1,
+                owner=owner,
+                lease_expires_at_ms=now_ms + lease_ms,
+                write_token=token,
+            )
+
+        return GroupUpdate(
+            *self._write_group("take_over_group", seen.stream, seen.group_id, condition, change)
+        )
+
+    def record_positions(
+        self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
+    ) -> GroupUpdate:
+        target = next_group_state(
+            group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD
+        )
+        merged = dict(group.positions)
+        for key, position in positions.items():
+            index = group.index_of(key)
+            if index is None:
+                raise ValueError(f"{key!r} is not a member of group {group.group_id}")
+            merged[index] = position
+
+        def change(current: Group | None, token: str) -> Group:
+            return dataclasses.replace(
+                _require(current),
+                state=target,
+                positions=merged,
+                recorded_at_ms=now_ms,
+                write_token=token,
+            )
+
+        return GroupUpdate(
+            *self._write_group(
+                "record_positions",
+                group.stream,
+                group.group_id,
+                lambda current: _holds(current, group.epoch),
+                change,
+            )
+        )
+
+    # --- keys ---------------------------------------------------------------------------------
+
+    def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
+        def claimable(current: KeyClaim | None) -> bool:
+            # the DynamoDB condition, including its second granularity for the TTL
+            return (
+                current is None or current.state is KeyState.RELEASED or current.is_expired(now_ms)
+            )
+
+        def change(current: KeyClaim | None, token: str) -> KeyClaim:
+            return KeyClaim(
                 stream=request.stream,
                 key=request.key,
-                state=next_state(None, Transition.CLAIM),
+                state=next_key_state(None, KeyTransition.CLAIM),
                 attempt=(current.attempt if current is not None else 0) + 1,
-                owner=owner,
+                group_id=group.group_id,
                 claimed_at_ms=now_ms,
                 payload_digest=request.payload_digest,
                 routing_hash_key=request.routing_hash_key,
-                lease_expires_at_ms=now_ms + lease_ms,
+                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
                 write_token=token,
                 payload=request.payload or None,
             )
 
-        applied, current = self._update("claim", request.stream, request.key, claimable, change)
+        applied, current = self._write_key("claim", request.stream, request.key, claimable, change)
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
-    def mark_delivered(
-        self, record: LedgerRecord, position: Position, *, now_ms: int
-    ) -> UpdateResult:
-        next_state(LedgerState.IN_FLIGHT, Transition.MARK_DELIVERED)
+    def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
+        next_key_state(seen.state, KeyTransition.TAKE_OVER)
 
-        def change(current: LedgerRecord | None, token: str) -> LedgerRecord:
-            return dataclasses.replace(
-                _require(current),
-                state=LedgerState.DELIVERED,
-                position=position,
-                delivered_at_ms=now_ms,
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                lease_expires_at_ms=None,
-                payload=None,
-                write_token=token,
-            )
-
-        applied, current = self._update(
-            "mark_delivered", record.stream, record.key, _held(record.attempt), change
-        )
-        return UpdateResult(applied, current)
-
-    def take_over(
-        self, seen: LedgerRecord, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult:
-        next_state(seen.state, Transition.TAKE_OVER)
-
-        def change(current: LedgerRecord | None, token: str) -> LedgerRecord:
+        def change(current: KeyClaim | None, token: str) -> KeyClaim:
             return dataclasses.replace(
                 _require(current),
                 attempt=seen.attempt + 1,
-                owner=owner,
+                group_id=group.group_id,
                 claimed_at_ms=now_ms,
-                lease_expires_at_ms=now_ms + lease_ms,
+                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
                 write_token=token,
             )
 
-        applied, current = self._update(
-            "take_over", seen.stream, seen.key, _held(seen.attempt), change
+        applied, current = self._write_key(
+            "take_over_key", seen.stream, seen.key, _held(seen), change
         )
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
-    def release(self, seen: LedgerRecord) -> UpdateResult:
-        return self._settle("release", seen, Transition.RELEASE, LedgerState.RELEASED)
+    def release(self, seen: KeyClaim) -> KeyUpdate:
+        return self._settle_key("release", seen, KeyTransition.RELEASE)
 
-    def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult:
-        return self._settle(
-            "mark_unverifiable", seen, Transition.MARK_UNVERIFIABLE, LedgerState.UNVERIFIABLE
-        )
+    def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
+        return self._settle_key("mark_unverifiable", seen, KeyTransition.MARK_UNVERIFIABLE)
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests only, like ``DynamoDBLedger.delete``)."""
         with self._lock:
-            self._items.pop((stream, key), None)
+            self._claims.pop((stream, key), None)
 
-    def _settle(
-        self, operation: str, seen: LedgerRecord, transition: Transition, target: LedgerState
-    ) -> UpdateResult:
-        next_state(seen.state, transition)
+    def _settle_key(self, operation: str, seen: KeyClaim, transition: KeyTransition) -> KeyUpdate:
+        target = next_key_state(seen.state, transition)
 
-        def change(current: LedgerRecord | None, token: str) -> LedgerRecord:
-            return dataclasses.replace(
-                _require(current), state=target, lease_expires_at_ms=None, write_token=token
-            )
+        def change(current: KeyClaim | None, token: str) -> KeyClaim:
+            return dataclasses.replace(_require(current), state=target, write_token=token)
 
-        applied, current = self._update(
-            operation, seen.stream, seen.key, _held(seen.attempt), change
-        )
-        return UpdateResult(applied, current)
+        return KeyUpdate(*self._write_key(operation, seen.stream, seen.key, _held(seen), change))
 
-    def _update(
+    # --- one conditional write ----------------------------------------------------------------
+
+    def _write_key(
         self,
         operation: str,
         stream: str,
         key: str,
-        condition: _Condition,
-        change: _Change,
-    ) -> tuple[bool, LedgerRecord | None]:
-        """One conditional write with its own token, as ``DynamoDBLedger._update`` makes it."""
+        condition: Callable[[KeyClaim | None], bool],
+        change: Callable[[KeyClaim | None, str], KeyClaim],
+    ) -> tuple[bool, KeyClaim | None]:
+        return self._write(operation, self._claims, (stream, key), condition, change)
+
+    def _write_group(
+        self,
+        operation: str,
+        stream: str,
+        group_id: str,
+        condition: Callable[[Group | None], bool],
+        change: Callable[[Group | None, str], Group],
+    ) -> tuple[bool, Group | None]:
+        return self._write(operation, self._groups, (stream, group_id), condition, change)
+
+    def _write(
+        self,
+        operation: str,
+        items: dict[tuple[str, str], _Item],
+        at: tuple[str, str],
+        condition: Callable[[_Item | None], bool],
+        change: Callable[[_Item | None, str], _Item],
+    ) -> tuple[bool, _Item | None]:
+        """One conditional write with its own token, as ``DynamoDBLedger`` makes it."""
         token = uuid.uuid4().hex
         with self._lock:
             fault = self._take_fault(operation)
@@ -350,44 +502,59 @@ class InMemoryLedger:
                 raise LedgerUnavailableError(
                     f"injected: the ledger is unavailable ({operation})",
                     table=self._table_name,
-                    key=key,
+                    key=at[1],
                 )
-            result = self._apply(stream, key, condition, change, token)
+            result = self._apply(items, at, condition, change, token)
             if fault is LedgerFault.APPLY_THEN_RAISE:
                 raise LedgerUnavailableError(
                     f"injected: {operation} applied={result[0]}, its response was lost",
                     table=self._table_name,
-                    key=key,
+                    key=at[1],
                 )
             if fault is LedgerFault.APPLY_THEN_RETRY:
                 # the SDK sends the very same request (same token) once more
-                result = self._apply(stream, key, condition, change, token)
+                result = self._apply(items, at, condition, change, token)
             return result
 
     def _apply(
-        self, stream: str, key: str, condition: _Condition, change: _Change, token: str
-    ) -> tuple[bool, LedgerRecord | None]:
+        self,
+        items: dict[tuple[str, str], _Item],
+        at: tuple[str, str],
+        condition: Callable[[_Item | None], bool],
+        change: Callable[[_Item | None, str], _Item],
+        token: str,
+    ) -> tuple[bool, _Item | None]:
         self.write_calls += 1  # a failed condition still costs a write
-        current = self._items.get((stream, key))
+        current = items.get(at)
         if not condition(current):
             return current is not None and current.write_token == token, current
         updated = change(current, token)
-        self._items[(stream, key)] = updated
+        items[at] = updated
         return True, updated
 
 
-def _held(attempt: int) -> _Condition:
-    def condition(current: LedgerRecord | None) -> bool:
+def group_pk(stream: str, group_id: str) -> str:
+    """The group's key, as :func:`dedupe_store.ledger.group_pk` spells it."""
+    return f"__keo__/group/{stream}/{group_id}"
+
+
+def _held(seen: KeyClaim) -> Callable[[KeyClaim | None], bool]:
+    def condition(current: KeyClaim | None) -> bool:
         return (
             current is not None
-            and current.state is LedgerState.IN_FLIGHT
-            and current.attempt == attempt
+            and current.state is KeyState.CLAIMED
+            and current.attempt == seen.attempt
+            and current.group_id == seen.group_id
         )
 
     return condition
 
 
-def _require(record: LedgerRecord | None) -> LedgerRecord:
-    if record is None:  # a held condition never passes on an absent item
+def _holds(current: Group | None, epoch: int) -> bool:
+    return current is not None and current.state is GroupState.OPEN and current.epoch == epoch
+
+
+def _require(item: _Item | None) -> _Item:
+    if item is None:  # a held condition never passes on an absent item
         raise InvalidTransitionError(None, "update of an absent item")
-    return record
+    return item

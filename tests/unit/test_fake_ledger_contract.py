@@ -21,16 +21,18 @@ from ledger_contract import (
     BOB,
     LEASE_MS,
     POSITION,
+    SKEW_MS,
     STREAM,
     T0_MS,
     TTL_S,
-    claim,
+    claimed,
+    open_group,
     request_for,
 )
 
 from dedupe_store.errors import LedgerUnavailableError
 from dedupe_store.records import ClaimStatus
-from dedupe_store.states import LedgerState
+from dedupe_store.states import GroupState, KeyState, LedgerState
 
 
 @pytest.fixture
@@ -47,61 +49,80 @@ def ledger() -> InMemoryLedger:
 def test_a_claim_retried_by_the_sdk_after_its_first_try_applied_reports_won(
     ledger: InMemoryLedger,
 ) -> None:
-    # GIVEN the response of the next claim is lost after it applied
+    # GIVEN an open group, and the response of the next claim lost after it applied
+    group = open_group(ledger, "k-retried")
     ledger.inject("*", LedgerFault.APPLY_THEN_RETRY)
-    # WHEN a producer claims a new key
-    result = ledger.claim(request_for("k-retried"), owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS)
+    # WHEN a producer claims the key
+    result = ledger.claim(request_for("k-retried"), group, now_ms=T0_MS)
     # THEN the SDK's retry is recognised: the claim is won, once, attempt 1
     assert [fault for _, fault in ledger.injected] == [LedgerFault.APPLY_THEN_RETRY]
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.attempt, result.record.owner) == (1, ALICE)
-    assert ledger.get(STREAM, "k-retried") == result.record
+    assert result.claim is not None
+    assert (result.claim.attempt, result.claim.group_id) == (1, group.group_id)
+    assert ledger.get_claim(STREAM, "k-retried") == result.claim
 
 
-def test_a_mark_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+def test_an_open_retried_by_the_sdk_after_its_first_try_applied_returns_the_group(
     ledger: InMemoryLedger,
 ) -> None:
-    # GIVEN a claim, and the response of the next write lost after it applied
-    held = claim(ledger, "k-mark-retried")
+    # GIVEN the response of the next write lost after it applied
     ledger.inject("*", LedgerFault.APPLY_THEN_RETRY)
-    # WHEN it is marked delivered
-    result = ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 1)
-    # THEN the retried mark is recognised as applied
+    # WHEN a group is opened
+    group = open_group(ledger, "k-open-retried")
+    # THEN the retried open is recognised: the group is there, OPEN at epoch 1
+    assert ledger.get_group(STREAM, group.group_id) == group
+    assert (group.state, group.epoch) == (GroupState.OPEN, 1)
+
+
+def test_a_settle_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+    ledger: InMemoryLedger,
+) -> None:
+    # GIVEN a claimed group, and the response of the next write lost after it applied
+    group = claimed(ledger, "k-settle-retried")
+    ledger.inject("*", LedgerFault.APPLY_THEN_RETRY)
+    # WHEN it is settled
+    result = ledger.record_positions(
+        group, {"k-settle-retried": POSITION}, settle=True, now_ms=T0_MS + 1
+    )
+    # THEN the retried settle is recognised as applied
     assert [fault for _, fault in ledger.injected] == [LedgerFault.APPLY_THEN_RETRY]
     assert result.applied
-    assert result.current is not None
-    assert (result.current.state, result.current.position) == (LedgerState.DELIVERED, POSITION)
+    record = ledger.get(STREAM, "k-settle-retried")
+    assert record is not None
+    assert (record.state, record.position) == (LedgerState.DELIVERED, POSITION)
 
 
 def test_a_take_over_retried_by_the_sdk_after_its_first_try_applied_reports_won(
     ledger: InMemoryLedger,
 ) -> None:
-    # GIVEN an expired claim, and the response of the next write lost after it applied
-    seen = claim(ledger, "k-take-retried")
+    # GIVEN an expired claim, bob's group, and the response of the next write lost after it applied
+    claimed(ledger, "k-take-retried")
+    seen = ledger.get_claim(STREAM, "k-take-retried")
+    assert seen is not None
+    bobs = open_group(ledger, "k-take-retried", owner=BOB, now_ms=T0_MS + LEASE_MS + 1)
     ledger.inject("*", LedgerFault.APPLY_THEN_RETRY)
     # WHEN bob takes it over
-    result = ledger.take_over(seen, owner=BOB, now_ms=T0_MS + LEASE_MS + 1, lease_ms=LEASE_MS)
-    # THEN the retried take-over is recognised as won: attempt 2, bob's
-    assert [fault for _, fault in ledger.injected] == [LedgerFault.APPLY_THEN_RETRY]
+    result = ledger.take_over_key(seen, bobs, now_ms=T0_MS + LEASE_MS + 1)
+    # THEN the retried take-over is recognised as won: attempt 2, in bob's group
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.attempt, result.record.owner) == (2, BOB)
+    assert result.claim is not None
+    assert (result.claim.attempt, result.claim.group_id) == (2, bobs.group_id)
 
 
-def test_a_release_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+def test_a_group_take_over_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
     ledger: InMemoryLedger,
 ) -> None:
-    # GIVEN a claim, and the response of the next write lost after it applied
-    seen = claim(ledger, "k-release-retried")
+    # GIVEN an expired group, and the response of the next write lost after it applied
+    group = claimed(ledger, "k-group-retried")
     ledger.inject("*", LedgerFault.APPLY_THEN_RETRY)
-    # WHEN it is released
-    result = ledger.release(seen)
-    # THEN the retried release is recognised as applied
-    assert [fault for _, fault in ledger.injected] == [LedgerFault.APPLY_THEN_RETRY]
+    # WHEN bob takes it over
+    result = ledger.take_over_group(
+        group, owner=BOB, now_ms=T0_MS + LEASE_MS + SKEW_MS, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    # THEN it applied, once: epoch 2, bob's
     assert result.applied
     assert result.current is not None
-    assert result.current.state is LedgerState.RELEASED
+    assert (result.current.epoch, result.current.owner) == (2, BOB)
 
 
 # --- the fake's own knobs (no integration twin) -------------------------------------------------
@@ -109,42 +130,45 @@ def test_a_release_retried_by_the_sdk_after_its_first_try_applied_reports_applie
 
 def test_apply_then_raise_applies_the_write_and_raises(ledger: InMemoryLedger) -> None:
     # GIVEN the response of the next claim is lost after it applied, with no retry
+    group = open_group(ledger, "k-lost")
     ledger.inject("claim", LedgerFault.APPLY_THEN_RAISE)
-    # WHEN a producer claims a new key
+    # WHEN a producer claims the key
     with pytest.raises(LedgerUnavailableError):
-        ledger.claim(request_for("k-lost"), owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS)
+        ledger.claim(request_for("k-lost"), group, now_ms=T0_MS)
     # THEN the claim is in the ledger all the same, and the next claim loses to it
-    record = ledger.get(STREAM, "k-lost")
-    assert record is not None
-    assert (record.state, record.attempt, record.owner) == (LedgerState.IN_FLIGHT, 1, ALICE)
-    again = ledger.claim(request_for("k-lost"), owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS)
+    held = ledger.get_claim(STREAM, "k-lost")
+    assert held is not None
+    assert (held.state, held.attempt, held.group_id) == (KeyState.CLAIMED, 1, group.group_id)
+    again = ledger.claim(request_for("k-lost"), group, now_ms=T0_MS)
     assert again.status is ClaimStatus.LOST
 
 
 def test_unavailable_applies_nothing(ledger: InMemoryLedger) -> None:
-    # GIVEN the ledger is unavailable for the next mark
-    held = claim(ledger, "k-down")
-    ledger.inject("mark_delivered", LedgerFault.UNAVAILABLE)
-    # WHEN the claim is marked
+    # GIVEN the ledger is unavailable for the next settle
+    group = claimed(ledger, "k-down")
+    ledger.inject("record_positions", LedgerFault.UNAVAILABLE)
+    # WHEN the group is settled
     with pytest.raises(LedgerUnavailableError):
-        ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 1)
-    # THEN it is still IN_FLIGHT, and a second mark applies
-    assert ledger.get(STREAM, "k-down") == held
-    assert ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 2).applied
+        ledger.record_positions(group, {"k-down": POSITION}, settle=True, now_ms=T0_MS + 1)
+    # THEN it is still OPEN, and a second settle applies
+    assert ledger.get_group(STREAM, group.group_id) == group
+    assert ledger.record_positions(
+        group, {"k-down": POSITION}, settle=True, now_ms=T0_MS + 2
+    ).applied
 
 
 # --- batched reads (items written the way this backend can) ------------------------------
 
 
 def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: InMemoryLedger) -> None:
-    # GIVEN 250 keys in the ledger (more than one BatchGetItem of 100), all claimed
+    # GIVEN 250 keys in the ledger (more than one BatchGetItem of 100), all claimed in one group
     keys = [f"k-batch-{i:03d}" for i in range(250)]
-    claimed = {key: claim(ledger, key) for key in keys}
+    claimed(ledger, *keys)
     # WHEN they are read in one call, with absent keys and repeats mixed in
     found = ledger.batch_get(STREAM, [*keys, "k-absent-1", keys[0], "k-absent-2"])
     # THEN every claimed key comes back once, absent ones are left out
     assert sorted(found) == keys
     assert all(r.state is LedgerState.IN_FLIGHT and r.attempt == 1 for r in found.values())
-    assert all(found[key] == record for key, record in claimed.items())
     assert found["k-batch-249"].lease_expires_at_ms == T0_MS + LEASE_MS
     assert ledger.get(STREAM, "k-absent-1") is None
+    assert ALICE == found["k-batch-000"].owner
