@@ -1,14 +1,17 @@
-"""The ledger's UpdateItem expressions, written once, from named parts.
+"""The ledger's UpdateItem/PutItem expressions (schema v2), written once, from named parts.
 
-Built as constant strings (values travel as ``ExpressionAttributeValues``) because the
-claim and the mark are the hot path: two per message. Building them per call through
-pynamodb's expression objects cost about 0.6 ms of CPU each (see docs/performance.md).
+Built as constant strings (values travel as ``ExpressionAttributeValues``) because the claim
+is the hot path: one per message. Building them per call through pynamodb's expression objects
+cost about 0.6 ms of CPU each (see docs/performance.md).
 
 The timeline the conditions guard::
 
-    claim:     absent ── or RELEASED ── or DELIVERED at or past its TTL second ──> IN_FLIGHT #n+1
-    mark:      IN_FLIGHT and attempt = mine ─────────────────────────────────────> DELIVERED
-    take over / release / mark unverifiable: IN_FLIGHT and attempt = seen
+    key claim:        absent ── or RELEASED ── or at or past its TTL second ──> CLAIMED #n+1, G
+    key take over / release / mark unverifiable: CLAIMED and attempt = seen and group = seen
+    group open:       absent ──────────────────────────────────────────────> OPEN epoch 1
+    group renew:      OPEN and epoch = held and lease > now + skew ─────────> epoch + 1
+    group take over:  OPEN and epoch = seen and lease + skew <= now ────────> epoch + 1
+    group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ from typing import Any
 NAMES: dict[str, str] = {
     "#pk": "pk",
     "#stream": "stream",
-    "#key": "msg_key",
     "#state": "state",
     "#attempt": "attempt",
+    "#group": "group",
+    "#epoch": "epoch",
     "#owner": "owner",
     "#claimed": "claimed_at_ms",
     "#lease": "lease_expires_at_ms",
     "#bucket": "inflight_bucket",
     "#digest": "payload_digest",
     "#routing": "routing_hash_key",
-    "#shard": "shard_id",
-    "#seq": "sequence_number",
-    "#subseq": "sub_sequence_number",
-    "#delivered": "delivered_at_ms",
+    "#members": "members",
+    "#positions": "positions",
+    "#recorded": "recorded_at_ms",
     "#expires": "expires_at",
     "#payload": "payload",
     "#token": "write_token",
@@ -39,37 +42,35 @@ NAMES: dict[str, str] = {
 
 # --- conditions, from named parts ------------------------------------------------------------
 
-KEY_ABSENT = "attribute_not_exists(#pk)"
+ITEM_ABSENT = "attribute_not_exists(#pk)"
 RELEASED = "#state = :released"
 DEDUPE_EXPIRED = "#expires <= :now_s"
-CLAIMABLE = f"{KEY_ABSENT} OR {RELEASED} OR {DEDUPE_EXPIRED}"
-HELD_UNDER_ATTEMPT = "#state = :in_flight AND #attempt = :seen"
+CLAIMABLE = f"{ITEM_ABSENT} OR {RELEASED} OR {DEDUPE_EXPIRED}"
+KEY_HELD = "#state = :claimed AND #attempt = :seen AND #group = :seen_group"
+GROUP_HELD = "#state = :open AND #epoch = :epoch"
+LEASE_VALID_PAST_SKEW = "#lease > :now_plus_skew"
+LEASE_EXPIRED_FOR_EVERYONE = "#lease <= :now_minus_skew"
+RENEWABLE = f"{GROUP_HELD} AND {LEASE_VALID_PAST_SKEW}"
+TAKEABLE = f"{GROUP_HELD} AND {LEASE_EXPIRED_FOR_EVERYONE}"
 
 # --- updates ----------------------------------------------------------------------------------
 
 _CLAIM_SET = (
-    "#stream = :stream, #key = :key, #state = :in_flight, "
-    "#attempt = if_not_exists(#attempt, :zero) + :one, #owner = :owner, #claimed = :now, "
-    "#lease = :lease, #bucket = :bucket, #digest = :digest, #routing = :routing, "
+    "#state = :claimed, #attempt = if_not_exists(#attempt, :zero) + :one, #group = :group, "
+    "#claimed = :now, #digest = :digest, #routing = :routing, #expires = :expires, "
     "#token = :token"
 )
-_CLAIM_REMOVE = "#shard, #seq, #subseq, #delivered, #expires"
-CLAIM = f"SET {_CLAIM_SET} REMOVE {_CLAIM_REMOVE}, #payload"
-CLAIM_WITH_PAYLOAD = f"SET {_CLAIM_SET}, #payload = :payload REMOVE {_CLAIM_REMOVE}"
-
-_MARK_SET = (
-    "#state = :delivered, #shard = :shard, #seq = :seq, #delivered = :now, "
-    "#expires = :expires, #token = :token"
+CLAIM = f"SET {_CLAIM_SET} REMOVE #payload"
+CLAIM_WITH_PAYLOAD = f"SET {_CLAIM_SET}, #payload = :payload"
+TAKE_OVER_KEY = (
+    "SET #attempt = :next, #group = :group, #claimed = :now, #expires = :expires, #token = :token"
 )
-_LEAVE_INDEX = "#bucket, #lease"
-MARK = f"SET {_MARK_SET} REMOVE {_LEAVE_INDEX}, #payload, #subseq"
-MARK_AGGREGATED = f"SET {_MARK_SET}, #subseq = :subseq REMOVE {_LEAVE_INDEX}, #payload"
+SETTLE_KEY = "SET #state = :target, #token = :token"
 
-TAKE_OVER = (
-    "SET #attempt = :next, #owner = :owner, #claimed = :now, #lease = :lease, "
-    "#bucket = :bucket, #token = :token"
-)
-SETTLE = f"SET #state = :target, #token = :token REMOVE {_LEAVE_INDEX}"
+RENEW = "SET #epoch = :next_epoch, #lease = :lease, #token = :token"
+TAKE_OVER_GROUP = "SET #epoch = :next_epoch, #owner = :owner, #lease = :lease, #token = :token"
+RECORD = "SET #positions = :positions, #recorded = :now, #token = :token"
+SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 
 
 def s(value: str) -> dict[str, str]:
@@ -78,6 +79,10 @@ def s(value: str) -> dict[str, str]:
 
 def n(value: int) -> dict[str, str]:
     return {"N": str(value)}
+
+
+def b(value: bytes) -> dict[str, bytes]:
+    return {"B": value}
 
 
 @functools.cache

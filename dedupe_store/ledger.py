@@ -1,18 +1,25 @@
-"""``DynamoDBLedger``: the ledger's conditional transitions on DynamoDB, through pynamodb.
+"""``DynamoDBLedger``: the ledger (schema v2, claim groups) on one DynamoDB table.
 
-Every write is conditional on the state and attempt the caller expects, so two producers,
-a producer and a reconciler, or two reconcilers can never both win. Conditions are built
-from named parts; the timeline they guard::
+Two kinds of item share the table::
 
-    claim:     absent ──── or RELEASED ──── or DELIVERED past its dedupe TTL   ──> IN_FLIGHT #n+1
-    mark:      IN_FLIGHT and attempt = mine                                     ──> DELIVERED
-    take over: IN_FLIGHT and attempt = seen (the lease expired; read-back: not found) ──> #seen+1
-    release / mark unverifiable: IN_FLIGHT and attempt = seen
+    key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing, TTL
+    group item  pk "__keo__/group/<stream>/<id>"     state, epoch, owner, lease, members,
+                                                      positions; in the in-flight index while OPEN
 
-A condition that fails still costs a write. When it fails the current item is returned where
-DynamoDB supports ``ReturnValuesOnConditionCheckFailure``; otherwise (dynalite) it is read back
-with a consistent read. A retried request whose first try was applied fails its own condition:
-each write recognises its own effect in the current item and reports it as applied.
+A claim is one conditional write of a key item (no index attribute: 1 write unit under 1 KB).
+The group item is written when the group opens, when its lease is renewed or taken over, and
+when its positions are recorded. Every write is conditional on the state and attempt or epoch
+the caller holds, so two producers, a producer and a reconciler, or two reconcilers can never
+both win; the conditions are in :mod:`dedupe_store.expressions`.
+
+A condition that fails still costs a write. When it fails the current item is returned
+(``ReturnValuesOnConditionCheckFailure``; the project's dynalite is patched to do it too);
+where it is not, it is read back with a consistent read. A retried request whose first try was
+applied fails its own condition: each write recognises its own token in the current item and
+reports it as applied.
+
+Keys can never collide with other items: stream names have no "/" and no "#", so nothing that
+starts with "__keo__/" is "<stream>#<key>".
 """
 
 from __future__ import annotations
@@ -20,22 +27,15 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+import secrets
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import botocore.exceptions
 from pynamodb.connection.table import TableConnection
-from pynamodb.constants import UPDATE_ITEM
-from pynamodb.exceptions import (
-    DoesNotExist,
-    GetError,
-    PynamoDBException,
-    QueryError,
-    TableDoesNotExist,
-    TableError,
-    UpdateError,
-)
+from pynamodb.constants import PUT_ITEM, UPDATE_ITEM
+from pynamodb.exceptions import PynamoDBException, TableDoesNotExist, TableError
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import (
@@ -44,39 +44,60 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.model import TTL_ATTRIBUTE, ConnectionOptions, LedgerItem, bind_ledger_model
+from dedupe_store.model import (
+    INFLIGHT_INDEX_NAME,
+    TTL_ATTRIBUTE,
+    ConnectionOptions,
+    LedgerItem,
+    bind_ledger_model,
+)
+from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
+    Group,
+    GroupUpdate,
+    KeyClaim,
+    KeyUpdate,
     LedgerRecord,
     Position,
     RunRecord,
-    UpdateResult,
 )
-from dedupe_store.states import LedgerState, Transition, next_state
+from dedupe_store.states import (
+    GroupState,
+    GroupTransition,
+    KeyState,
+    KeyTransition,
+    next_group_state,
+    next_key_state,
+)
+
+__all__ = [
+    "LEDGER_SCHEMA_VERSION",
+    "SCHEMA_PK",
+    "DynamoDBLedger",
+    "group_pk",
+    "inflight_bucket",
+    "ledger_pk",
+]
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
 _BATCH_GET_MAX = 100
 BATCH_COMPLETE = "COMPLETE"
-
-
-# Items that are not keys start with "__keo__/": stream names cannot contain "/", so no
-# "<stream>#<key>" is one of them. They have no ``stream`` attribute: scans skip them.
-def _run_pk(stream: str) -> str:
-    return f"__keo__/reconcile-run/{stream}"
-
-
 SCHEMA_PK = "__keo__/schema"
 # The layout of the items this code reads and writes. A table stamped with another version is
-# refused, never misread; a table without a stamp predates stamps and is version 1.
-LEDGER_SCHEMA_VERSION = 1
+# refused, never misread; a table with items and no stamp predates stamps: version 1.
+LEDGER_SCHEMA_VERSION = 2
+
+
+def _run_pk(stream: str) -> str:
+    return f"__keo__/reconcile-run/{stream}"
 
 
 def _batch_pk(stream: str, query: str, batch_id: int) -> str:
@@ -87,11 +108,18 @@ def ledger_pk(stream: str, key: str) -> str:
     return f"{stream}#{key}"
 
 
-def inflight_bucket(stream: str, key: str, buckets: int) -> str:
-    """The in-flight index partition of a key: stable across processes (not Python's hash)."""
-    import zlib
+def group_pk(stream: str, group_id: str) -> str:
+    return f"__keo__/group/{stream}/{group_id}"
 
-    return f"{stream}#{zlib.crc32(key.encode('utf-8')) % buckets}"
+
+def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
+    """The in-flight index partition of a group: stable across processes (not Python's hash)."""
+    return f"{stream}#{zlib.crc32(group_id.encode('utf-8')) % buckets}"
+
+
+def new_group_id() -> str:
+    """16 URL-safe characters, 96 random bits: unique without coordination."""
+    return secrets.token_urlsafe(12)
 
 
 class DynamoDBLedger:
@@ -143,15 +171,19 @@ class DynamoDBLedger:
             self._stamp_schema()
         return created
 
-    def schema_version(self) -> int:
-        """The ledger schema version the table is stamped with (1 when it has no stamp)."""
+    def schema_version(self) -> int | None:
+        """The ledger schema version the table is stamped with: None for an empty table
+        without a stamp, 1 for a table with items but no stamp (stamps came with version 2)."""
         try:
             item = self.client.get_item(
                 TableName=self.table_name, Key={"pk": {"S": SCHEMA_PK}}, ConsistentRead=True
             ).get("Item")
+            if item:
+                return int(item["schema_version"]["N"])
+            anything = self.client.scan(TableName=self.table_name, Limit=1).get("Items")
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translate(exc, self.table_name, None, "read the schema version") from exc
-        return int(item["schema_version"]["N"]) if item else 1
+        return 1 if anything else None
 
     def _stamp_schema(self) -> None:
         try:
@@ -166,20 +198,20 @@ class DynamoDBLedger:
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             if _code_of(exc) != _CONDITION_FAILED:
                 raise _translate(exc, self.table_name, None, "stamp the schema version") from exc
-        self._check_schema()
+        found = self.schema_version()
+        if found != LEDGER_SCHEMA_VERSION:
+            raise _another_version(self.table_name, found)
 
     def _check_schema(self) -> None:
         found = self.schema_version()
+        if found is None:  # a new, empty table: it becomes this version's
+            self._stamp_schema()
+            return
         if found != LEDGER_SCHEMA_VERSION:
-            raise LedgerSchemaError(
-                f"ledger table {self.table_name!r} holds ledger schema version {found}; this keo "
-                f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
-                "or a new table",
-                table=self.table_name,
-            )
+            raise _another_version(self.table_name, found)
 
     def enable_ttl(self) -> bool:
-        """Turn on TTL deletion of expired DELIVERED items. False where the backend lacks the API."""
+        """Turn on TTL deletion of expired items. False where the backend lacks the API."""
         try:
             self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
         except (TableError, PynamoDBException) as exc:
@@ -207,37 +239,76 @@ class DynamoDBLedger:
     # --- reads ------------------------------------------------------------------------------
 
     def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
-        try:
-            item = self._model.get(ledger_pk(stream, key), consistent_read=consistent)
-        except DoesNotExist:
+        claim = self._get_claim(stream, key, consistent=consistent)
+        if claim is None:
             return None
-        except (GetError, PynamoDBException) as exc:
-            raise _translate(exc, self.table_name, key, "get") from exc
-        return _to_record(item)
+        return LedgerRecord.of(claim, self.get_group(stream, claim.group_id))
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]:
-        """Consistent reads of many keys, 100 per request; absent keys are left out."""
-        pks = list(dict.fromkeys(ledger_pk(stream, key) for key in keys))
-        found: dict[str, LedgerRecord] = {}
-        for start in range(0, len(pks), _BATCH_GET_MAX):
-            chunk = pks[start : start + _BATCH_GET_MAX]
-            try:
-                for item in self._model.batch_get(chunk, consistent_read=True):
-                    record = _to_record(item)
-                    found[record.key] = record
-            except PynamoDBException as exc:
-                raise _translate(exc, self.table_name, None, "batch get") from exc
-        return found
+        """Consistent reads of many keys and their groups; absent keys are left out."""
+        claims = self.batch_get_claims(stream, keys)
+        groups = self.batch_get_groups(stream, {c.group_id for c in claims.values()})
+        return {
+            key: LedgerRecord.of(claim, groups.get(claim.group_id)) for key, claim in claims.items()
+        }
+
+    def get_claim(self, stream: str, key: str) -> KeyClaim | None:
+        return self._get_claim(stream, key, consistent=True)
+
+    def _get_claim(self, stream: str, key: str, *, consistent: bool) -> KeyClaim | None:
+        item = self._get_item(ledger_pk(stream, key), key, "get a key", consistent=consistent)
+        return None if item is None else _claim_of(item)
+
+    def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
+        items = self._batch_get_items([ledger_pk(stream, key) for key in keys], "get keys")
+        claims = (_claim_of(item) for item in items)
+        return {claim.key: claim for claim in claims}
+
+    def get_group(self, stream: str, group_id: str) -> Group | None:
+        item = self._get_item(group_pk(stream, group_id), None, "get a group", consistent=True)
+        return None if item is None else _group_of(item)
+
+    def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
+        items = self._batch_get_items([group_pk(stream, g) for g in group_ids], "get groups")
+        groups = (_group_of(item) for item in items)
+        return {group.group_id: group for group in groups}
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
-        """Every ledger item of ``stream`` (a full table scan, filtered: for audits only)."""
-        try:
-            for item in self._model.scan(self._model.stream == stream, page_size=page_size):
-                yield _to_record(item)
-        except PynamoDBException as exc:
-            raise _translate(exc, self.table_name, None, "scan") from exc
+        """Every key of ``stream`` with its delivery (a full table scan: for audits only).
 
-    def stale_in_flight(
+        Key items and group items come in table order; the join waits for the end.
+        """
+        claims: list[KeyClaim] = []
+        groups: dict[str, Group] = {}
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Limit": page_size,
+            "FilterExpression": "begins_with(#pk, :keys) OR begins_with(#pk, :groups)",
+            "ExpressionAttributeNames": {"#pk": "pk"},
+            "ExpressionAttributeValues": {
+                ":keys": x.s(ledger_pk(stream, "")),
+                ":groups": x.s(group_pk(stream, "")),
+            },
+        }
+        try:
+            while True:
+                page = self.client.scan(**kwargs)
+                for item in page.get("Items", []):
+                    if "members" in item:
+                        group = _group_of(item)
+                        groups[group.group_id] = group
+                    else:
+                        claims.append(_claim_of(item))
+                last = page.get("LastEvaluatedKey")
+                if not last:
+                    break
+                kwargs["ExclusiveStartKey"] = last
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, None, "scan") from exc
+        for claim in claims:
+            yield LedgerRecord.of(claim, groups.get(claim.group_id))
+
+    def stale_groups(
         self,
         stream: str,
         *,
@@ -245,12 +316,19 @@ class DynamoDBLedger:
         buckets: Sequence[int] | None = None,
         page_size: int = 500,
     ) -> Iterator[str]:
-        """Keys whose claim's lease has expired by ``now_ms``, from the sparse in-flight index.
+        """Ids of OPEN groups whose lease expired before ``now_ms``, from the sparse index.
 
-        The index is eventually consistent: re-read each key consistently before acting on it.
+        The index is eventually consistent: re-read each group consistently before acting.
         """
         for bucket in buckets if buckets is not None else range(self.inflight_buckets):
-            yield from self._query_bucket(stream, bucket, before_ms=now_ms, page_size=page_size)
+            after: tuple[int, str] | None = None
+            while True:
+                page, after = self._query_bucket(
+                    stream, bucket, before_ms=now_ms, limit=page_size, after=after
+                )
+                yield from (group_id for _, group_id in page)
+                if after is None:
+                    break
 
     def in_flight_page(
         self,
@@ -262,43 +340,101 @@ class DynamoDBLedger:
         after_lease_ms: int | None = None,
         after_pk: str | None = None,
     ) -> tuple[list[str], tuple[int, str] | None]:
-        """One page of in-flight keys of a bucket, ordered by lease expiry, with a cursor."""
-        last_key: dict[str, Any] | None = None
-        if after_lease_ms is not None and after_pk is not None:
-            last_key = {
-                "pk": {"S": after_pk},
-                "inflight_bucket": {"S": f"{stream}#{bucket}"},
-                "lease_expires_at_ms": {"N": str(after_lease_ms)},
-            }
-        condition = None if before_ms is None else self._model.lease_expires_at_ms < before_ms
-        try:
-            result = self._model.inflight_index.query(
-                f"{stream}#{bucket}",
-                condition,
-                limit=limit,
-                last_evaluated_key=last_key,
-                page_size=limit,
-            )
-            keys = [_key_of(stream, item.pk) for item in result]
-            cursor = result.last_evaluated_key
-        except (QueryError, PynamoDBException) as exc:
-            raise _translate(exc, self.table_name, None, "query in-flight index") from exc
-        if cursor is None:
-            return keys, None
-        return keys, (int(cursor["lease_expires_at_ms"]["N"]), str(cursor["pk"]["S"]))
+        """Up to ``limit`` OPEN groups of a bucket, by lease expiry, expanded into their
+        members (re-read consistently), with the cursor of the page's last group."""
+        after = (after_lease_ms, after_pk) if after_lease_ms is not None and after_pk else None
+        page, cursor = self._query_bucket(
+            stream,
+            bucket,
+            before_ms=before_ms,
+            limit=limit,
+            after=after,
+        )
+        groups = self.batch_get_groups(stream, [group_id for _, group_id in page])
+        keys = [
+            key
+            for _, group_id in page
+            if (group := groups.get(group_id)) is not None and group.state is GroupState.OPEN
+            for key in group.members
+        ]
+        return keys, cursor
 
     def _query_bucket(
-        self, stream: str, bucket: int, *, before_ms: int, page_size: int
-    ) -> Iterator[str]:
+        self,
+        stream: str,
+        bucket: int,
+        *,
+        before_ms: int | None,
+        limit: int,
+        after: tuple[int, str] | None,
+    ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
+        """One page of the index: ``[(lease, group id)]`` and the cursor after it, if any."""
+        bucket_value = f"{stream}#{bucket}"
+        condition = "#bucket = :bucket"
+        values: dict[str, Any] = {":bucket": x.s(bucket_value)}
+        if before_ms is not None:
+            condition += " AND #lease < :before"
+            values[":before"] = x.n(before_ms)
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": INFLIGHT_INDEX_NAME,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": {
+                "#bucket": "inflight_bucket",
+                "#lease": "lease_expires_at_ms",
+            },
+            "ExpressionAttributeValues": values,
+            "Limit": limit,
+        }
+        if after is not None:
+            kwargs["ExclusiveStartKey"] = {
+                "pk": x.s(after[1]),
+                "inflight_bucket": x.s(bucket_value),
+                "lease_expires_at_ms": x.n(after[0]),
+            }
         try:
-            for item in self._model.inflight_index.query(
-                f"{stream}#{bucket}",
-                self._model.lease_expires_at_ms < before_ms,
-                page_size=page_size,
-            ):
-                yield _key_of(stream, item.pk)
-        except (QueryError, PynamoDBException) as exc:
-            raise _translate(exc, self.table_name, None, "query in-flight index") from exc
+            page = self.client.query(**kwargs)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, None, "query the in-flight index") from exc
+        prefix = group_pk(stream, "")
+        found = [
+            (int(item["lease_expires_at_ms"]["N"]), item["pk"]["S"][len(prefix) :])
+            for item in page.get("Items", [])
+        ]
+        last = page.get("LastEvaluatedKey")
+        cursor = (int(last["lease_expires_at_ms"]["N"]), str(last["pk"]["S"])) if last else None
+        return found, cursor
+
+    def _get_item(
+        self, pk: str, key: str | None, doing: str, *, consistent: bool
+    ) -> dict[str, Any] | None:
+        try:
+            item = self.client.get_item(
+                TableName=self.table_name, Key={"pk": x.s(pk)}, ConsistentRead=consistent
+            ).get("Item")
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translate(exc, self.table_name, key, doing) from exc
+        return item or None
+
+    def _batch_get_items(self, pks: Sequence[str], doing: str) -> list[dict[str, Any]]:
+        """Consistent reads, 100 keys per request, unprocessed keys asked again."""
+        wanted = list(dict.fromkeys(pks))
+        found: list[dict[str, Any]] = []
+        for start in range(0, len(wanted), _BATCH_GET_MAX):
+            request: dict[str, Any] = {
+                self.table_name: {
+                    "Keys": [{"pk": x.s(pk)} for pk in wanted[start : start + _BATCH_GET_MAX]],
+                    "ConsistentRead": True,
+                }
+            }
+            while request:
+                try:
+                    page = self.client.batch_get_item(RequestItems=request)
+                except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+                    raise _translate(exc, self.table_name, None, doing) from exc
+                found.extend(page.get("Responses", {}).get(self.table_name, []))
+                request = page.get("UnprocessedKeys") or {}
+        return found
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
 
@@ -383,125 +519,221 @@ class DynamoDBLedger:
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translate(exc, self.table_name, pk, "record a batch") from exc
 
-    # --- conditional transitions -----------------------------------------------------------
+    # --- groups -----------------------------------------------------------------------------
 
-    def claim(
-        self, request: ClaimRequest, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult:
-        """Claim a key for a new attempt, if it is absent, RELEASED, or DELIVERED and expired."""
-        next_state(None, Transition.CLAIM)
+    def open_group(
+        self, stream: str, members: Sequence[str], *, owner: str, now_ms: int, lease_ms: int
+    ) -> Group:
+        """A new OPEN group (epoch 1) in the in-flight index; a put conditional on a new id."""
+        state = next_group_state(None, GroupTransition.OPEN)
+        group_id = new_group_id()
+        token = secrets.token_hex(8)
+        lease_expires_at_ms = now_ms + lease_ms
+        item = {
+            "pk": x.s(group_pk(stream, group_id)),
+            "stream": x.s(stream),
+            "state": x.s(state.value),
+            "epoch": x.n(1),
+            "owner": x.s(owner),
+            "claimed_at_ms": x.n(now_ms),
+            "lease_expires_at_ms": x.n(lease_expires_at_ms),
+            "inflight_bucket": x.s(inflight_bucket(stream, group_id, self.inflight_buckets)),
+            "members": x.b(pack_members(members)),
+            TTL_ATTRIBUTE: x.n(now_ms // 1000 + self.dedupe_ttl_s),
+            "write_token": x.s(token),
+        }
+        kwargs = {
+            "TableName": self.table_name,
+            "Item": item,
+            "ConditionExpression": "attribute_not_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": "pk"},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        try:
+            self._connection().connection.dispatch(PUT_ITEM, kwargs)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            # a retry of our own applied put fails its condition on our own token
+            current = (
+                self.get_group(stream, group_id) if _code_of(exc) == _CONDITION_FAILED else None
+            )
+            if current is None or current.write_token != token:
+                raise _translate(exc, self.table_name, None, "open a group") from exc
+        return Group(
+            stream=stream,
+            group_id=group_id,
+            state=state,
+            epoch=1,
+            owner=owner,
+            claimed_at_ms=now_ms,
+            lease_expires_at_ms=lease_expires_at_ms,
+            members=tuple(members),
+            expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
+            write_token=token,
+        )
+
+    def renew_lease(self, group: Group, *, now_ms: int, lease_ms: int, skew_ms: int) -> GroupUpdate:
+        next_group_state(group.state, GroupTransition.RENEW)
+        values = {
+            **_group_held(group.epoch),
+            ":now_plus_skew": x.n(now_ms + skew_ms),
+            ":next_epoch": x.n(group.epoch + 1),
+            ":lease": x.n(now_ms + lease_ms),
+        }
+        return self._update_group(group, x.RENEW, x.RENEWABLE, values)
+
+    def take_over_group(
+        self, seen: Group, *, owner: str, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> GroupUpdate:
+        next_group_state(seen.state, GroupTransition.TAKE_OVER)
+        values = {
+            **_group_held(seen.epoch),
+            ":now_minus_skew": x.n(now_ms - skew_ms),
+            ":next_epoch": x.n(seen.epoch + 1),
+            ":owner": x.s(owner),
+            ":lease": x.n(now_ms + lease_ms),
+        }
+        return self._update_group(seen, x.TAKE_OVER_GROUP, x.TAKEABLE, values)
+
+    def record_positions(
+        self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
+    ) -> GroupUpdate:
+        next_group_state(group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD)
+        merged = dict(group.positions)
+        index_of = {key: i for i, key in enumerate(group.members)}
+        for key, position in positions.items():
+            index = index_of.get(key)
+            if index is None:
+                raise ValueError(f"{key!r} is not a member of group {group.group_id}")
+            merged[index] = position
+        values = {
+            **_group_held(group.epoch),
+            ":positions": x.b(pack_positions(len(group.members), merged)),
+            ":now": x.n(now_ms),
+        }
+        if settle:
+            values[":settled"] = x.s(GroupState.SETTLED.value)
+        return self._update_group(group, x.SETTLE if settle else x.RECORD, x.GROUP_HELD, values)
+
+    def _update_group(
+        self, group: Group, update: str, condition: str, values: dict[str, Any]
+    ) -> GroupUpdate:
+        applied, item = self._update(
+            group_pk(group.stream, group.group_id), None, update, condition, values
+        )
+        return GroupUpdate(applied, None if item is None else _group_of(item))
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
+        """Claim a key for ``group``, if it is absent, RELEASED, or past its dedupe TTL."""
+        state = next_key_state(None, KeyTransition.CLAIM)
         values: dict[str, Any] = {
-            ":stream": x.s(request.stream),
-            ":key": x.s(request.key),
-            ":in_flight": x.s(LedgerState.IN_FLIGHT.value),
-            ":released": x.s(LedgerState.RELEASED.value),
+            ":claimed": x.s(state.value),
+            ":released": x.s(KeyState.RELEASED.value),
             ":zero": x.n(0),
             ":one": x.n(1),
-            ":owner": x.s(owner),
+            ":group": x.s(group.group_id),
             ":now": x.n(now_ms),
             ":now_s": x.n(now_ms // 1000),
-            ":lease": x.n(now_ms + lease_ms),
-            ":bucket": x.s(inflight_bucket(request.stream, request.key, self.inflight_buckets)),
+            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
             ":digest": x.s(request.payload_digest),
             ":routing": x.s(request.routing_hash_key),
         }
         update = x.CLAIM
         if request.payload:
             update = x.CLAIM_WITH_PAYLOAD
-            values[":payload"] = {"B": request.payload}
-        applied, current = self._update(request.stream, request.key, update, x.CLAIMABLE, values)
+            values[":payload"] = x.b(request.payload)
+        applied, item = self._update(
+            ledger_pk(request.stream, request.key), request.key, update, x.CLAIMABLE, values
+        )
+        current = None if item is None else _claim_of(item)
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
-    def mark_delivered(
-        self, record: LedgerRecord, position: Position, *, now_ms: int
-    ) -> UpdateResult:
-        """IN_FLIGHT under ``record.attempt`` -> DELIVERED at ``position``."""
-        next_state(LedgerState.IN_FLIGHT, Transition.MARK_DELIVERED)
-        values: dict[str, Any] = {
-            ":delivered": x.s(LedgerState.DELIVERED.value),
-            ":shard": x.s(position.shard_id),
-            ":seq": x.s(position.sequence_number),
+    def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
+        """CLAIMED(n, G) -> CLAIMED(n + 1, ``group``), conditional on the attempt and group seen."""
+        next_key_state(seen.state, KeyTransition.TAKE_OVER)
+        values = {
+            **_key_held(seen),
+            ":next": x.n(seen.attempt + 1),
+            ":group": x.s(group.group_id),
             ":now": x.n(now_ms),
             ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
-            **self._held_values(record.attempt),
         }
-        update = x.MARK
-        if position.sub_sequence_number is not None:
-            update = x.MARK_AGGREGATED
-            values[":subseq"] = x.n(position.sub_sequence_number)
-        applied, current = self._update(
-            record.stream, record.key, update, x.HELD_UNDER_ATTEMPT, values
+        applied, item = self._update(
+            ledger_pk(seen.stream, seen.key), seen.key, x.TAKE_OVER_KEY, x.KEY_HELD, values
         )
-        return UpdateResult(applied, current)
-
-    def take_over(
-        self, seen: LedgerRecord, *, owner: str, now_ms: int, lease_ms: int
-    ) -> ClaimResult:
-        """A new attempt on a claim whose put can no longer land (conditional on the attempt seen)."""
-        next_state(seen.state, Transition.TAKE_OVER)
-        values = {
-            ":next": x.n(seen.attempt + 1),
-            ":owner": x.s(owner),
-            ":now": x.n(now_ms),
-            ":lease": x.n(now_ms + lease_ms),
-            ":bucket": x.s(inflight_bucket(seen.stream, seen.key, self.inflight_buckets)),
-            **self._held_values(seen.attempt),
-        }
-        applied, current = self._update(
-            seen.stream, seen.key, x.TAKE_OVER, x.HELD_UNDER_ATTEMPT, values
-        )
+        current = None if item is None else _claim_of(item)
         return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
 
-    def release(self, seen: LedgerRecord) -> UpdateResult:
-        """IN_FLIGHT -> RELEASED: not in the stream and no data to resend; the next producer sends."""
-        return self._settle(seen, Transition.RELEASE)
+    def release(self, seen: KeyClaim) -> KeyUpdate:
+        """CLAIMED -> RELEASED: not in the stream and no data to resend."""
+        return self._settle_key(seen, KeyTransition.RELEASE)
 
-    def mark_unverifiable(self, seen: LedgerRecord) -> UpdateResult:
-        """IN_FLIGHT -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
-        return self._settle(seen, Transition.MARK_UNVERIFIABLE)
+    def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
+        """CLAIMED -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
+        return self._settle_key(seen, KeyTransition.MARK_UNVERIFIABLE)
 
-    def _settle(self, seen: LedgerRecord, transition: Transition) -> UpdateResult:
-        target = next_state(seen.state, transition)
-        values = {":target": x.s(target.value), **self._held_values(seen.attempt)}
-        applied, current = self._update(
-            seen.stream, seen.key, x.SETTLE, x.HELD_UNDER_ATTEMPT, values
+    def _settle_key(self, seen: KeyClaim, transition: KeyTransition) -> KeyUpdate:
+        target = next_key_state(seen.state, transition)
+        values = {":target": x.s(target.value), **_key_held(seen)}
+        applied, item = self._update(
+            ledger_pk(seen.stream, seen.key), seen.key, x.SETTLE_KEY, x.KEY_HELD, values
         )
-        return UpdateResult(applied, current)
+        return KeyUpdate(applied, None if item is None else _claim_of(item))
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests and operators only; the protocol never deletes)."""
         try:
-            self._connection().delete_item(ledger_pk(stream, key))
-        except PynamoDBException as exc:
+            self.client.delete_item(
+                TableName=self.table_name, Key={"pk": x.s(ledger_pk(stream, key))}
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translate(exc, self.table_name, key, "delete") from exc
 
-    @staticmethod
-    def _held_values(attempt: int) -> dict[str, dict[str, str]]:
-        return {":in_flight": x.s(LedgerState.IN_FLIGHT.value), ":seen": x.n(attempt)}
-
     def _update(
-        self, stream: str, key: str, update: str, condition: str, values: dict[str, Any]
-    ) -> tuple[bool, LedgerRecord | None]:
+        self, pk: str, key: str | None, update: str, condition: str, values: dict[str, Any]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """One conditional UpdateItem: (True, new item) or (False, the item that won instead).
 
         Each write carries a token of its own. When the SDK retried a request whose first try
         was applied, the retry fails its condition and finds the token: the write is ours.
         Another party's identical write has another token: that one is a lost race.
         """
-        token = uuid.uuid4().hex
+        token = secrets.token_hex(8)
         values[":token"] = x.s(token)
-        kwargs = x.update_kwargs(self.table_name, ledger_pk(stream, key), update, condition, values)
+        kwargs = x.update_kwargs(self.table_name, pk, update, condition, values)
         try:
             data = self._connection().connection.dispatch(UPDATE_ITEM, kwargs)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             if _code_of(exc) != _CONDITION_FAILED:
-                raise _translate(
-                    UpdateError("update failed", exc), self.table_name, key, "update"
-                ) from exc
-            old_item = _old_item_of(exc)
-            current = _from_raw(old_item) if old_item is not None else self.get(stream, key)
-            return current is not None and current.write_token == token, current
-        return True, _from_raw(data["Attributes"])
+                raise _translate(exc, self.table_name, key, "update") from exc
+            current = _old_item_of(exc)
+            if current is None:  # the backend did not return it: read it
+                current = self._get_item(pk, key, "read after a lost condition", consistent=True)
+            mine = current is not None and current.get("write_token", {}).get("S") == token
+            return mine, current
+        return True, data["Attributes"]
+
+
+def _key_held(seen: KeyClaim) -> dict[str, dict[str, str]]:
+    return {
+        ":claimed": x.s(KeyState.CLAIMED.value),
+        ":seen": x.n(seen.attempt),
+        ":seen_group": x.s(seen.group_id),
+    }
+
+
+def _group_held(epoch: int) -> dict[str, dict[str, str]]:
+    return {":open": x.s(GroupState.OPEN.value), ":epoch": x.n(epoch)}
+
+
+def _another_version(table: str, found: int | None) -> LedgerSchemaError:
+    return LedgerSchemaError(
+        f"ledger table {table!r} holds ledger schema version {found}; this keo "
+        f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
+        "or a new table (docs/upgrading.md)",
+        table=table,
+    )
 
 
 # --- translation at the edge ----------------------------------------------------------------
@@ -520,7 +752,7 @@ def _code_of(exc: BaseException) -> str | None:
 
 
 def _old_item_of(exc: BaseException) -> dict[str, Any] | None:
-    """The item a failed condition saw, where DynamoDB returned it (not dynalite)."""
+    """The item a failed condition saw, where DynamoDB returned it."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -545,51 +777,23 @@ def _translate(exc: BaseException, table: str, key: str | None, doing: str) -> L
     )
 
 
-def _require(record: LedgerRecord | None) -> LedgerRecord:
-    if record is None:
+def _require(claim: KeyClaim | None) -> KeyClaim:
+    if claim is None:
         raise LedgerUnavailableError("DynamoDB returned no item for an applied update")
-    return record
+    return claim
 
 
-def _key_of(stream: str, pk: str) -> str:
-    return pk[len(stream) + 1 :]
+# --- items from DynamoDB's wire format (the hot path skips pynamodb's deserialization) ---------
 
 
-def _from_raw(item: dict[str, Any]) -> LedgerRecord:
-    """A ledger record straight from DynamoDB's wire format (the hot path skips pynamodb's
-    deserialization; reads that are not hot go through the model)."""
+def _text(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return None if value is None else str(value["S"])
 
-    def text(name: str) -> str | None:
-        value = item.get(name)
-        return None if value is None else str(value["S"])
 
-    def number(name: str) -> int | None:
-        value = item.get(name)
-        return None if value is None else int(value["N"])
-
-    shard_id, sequence_number = text("shard_id"), text("sequence_number")
-    position = (
-        Position(shard_id, sequence_number, number("sub_sequence_number"))
-        if shard_id is not None and sequence_number is not None
-        else None
-    )
-    payload = item.get("payload")
-    return LedgerRecord(
-        stream=str(item["stream"]["S"]),
-        key=str(item["msg_key"]["S"]),
-        state=LedgerState(item["state"]["S"]),
-        attempt=int(item["attempt"]["N"]),
-        owner=str(item["owner"]["S"]),
-        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
-        payload_digest=str(item["payload_digest"]["S"]),
-        routing_hash_key=str(item["routing_hash_key"]["S"]),
-        lease_expires_at_ms=number("lease_expires_at_ms"),
-        write_token=text("write_token"),
-        position=position,
-        delivered_at_ms=number("delivered_at_ms"),
-        expires_at_s=number("expires_at"),
-        payload=_binary(payload["B"]) if payload is not None else None,
-    )
+def _number(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value["N"])
 
 
 def _binary(value: Any) -> bytes:
@@ -597,29 +801,38 @@ def _binary(value: Any) -> bytes:
     return value if isinstance(value, bytes) else base64.b64decode(value)
 
 
-def _to_record(item: LedgerItem) -> LedgerRecord:
-    position = None
-    if item.shard_id is not None and item.sequence_number is not None:
-        position = Position(
-            item.shard_id,
-            item.sequence_number,
-            int(item.sub_sequence_number) if item.sub_sequence_number is not None else None,
-        )
-    return LedgerRecord(
-        stream=item.stream,
-        key=item.msg_key,
-        state=LedgerState(item.state),
-        attempt=int(item.attempt),
-        owner=item.owner,
-        claimed_at_ms=int(item.claimed_at_ms),
-        write_token=item.write_token,
-        payload_digest=item.payload_digest,
-        routing_hash_key=item.routing_hash_key,
-        lease_expires_at_ms=int(item.lease_expires_at_ms)
-        if item.lease_expires_at_ms is not None
-        else None,
-        position=position,
-        delivered_at_ms=int(item.delivered_at_ms) if item.delivered_at_ms is not None else None,
-        expires_at_s=int(item.expires_at) if item.expires_at is not None else None,
-        payload=bytes(item.payload) if item.payload is not None else None,
+def _claim_of(item: Mapping[str, Any]) -> KeyClaim:
+    stream, _, key = str(item["pk"]["S"]).partition("#")
+    payload = item.get("payload")
+    return KeyClaim(
+        stream=stream,
+        key=key,
+        state=KeyState(item["state"]["S"]),
+        attempt=int(item["attempt"]["N"]),
+        group_id=str(item["group"]["S"]),
+        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
+        payload_digest=str(item["payload_digest"]["S"]),
+        routing_hash_key=str(item["routing_hash_key"]["S"]),
+        expires_at_s=int(item[TTL_ATTRIBUTE]["N"]),
+        write_token=_text(item, "write_token"),
+        payload=_binary(payload["B"]) if payload is not None else None,
+    )
+
+
+def _group_of(item: Mapping[str, Any]) -> Group:
+    stream = str(item["stream"]["S"])
+    positions = item.get("positions")
+    return Group(
+        stream=stream,
+        group_id=str(item["pk"]["S"])[len(group_pk(stream, "")) :],
+        state=GroupState(item["state"]["S"]),
+        epoch=int(item["epoch"]["N"]),
+        owner=str(item["owner"]["S"]),
+        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
+        lease_expires_at_ms=int(item["lease_expires_at_ms"]["N"]),
+        members=tuple(unpack_members(_binary(item["members"]["B"]))),
+        positions=unpack_positions(_binary(positions["B"])) if positions is not None else {},
+        recorded_at_ms=_number(item, "recorded_at_ms"),
+        expires_at_s=_number(item, TTL_ATTRIBUTE),
+        write_token=_text(item, "write_token"),
     )

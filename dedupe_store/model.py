@@ -1,8 +1,8 @@
 """The pynamodb model of a ledger item, bound to a table at run time.
 
 Table names and endpoints come from settings, so :func:`bind_ledger_model` makes a subclass
-whose ``Meta`` names them. Attributes ``inflight_bucket`` and ``lease_expires_at_ms`` exist
-only while a claim is IN_FLIGHT, which keeps the in-flight index sparse.
+whose ``Meta`` names them. Only OPEN group items have ``inflight_bucket``, which keeps the
+in-flight index sparse: a key item never enters it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pynamodb.attributes import BinaryAttribute, NumberAttribute, UnicodeAttribute
+from pynamodb.attributes import NumberAttribute, UnicodeAttribute
 from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
 from pynamodb.models import Model
 
@@ -19,7 +19,7 @@ TTL_ATTRIBUTE = "expires_at"
 
 
 class InFlightIndex(GlobalSecondaryIndex["LedgerItem"]):  # type: ignore[no-untyped-call]
-    """Sparse, bucketed: only IN_FLIGHT items have ``inflight_bucket`` ("<stream>#<n>")."""
+    """Sparse, bucketed: only OPEN groups have ``inflight_bucket`` ("<stream>#<n>")."""
 
     class Meta:
         index_name = INFLIGHT_INDEX_NAME
@@ -32,27 +32,18 @@ class InFlightIndex(GlobalSecondaryIndex["LedgerItem"]):  # type: ignore[no-unty
 
 
 class LedgerItem(Model):
+    """The table's key and its in-flight index: all pynamodb needs to create the table.
+
+    Items are read and written as DynamoDB's wire format by :mod:`dedupe_store.ledger` (key
+    items and group items share the table); only group items carry the index attributes.
+    """
+
     class Meta:
         table_name = "keo-ledger"
 
     pk = UnicodeAttribute(hash_key=True)
-    stream = UnicodeAttribute()
-    msg_key = UnicodeAttribute()
-    state = UnicodeAttribute()
-    attempt = NumberAttribute()
-    owner = UnicodeAttribute()
-    write_token = UnicodeAttribute(null=True)
-    claimed_at_ms = NumberAttribute()
-    payload_digest = UnicodeAttribute()
-    routing_hash_key = UnicodeAttribute()
     inflight_bucket = UnicodeAttribute(null=True)
     lease_expires_at_ms = NumberAttribute(null=True)
-    shard_id = UnicodeAttribute(null=True)
-    sequence_number = UnicodeAttribute(null=True)
-    sub_sequence_number = NumberAttribute(null=True)
-    delivered_at_ms = NumberAttribute(null=True)
-    expires_at = NumberAttribute(null=True)  # epoch seconds; the table's TTL attribute
-    payload = BinaryAttribute(null=True, legacy_encoding=False)
 
     inflight_index = InFlightIndex()
 

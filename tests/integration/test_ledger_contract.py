@@ -1,7 +1,8 @@
 """The contract of ``DynamoDBLedger``, run against two DynamoDBs: dynalite and moto (server mode).
 
-dynalite ignores ``ReturnValuesOnConditionCheckFailure`` (the ledger reads the item back after a
-lost condition); moto returns the old item with the error. Both paths must keep the contract:
+Both return the item a failed condition saw (``ReturnValuesOnConditionCheckFailure``; the
+project patches dynalite to, as DynamoDB does); the ``dynalite-read-back`` run strips the flag
+from every request so the ledger must read the item after a lost condition. Every path keeps:
 every transition is conditional on the state and attempt its caller saw, a lost condition
 returns the record that won, and a request repeated after its first try applied says "applied".
 
@@ -13,19 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from moto.server import ThreadedMotoServer
 
 from dedupe_store.errors import LedgerSchemaError
-from dedupe_store.ledger import (
-    LEDGER_SCHEMA_VERSION,
-    SCHEMA_PK,
-    DynamoDBLedger,
-    inflight_bucket,
-    ledger_pk,
-)
+from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
@@ -42,10 +37,12 @@ from ledger_contract import (
     BOB,
     LEASE_MS,
     POSITION,
+    SKEW_MS,
     STREAM,
     T0_MS,
     TTL_S,
-    claim,
+    claimed,
+    open_group,
     request_for,
 )
 
@@ -61,9 +58,9 @@ def moto_endpoint() -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture(params=["dynalite", "moto"])
+@pytest.fixture(params=["dynalite", "dynalite-read-back", "moto"])
 def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
-    if request.param == "dynalite":
+    if request.param.startswith("dynalite"):
         endpoint: str = request.getfixturevalue("emulators").dynamodb
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
@@ -77,7 +74,14 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
     ledger = DynamoDBLedger(options, dedupe_ttl_s=TTL_S, inflight_buckets=4)
     assert ledger.create_table(wait=False)
     wait_until_active(ledger)
+    if request.param == "dynalite-read-back":
+        ledger.client.meta.events.register("provide-client-params.dynamodb.*", _no_old_item)
     return ledger
+
+
+def _no_old_item(params: dict[str, Any], **_: Any) -> None:
+    # as a DynamoDB that never returns the item a failed condition saw
+    params.pop("ReturnValuesOnConditionCheckFailure", None)
 
 
 def wait_until_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
@@ -103,102 +107,103 @@ def wait_until_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
 def test_a_claim_retried_by_the_sdk_after_its_first_try_applied_reports_won(
     ledger: DynamoDBLedger,
 ) -> None:
-    # GIVEN the response of the next claim is lost after it applied
+    # GIVEN an open group, and the response of the next claim lost after it applied
+    group = open_group(ledger, "k-retried")
     with FaultInjector(ledger.client, seed=1) as faults:
         faults.response_lost_in_transit(operations=["UpdateItem"], count=1)
-        # WHEN a producer claims a new key
-        result = ledger.claim(
-            request_for("k-retried"), owner=ALICE, now_ms=T0_MS, lease_ms=LEASE_MS
-        )
+        # WHEN a producer claims the key
+        result = ledger.claim(request_for("k-retried"), group, now_ms=T0_MS)
     # THEN the SDK's retry is recognised: the claim is won, once, attempt 1
     assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.attempt, result.record.owner) == (1, ALICE)
-    assert ledger.get(STREAM, "k-retried") == result.record
+    assert result.claim is not None
+    assert (result.claim.attempt, result.claim.group_id) == (1, group.group_id)
+    assert ledger.get_claim(STREAM, "k-retried") == result.claim
 
 
-def test_a_mark_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+def test_an_open_retried_by_the_sdk_after_its_first_try_applied_returns_the_group(
     ledger: DynamoDBLedger,
 ) -> None:
-    # GIVEN a claim, and the response of the next write lost after it applied
-    held = claim(ledger, "k-mark-retried")
+    # GIVEN the response of the next put lost after it applied
+    with FaultInjector(ledger.client, seed=5) as faults:
+        faults.response_lost_in_transit(operations=["PutItem"], count=1)
+        # WHEN a group is opened
+        group = open_group(ledger, "k-open-retried")
+    # THEN the retried open is recognised: the group is there, OPEN at epoch 1
+    assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
+    assert ledger.get_group(STREAM, group.group_id) == group
+
+
+def test_a_settle_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN a claimed group, and the response of the next write lost after it applied
+    group = claimed(ledger, "k-settle-retried")
     with FaultInjector(ledger.client, seed=2) as faults:
         faults.response_lost_in_transit(operations=["UpdateItem"], count=1)
-        # WHEN it is marked delivered
-        result = ledger.mark_delivered(held, POSITION, now_ms=T0_MS + 1)
-    # THEN the retried mark is recognised as applied
+        # WHEN it is settled
+        result = ledger.record_positions(
+            group, {"k-settle-retried": POSITION}, settle=True, now_ms=T0_MS + 1
+        )
+    # THEN the retried settle is recognised as applied
     assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
     assert result.applied
-    assert result.current is not None
-    assert (result.current.state, result.current.position) == (LedgerState.DELIVERED, POSITION)
+    record = ledger.get(STREAM, "k-settle-retried")
+    assert record is not None
+    assert (record.state, record.position) == (LedgerState.DELIVERED, POSITION)
 
 
 def test_a_take_over_retried_by_the_sdk_after_its_first_try_applied_reports_won(
     ledger: DynamoDBLedger,
 ) -> None:
-    # GIVEN an expired claim, and the response of the next write lost after it applied
-    seen = claim(ledger, "k-take-retried")
+    # GIVEN an expired claim, bob's group, and the response of the next write lost after it applied
+    claimed(ledger, "k-take-retried")
+    seen = ledger.get_claim(STREAM, "k-take-retried")
+    assert seen is not None
+    bobs = open_group(ledger, "k-take-retried", owner=BOB, now_ms=T0_MS + LEASE_MS + 1)
     with FaultInjector(ledger.client, seed=3) as faults:
         faults.response_lost_in_transit(operations=["UpdateItem"], count=1)
         # WHEN bob takes it over
-        result = ledger.take_over(seen, owner=BOB, now_ms=T0_MS + LEASE_MS + 1, lease_ms=LEASE_MS)
-    # THEN the retried take-over is recognised as won: attempt 2, bob's
+        result = ledger.take_over_key(seen, bobs, now_ms=T0_MS + LEASE_MS + 1)
+    # THEN the retried take-over is recognised as won: attempt 2, in bob's group
     assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
     assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    assert (result.record.attempt, result.record.owner) == (2, BOB)
+    assert result.claim is not None
+    assert (result.claim.attempt, result.claim.group_id) == (2, bobs.group_id)
 
 
-def test_a_release_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
+def test_a_group_take_over_retried_by_the_sdk_after_its_first_try_applied_reports_applied(
     ledger: DynamoDBLedger,
 ) -> None:
-    # GIVEN a claim, and the response of the next write lost after it applied
-    seen = claim(ledger, "k-release-retried")
+    # GIVEN an expired group, and the response of the next write lost after it applied
+    group = claimed(ledger, "k-group-retried")
     with FaultInjector(ledger.client, seed=4) as faults:
         faults.response_lost_in_transit(operations=["UpdateItem"], count=1)
-        # WHEN it is released
-        result = ledger.release(seen)
-    # THEN the retried release is recognised as applied
+        # WHEN bob takes it over
+        result = ledger.take_over_group(
+            group, owner=BOB, now_ms=T0_MS + LEASE_MS + SKEW_MS, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        )
+    # THEN it applied, once: epoch 2, bob's
     assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
     assert result.applied
     assert result.current is not None
-    assert result.current.state is LedgerState.RELEASED
+    assert (result.current.epoch, result.current.owner) == (2, BOB)
 
 
-# --- batched reads (items written the way this backend can) ------------------------------
+# --- batched reads ------------------------------------------------------------------------------
 
 
 def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: DynamoDBLedger) -> None:
-    # GIVEN 250 keys in the ledger (more than one BatchGetItem of 100): a few claimed, the rest
-    # written in bulk (moto takes ~60 ms per conditional write)
+    # GIVEN 250 keys claimed in one group (more than one BatchGetItem of 100)
     keys = [f"k-batch-{i:03d}" for i in range(250)]
-    claimed = {key: claim(ledger, key) for key in keys[:5]}
-    with ledger.model.batch_write() as batch:
-        for key in keys[5:]:
-            request = request_for(key)
-            batch.save(
-                ledger.model(
-                    ledger_pk(STREAM, key),
-                    stream=STREAM,
-                    msg_key=key,
-                    state=LedgerState.IN_FLIGHT.value,
-                    attempt=1,
-                    owner=ALICE,
-                    claimed_at_ms=T0_MS,
-                    lease_expires_at_ms=T0_MS + LEASE_MS,
-                    inflight_bucket=inflight_bucket(STREAM, key, ledger.inflight_buckets),
-                    payload_digest=request.payload_digest,
-                    routing_hash_key=request.routing_hash_key,
-                )
-            )
+    claimed(ledger, *keys)
     # WHEN they are read in one call, with absent keys and repeats mixed in
     found = ledger.batch_get(STREAM, [*keys, "k-absent-1", keys[0], "k-absent-2"])
     # THEN every claimed key comes back once, absent ones are left out
     assert sorted(found) == keys
     assert all(r.state is LedgerState.IN_FLIGHT and r.attempt == 1 for r in found.values())
-    assert all(found[key] == record for key, record in claimed.items())
     assert found["k-batch-249"].lease_expires_at_ms == T0_MS + LEASE_MS
+    assert found["k-batch-000"].owner == ALICE
     assert ledger.get(STREAM, "k-absent-1") is None
 
 
@@ -212,7 +217,7 @@ def test_a_table_stamped_by_another_ledger_version_is_refused_not_misread(
     ledger.create_table(wait=True)
     assert ledger.schema_version() == LEDGER_SCHEMA_VERSION
     ledger.ensure_ready()
-    # WHEN another ledger version's stamp is found in it
+    # WHEN another ledger version's stamp is found in it (the item as such a version writes it)
     ledger.client.put_item(
         TableName=ledger.table_name,
         Item={"pk": {"S": SCHEMA_PK}, "schema_version": {"N": str(LEDGER_SCHEMA_VERSION + 1)}},
@@ -225,3 +230,18 @@ def test_a_table_stamped_by_another_ledger_version_is_refused_not_misread(
         ledger.ensure_ready()
     with pytest.raises(LedgerSchemaError):
         ledger.create_table(wait=True)
+
+
+def test_a_table_written_before_stamps_is_read_as_version_1_and_refused(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN a table with items and no stamp, as ledger version 1 left it
+    ledger.client.put_item(
+        TableName=ledger.table_name,
+        Item={"pk": {"S": f"{STREAM}#k-old"}, "stream": {"S": STREAM}, "state": {"S": "DELIVERED"}},
+    )
+    # WHEN a process checks the table
+    # THEN it is refused as version 1
+    assert ledger.schema_version() == 1
+    with pytest.raises(LedgerSchemaError, match="schema version 1"):
+        ledger.ensure_ready()
