@@ -168,12 +168,14 @@ class LedgerSettings(BaseSettings):
     ledger_connect_timeout_s: int = setting(
         2,
         ge=1,
+        le=60,
         description="connect timeout of a ledger call",
         why="as for puts: a dead connection is given up quickly and the call retried",
     )
     ledger_read_timeout_s: int = setting(
         5,
         ge=1,
+        le=120,
         description="read timeout of a ledger call",
         why=(
             "as for puts: a slow answer is given up quickly; a retried write that was applied "

@@ -262,6 +262,26 @@ def test_non_positive_values_are_refused(
         ProducerSettings()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KEO_PUT_CONNECT_TIMEOUT_S", "61"),
+        ("KEO_PUT_READ_TIMEOUT_S", "121"),
+        ("KEO_LEDGER_CONNECT_TIMEOUT_S", "61"),
+        ("KEO_LEDGER_READ_TIMEOUT_S", "121"),
+    ],
+)
+def test_timeouts_past_their_bound_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    # GIVEN a put or ledger timeout longer than a call is ever worth waiting for
+    monkeypatch.setenv(variable, value)
+    # WHEN settings are read
+    # THEN they are refused at start
+    with pytest.raises(ValidationError):
+        ProducerSettings()
+
+
 def test_zero_clock_skew_is_allowed() -> None:
     # GIVEN clocks trusted to agree (a single host)
     # WHEN the skew margin is 0
