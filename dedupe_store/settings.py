@@ -112,8 +112,8 @@ def emulator_credentials_for(endpoint_url: str | None) -> tuple[str, str] | None
 
 
 class LedgerSettings(BaseSettings):
-    """The ledger: its DynamoDB table and how it is reached. Read by every ``keo`` command,
-    the Spark sink and the API."""
+    """The ledger: its DynamoDB table and how it is reached. The producer's settings and the
+    API's both start from these."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
 
@@ -153,8 +153,8 @@ class LedgerSettings(BaseSettings):
         ge=1,
         le=1024,
         description=(
-            "partitions of the sparse in-flight index; every producer and reconciler of a "
-            "table must use the same number"
+            "partitions of the sparse in-flight index; every process using a table "
+            "(producers, reconcilers, the API) must use the same number"
         ),
         why="16 spreads the claims in flight over index partitions (no hot partition)",
     )
