@@ -63,3 +63,12 @@ def test_check_fails_on_a_stale_page_and_write_repairs_it(tmp_path: Path) -> Non
     fresh = settings_doc.main(["--check", "--path", str(page)])
     # THEN the first check fails and the second passes
     assert (stale, fresh) == (1, 0)
+
+
+def test_the_readme_names_only_documented_variables() -> None:
+    # GIVEN the KEO_* variables the README's short configuration table and examples name
+    named = set(re.findall(r"\bKEO_[A-Z0-9_]+\b", (ROOT / "README.md").read_text(encoding="utf-8")))
+    # WHEN the settings page is rendered
+    page = settings_doc.render()
+    # THEN each of them is a real, documented variable
+    assert sorted(name for name in named if f"`{name}`" not in page) == []
