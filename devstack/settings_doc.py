@@ -100,6 +100,17 @@ on the field itself (`dedupe_store.settings.setting`); this page is generated fr
 """
 
 
+# pydantic's constraint metadata -> the attribute holding the bound, and how the bound reads
+_CONSTRAINTS: Final = (
+    (annotated_types.Gt, "gt", "> {}"),
+    (annotated_types.Ge, "ge", ">= {}"),
+    (annotated_types.Lt, "lt", "< {}"),
+    (annotated_types.Le, "le", "<= {}"),
+    (annotated_types.MinLen, "min_length", "length >= {}"),
+    (annotated_types.MaxLen, "max_length", "length <= {}"),
+)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -122,23 +133,13 @@ def _default(value: object) -> str:
 
 
 def _bounds(field: FieldInfo, notes: SettingNotes) -> str:
-    parts: list[str] = []
-    for constraint in field.metadata:
-        match constraint:
-            case annotated_types.Gt(gt=bound):
-                parts.append(f"> {bound}")
-            case annotated_types.Ge(ge=bound):
-                parts.append(f">= {bound}")
-            case annotated_types.Lt(lt=bound):
-                parts.append(f"< {bound}")
-            case annotated_types.Le(le=bound):
-                parts.append(f"<= {bound}")
-            case annotated_types.MinLen(min_length=length):
-                parts.append(f"length >= {length}")
-            case annotated_types.MaxLen(max_length=length):
-                parts.append(f"length <= {length}")
-            case _ if getattr(constraint, "pattern", None) is not None:
-                parts.append(f"matches `{constraint.pattern}`")
+    parts = [
+        template.format(getattr(constraint, attribute))
+        for constraint in field.metadata
+        for kind, attribute, template in _CONSTRAINTS
+        if isinstance(constraint, kind)
+    ]
+    parts += [f"matches `{c.pattern}`" for c in field.metadata if getattr(c, "pattern", None)]
     if notes.rule is not None:
         parts.append(notes.rule)
     return ", ".join(parts) or "-"

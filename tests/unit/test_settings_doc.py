@@ -14,6 +14,7 @@ from devstack import settings_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cli", "devstack", "spark_jobs", "producer", "dedupe_store", "api")
+KEO_VARIABLE = re.compile(r"\bKEO_[A-Z0-9_]+\b")
 
 
 def test_docs_settings_md_is_what_the_settings_classes_render() -> None:
@@ -33,7 +34,7 @@ def test_every_keo_variable_named_in_the_code_is_documented() -> None:
         match
         for package in PACKAGES
         for path in (ROOT / package).rglob("*.py")
-        for match in re.findall(r"\bKEO_[A-Z0-9_]+\b", path.read_text(encoding="utf-8"))
+        for match in KEO_VARIABLE.findall(path.read_text(encoding="utf-8"))
     }
     # WHEN the settings page is rendered
     page = settings_doc.render()
@@ -67,7 +68,7 @@ def test_check_fails_on_a_stale_page_and_write_repairs_it(tmp_path: Path) -> Non
 
 def test_the_readme_names_only_documented_variables() -> None:
     # GIVEN the KEO_* variables the README's short configuration table and examples name
-    named = set(re.findall(r"\bKEO_[A-Z0-9_]+\b", (ROOT / "README.md").read_text(encoding="utf-8")))
+    named = set(KEO_VARIABLE.findall((ROOT / "README.md").read_text(encoding="utf-8")))
     # WHEN the settings page is rendered
     page = settings_doc.render()
     # THEN each of them is a real, documented variable
