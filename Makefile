@@ -22,8 +22,8 @@ MESSAGES ?= 400
 VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 
-.PHONY: help setup venv node_modules test lint demo bench soak emulators-up emulators-down \
-	emulators-status clean distclean
+.PHONY: help setup venv node_modules test lint settings-doc demo bench soak emulators-up \
+	emulators-down emulators-status clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -52,6 +52,9 @@ lint: setup ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+settings-doc: setup ## regenerate docs/settings.md from the settings classes' fields
+	$(BIN)/python -m devstack.settings_doc --write
 
 demo: setup ## the end-to-end demo on the local stack
 	$(BIN)/keo demo

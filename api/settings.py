@@ -6,9 +6,9 @@ Read from the environment with the ``KEO_`` prefix (``KEO_API_TOKEN``,
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import SecretStr, field_validator
 
-from dedupe_store.settings import LedgerSettings
+from dedupe_store.settings import LedgerSettings, setting
 
 # 128 bits of entropy as hex is 32 characters; anything shorter than this is guessable.
 MIN_API_TOKEN_LENGTH = 16
@@ -18,27 +18,34 @@ MAX_RETENTION_HOURS = 8760
 
 
 class ApiSettings(LedgerSettings):
-    api_token: SecretStr | None = Field(
-        default=None,
+    """The delivery-state API (``keo serve``): the ledger's settings, plus the bearer token and
+    what the exactly-once window is reported from."""
+
+    api_token: SecretStr | None = setting(
+        None,
+        rule=f"at least {MIN_API_TOKEN_LENGTH} characters, no surrounding white space",
         description=(
-            "bearer token every /v1 request must present (KEO_API_TOKEN); the API refuses to "
-            "start without one unless started with --no-auth"
+            "bearer token every /v1 request must present; the API refuses to start without "
+            "one unless started with --no-auth (loopback addresses only)"
         ),
+        why="no default: a token is chosen per deployment (e.g. `openssl rand -hex 32`)",
     )
-    stream_retention_hours: int | None = Field(
-        default=None,
+    stream_retention_hours: int | None = setting(
+        None,
         ge=MIN_RETENTION_HOURS,
         le=MAX_RETENTION_HOURS,
-        description=(
-            "retention of the streams, for the exactly-once window reported by the API; "
-            "unset means unknown (the window is then at most the dedupe TTL)"
+        description="retention of the streams, for the exactly-once window the API reports",
+        why=(
+            "unset means unknown: the window is then reported as at most the dedupe TTL; "
+            "the bounds are Kinesis's retention range (24 h to 365 days)"
         ),
     )
-    summary_count_cap: int = Field(
-        default=100_000,
+    summary_count_cap: int = setting(
+        100_000,
         ge=1,
         le=10_000_000,
         description="the summary stops counting in-flight claims past this many, and says so",
+        why="a summary answers in bounded time however many claims a crash left in flight",
     )
 
     @field_validator("api_token", mode="before")

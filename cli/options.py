@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from cli.exit_codes import ExitCode
 from dedupe_store.errors import LedgerError, LedgerSchemaError
+from dedupe_store.settings import env_var
 from producer.errors import KeoError, StreamNotFoundError
 from producer.settings import ProducerSettings
 
@@ -51,7 +52,7 @@ def load_settings(**overrides: Any) -> ProducerSettings:
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
             message = str(error["msg"]).removeprefix("Value error, ")
-            where = f" KEO_{field.upper()}" if field else ""
+            where = f" {env_var(field)}" if field else ""
             typer.echo(f"keo: invalid setting{where}: {message}", err=True)
         raise typer.Exit(ExitCode.CONFIG) from None
 

@@ -1,0 +1,60 @@
+"""The ledger: who claimed which key, where it landed, and the batches Spark finished.
+
+One DynamoDB table holds a key item per message key (its state, attempt and position) and the
+Spark batch records. The state machine (:mod:`dedupe_store.states`) and the plain records
+(:mod:`dedupe_store.records`) are pure; :class:`DynamoDBLedger` is the one adapter, and every
+backend meets :class:`Ledger` (:mod:`dedupe_store.contract`). The lowest layer: it imports no
+other package of the project.
+"""
+
+from __future__ import annotations
+
+from dedupe_store.clock import Clock, ManualClock, SkewedClock, SystemClock
+from dedupe_store.contract import Ledger, LedgerReader
+from dedupe_store.errors import (
+    InvalidTransitionError,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerThrottledError,
+    LedgerUnavailableError,
+)
+from dedupe_store.ledger import DynamoDBLedger
+from dedupe_store.records import (
+    BatchRecord,
+    ClaimRequest,
+    ClaimResult,
+    ClaimStatus,
+    LedgerRecord,
+    Position,
+    RunRecord,
+    UpdateResult,
+)
+from dedupe_store.settings import LedgerSettings
+from dedupe_store.states import LedgerState, Transition, next_state
+
+__all__ = [
+    "BatchRecord",
+    "ClaimRequest",
+    "ClaimResult",
+    "ClaimStatus",
+    "Clock",
+    "DynamoDBLedger",
+    "InvalidTransitionError",
+    "Ledger",
+    "LedgerError",
+    "LedgerReader",
+    "LedgerRecord",
+    "LedgerSchemaError",
+    "LedgerSettings",
+    "LedgerState",
+    "LedgerThrottledError",
+    "LedgerUnavailableError",
+    "ManualClock",
+    "Position",
+    "RunRecord",
+    "SkewedClock",
+    "SystemClock",
+    "Transition",
+    "UpdateResult",
+    "next_state",
+]

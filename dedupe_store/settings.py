@@ -2,61 +2,196 @@
 
 Read from the environment with the ``KEO_`` prefix and validated at start. Region and
 credentials come the standard AWS way (environment, profile, instance role).
+
+Every setting is declared with :func:`setting`, which makes it document itself: what it is,
+its bounds, and why its default is what it is. ``docs/settings.md`` is generated from those
+fields (``make settings-doc``). The building blocks the other packages' settings share live
+here, in the lowest layer: :func:`setting`, :data:`EndpointUrl` and the emulator credentials.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, JsonValue, ValidationInfo
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dedupe_store.model import ConnectionOptions
 
+ENV_PREFIX: Final = "KEO_"
 # Emulators accept any credentials, but botocore refuses to sign without some.
-_EMULATOR_CREDENTIALS = ("keo-local", "keo-local")
+EMULATOR_CREDENTIALS: Final = ("keo-local", "keo-local")
+
+_WHY: Final = "why"
+_RULE: Final = "rule"
+
+
+def env_var(field_name: str) -> str:
+    """The environment variable of a setting: ``lease_s`` -> ``KEO_LEASE_S``."""
+    return f"{ENV_PREFIX}{field_name.upper()}"
+
+
+def setting(
+    default: object,
+    *,
+    description: str,
+    why: str,
+    rule: str | None = None,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    pattern: str | None = None,
+) -> Any:  # a pydantic FieldInfo, typed Any as pydantic.Field is, so it types as the field
+    """A settings field that documents itself.
+
+    ``why`` says why the default is what it is; ``rule`` states, in words, a bound that a
+    validator enforces (a cross-field rule, a URL) rather than the constraints given here.
+    """
+    extra: dict[str, JsonValue] = {_WHY: why}
+    if rule is not None:
+        extra[_RULE] = rule
+    return Field(
+        default,
+        description=description,
+        json_schema_extra=extra,
+        gt=gt,
+        ge=ge,
+        lt=lt,
+        le=le,
+        min_length=min_length,
+        max_length=max_length,
+        pattern=pattern,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SettingNotes:
+    """What :func:`setting` recorded on a field beyond pydantic's own attributes."""
+
+    why: str
+    rule: str | None
+
+    @classmethod
+    def of(cls, name: str, field: FieldInfo) -> SettingNotes:
+        extra = field.json_schema_extra
+        why = extra.get(_WHY) if isinstance(extra, dict) else None
+        if not isinstance(why, str) or not why or not field.description:
+            raise ValueError(
+                f"setting {name} has no description or no why: declare it with setting()"
+            )
+        rule = extra.get(_RULE) if isinstance(extra, dict) else None
+        return cls(why=why, rule=rule if isinstance(rule, str) else None)
+
+
+def _endpoint_url(value: str | None, info: ValidationInfo) -> str | None:
+    if value in (None, ""):
+        return None
+    if not value.startswith(("http://", "https://")):
+        variable = env_var(info.field_name or "endpoint_url")
+        raise ValueError(f"{variable} must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
+# An endpoint override: unset or empty means the AWS default (real AWS); otherwise an
+# http(s) URL, kept without its trailing slash. A bad value is refused naming its variable.
+EndpointUrl = Annotated[str | None, AfterValidator(_endpoint_url)]
+ENDPOINT_URL_RULE: Final = "an http(s) URL; empty counts as unset"
+
+
+def emulator_credentials_for(endpoint_url: str | None) -> tuple[str, str] | None:
+    """Dummy credentials for an emulator endpoint when the environment has none."""
+    if endpoint_url is None or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    return EMULATOR_CREDENTIALS
 
 
 class LedgerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KEO_", extra="ignore", validate_default=True)
+    """The ledger: its DynamoDB table and how it is reached. The producer's settings and the
+    API's both start from these."""
 
-    table: str = Field(
-        default="keo-ledger",
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    table: str = setting(
+        "keo-ledger",
         min_length=3,
         max_length=255,
         pattern=r"^[A-Za-z0-9_.-]+$",
-        description="DynamoDB table of the ledger",
+        description="DynamoDB table of the ledger (`keo init` creates it)",
+        why="a name that says what it holds; the bounds are DynamoDB's table-name rules",
     )
-    dynamodb_endpoint_url: str | None = Field(
-        default=None, description="DynamoDB endpoint; unset means the AWS default (real AWS)"
+    dynamodb_endpoint_url: EndpointUrl = setting(
+        None,
+        rule=ENDPOINT_URL_RULE,
+        description="DynamoDB endpoint override (`keo emulators up` writes it to .keo/endpoints.env)",
+        why="unset reaches real AWS: an emulator is opted into, never the default",
     )
-    region: str | None = Field(
-        default=None,
-        description="AWS region; unset means AWS_REGION / AWS_DEFAULT_REGION / profile",
+    region: str | None = setting(
+        None,
+        description="AWS region of the stream and the table",
+        why=(
+            "unset follows the standard AWS chain (AWS_REGION, AWS_DEFAULT_REGION, profile); "
+            "us-east-1 against an emulator"
+        ),
     )
-    dedupe_ttl_s: int = Field(
-        default=7 * 24 * 3600, gt=0, description="how long a DELIVERED key suppresses duplicates"
+    dedupe_ttl_s: int = setting(
+        7 * 24 * 3600,
+        gt=0,
+        description="how long a DELIVERED key suppresses duplicates (the ledger item's TTL)",
+        why=(
+            "7 days: the exactly-once window is min(TTL, stream retention), so the TTL outlives "
+            "the default 24 h retention and covers a week-long replay of a retained stream"
+        ),
     )
-    inflight_buckets: int = Field(
-        default=16, ge=1, le=1024, description="partitions of the sparse in-flight index"
+    inflight_buckets: int = setting(
+        16,
+        ge=1,
+        le=1024,
+        description=(
+            "partitions of the sparse in-flight index; every process using a table "
+            "(producers, reconcilers, the API) must use the same number"
+        ),
+        why="16 spreads the claims in flight over index partitions (no hot partition)",
     )
-    ledger_concurrency: int = Field(
-        default=32, ge=1, le=512, description="ledger calls in flight per process"
+    ledger_concurrency: int = setting(
+        32,
+        ge=1,
+        le=512,
+        description="ledger calls in flight per process (and the size of its connection pool)",
+        why="DynamoDB's latency is hidden by concurrency: 32 calls keep a process busy",
     )
-    ledger_connect_timeout_s: int = Field(default=2, ge=1)
-    ledger_read_timeout_s: int = Field(default=5, ge=1)
-    ledger_max_retry_attempts: int = Field(
-        default=3, ge=0, le=10, description="SDK retries of ledger calls (throttling, 5xx)"
+    ledger_connect_timeout_s: int = setting(
+        2,
+        ge=1,
+        le=60,
+        description="connect timeout of a ledger call",
+        why="as for puts: a dead connection is given up quickly and the call retried",
     )
-
-    @field_validator("dynamodb_endpoint_url")
-    @classmethod
-    def _dynamodb_endpoint_is_url(cls, value: str | None) -> str | None:
-        if value in (None, ""):
-            return None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"KEO_DYNAMODB_ENDPOINT_URL must be an http(s) URL, got {value!r}")
-        return value.rstrip("/")
+    ledger_read_timeout_s: int = setting(
+        5,
+        ge=1,
+        le=120,
+        description="read timeout of a ledger call",
+        why=(
+            "as for puts: a slow answer is given up quickly; a retried write that was applied "
+            "is recognised by its token, so giving up early is safe"
+        ),
+    )
+    ledger_max_retry_attempts: int = setting(
+        3,
+        ge=0,
+        le=10,
+        description="SDK retries of a ledger call (throttling, 5xx, timeouts)",
+        why=(
+            "ledger writes are conditional and carry a token, so an SDK retry cannot apply "
+            "twice; 3 rides out a brief throttle without hiding an outage"
+        ),
+    )
 
     def resolved_region(self) -> str:
         region = self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -74,9 +209,7 @@ class LedgerSettings(BaseSettings):
         return session_region
 
     def ledger_connection(self) -> ConnectionOptions:
-        key_id = secret = None
-        if self.dynamodb_endpoint_url is not None and not os.environ.get("AWS_ACCESS_KEY_ID"):
-            key_id, secret = _EMULATOR_CREDENTIALS
+        key_id, secret = emulator_credentials_for(self.dynamodb_endpoint_url) or (None, None)
         return ConnectionOptions(
             table_name=self.table,
             region=self.resolved_region(),

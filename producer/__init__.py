@@ -1,0 +1,55 @@
+"""The exactly-once producer: claim, put, classify, mark, and read back what is ambiguous.
+
+:class:`ExactlyOnceProducer` sends; :class:`Reconciler` resolves the claims crashes left in
+flight; :func:`audit_stream` proves the stream holds each key once. The protocol's decisions
+are pure (:mod:`producer.protocol`); Kinesis is reached through :class:`KinesisWriter` and
+:class:`KinesisReader`; :func:`build_stack` wires them all from :class:`ProducerSettings`.
+The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hooks).
+"""
+
+from __future__ import annotations
+
+from producer.audit import AuditReport, audit_stream
+from producer.errors import (
+    ConfigurationError,
+    KeoError,
+    StreamError,
+    StreamNotFoundError,
+    StreamUnavailableError,
+    UnresolvedKeysError,
+)
+from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.kinesis import KinesisReader, KinesisWriter
+from producer.outcomes import Outcome, OutcomeStatus
+from producer.producer import ExactlyOnceProducer, ProducerPolicy
+from producer.protocol import LeasePolicy, Message
+from producer.reconciler import Reconciler, ReconcileReport
+from producer.settings import ProducerSettings
+from producer.wiring import Stack, build_stack
+
+__all__ = [
+    "NO_HOOKS",
+    "AuditReport",
+    "ConfigurationError",
+    "ExactlyOnceProducer",
+    "Hooks",
+    "KeoError",
+    "KinesisReader",
+    "KinesisWriter",
+    "LeasePolicy",
+    "Message",
+    "Outcome",
+    "OutcomeStatus",
+    "ProducerPolicy",
+    "ProducerSettings",
+    "ReconcileReport",
+    "Reconciler",
+    "Stack",
+    "Step",
+    "StreamError",
+    "StreamNotFoundError",
+    "StreamUnavailableError",
+    "UnresolvedKeysError",
+    "audit_stream",
+    "build_stack",
+]

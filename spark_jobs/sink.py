@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dedupe_store.settings import ENV_PREFIX, env_var
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
@@ -42,7 +43,6 @@ from producer.wiring import Stack, build_stack
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIX: Final = "KEO_"
 # Seams for tests, not settings: they never travel to the executors as KEO_* values.
 _NOT_SETTINGS: Final = frozenset({"KEO_FAILPOINTS"})
 DEFAULT_ROWS_PER_SEND: Final = 1000
@@ -81,7 +81,7 @@ def settings_from_env(
     }
     for name, value in overrides.items():
         if value is not None:
-            values[f"{ENV_PREFIX}{name.upper()}"] = value
+            values[env_var(name)] = value
     return values
 
 

@@ -6,8 +6,12 @@ import statement, those inside functions included, so a lazy import cannot hide 
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
+import grimp
 import pytest
 from importlinter.cli import lint_imports
 
@@ -21,3 +25,98 @@ def test_every_dependency_contract_is_kept(monkeypatch: pytest.MonkeyPatch) -> N
     exit_code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True)
     # THEN no contract is broken (the report above names any import that breaks one)
     assert exit_code == 0
+
+
+PACKAGES = ("cli", "devstack", "spark_jobs", "producer", "dedupe_store", "api")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_package_names_its_public_api(package: str) -> None:
+    # GIVEN a package of the project
+    module = importlib.import_module(package)
+    # WHEN its public API is read
+    public = getattr(module, "__all__", None)
+    # THEN it is named with __all__, and every name it lists is there
+    assert public, f"{package}/__init__.py has no __all__"
+    assert [name for name in public if not hasattr(module, name)] == []
+
+
+def test_importing_every_package_leaves_pyspark_unimported() -> None:
+    # GIVEN a fresh interpreter (Spark executors and the CLI import these packages)
+    code = f"import sys, {', '.join(PACKAGES)}\nsys.exit('pyspark' in sys.modules)"
+    # WHEN it imports every package, warnings as errors (an import cycle warns or fails)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, check=False
+    )
+    # THEN it succeeds without importing pyspark
+    assert result.returncode == 0, result.stderr.decode()
+
+
+# --- docs/architecture.md -----------------------------------------------------------------------
+
+ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
+
+
+def _fenced_block(text: str, after_heading: str, fence: str) -> list[str]:
+    """The lines of the first ``fence`` block after ``after_heading``."""
+    lines = text.splitlines()
+    start = lines.index(after_heading)
+    opening = next(i for i in range(start, len(lines)) if lines[i].startswith(fence))
+    closing = lines.index("```", opening + 1)
+    return lines[opening + 1 : closing]
+
+
+def _modules_in_tree(block: list[str]) -> set[str]:
+    """``pkg/sub/mod.py`` paths of an indented tree: a folder ends with ``/``, two spaces a level."""
+    folders: list[str] = []
+    modules: set[str] = set()
+    for line in block:
+        name = line.split()[0]
+        depth = (len(line) - len(line.lstrip())) // 2
+        del folders[depth:]
+        if name.endswith("/"):
+            folders.append(name.removesuffix("/"))
+        else:
+            modules.add("/".join([*folders, name]))
+    return modules
+
+
+def test_architecture_doc_names_every_module_and_only_modules_that_exist() -> None:
+    # GIVEN the tree drawn in docs/architecture.md and the modules of the six packages
+    block = _fenced_block(ARCHITECTURE_DOC.read_text(encoding="utf-8"), "## The tree", "```")
+    documented = _modules_in_tree(block)
+    present = {
+        path.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+    }
+    # WHEN they are compared
+    # THEN the doc leaves none out, and names none that does not exist
+    assert sorted(present - documented) == [], "modules missing from docs/architecture.md"
+    assert sorted(documented - present) == [], (
+        "docs/architecture.md names modules that do not exist"
+    )
+
+
+def test_architecture_doc_draws_the_imports_the_packages_make() -> None:
+    # GIVEN the arrows of the dependency graph in docs/architecture.md
+    block = _fenced_block(
+        ARCHITECTURE_DOC.read_text(encoding="utf-8"), "## Dependencies", "```mermaid"
+    )
+    drawn = {
+        (importer, imported)
+        for importer, arrow, imported in (line.split() for line in block if "-->" in line)
+        if arrow == "-->"
+    }
+    # WHEN the packages' imports (those inside functions too) are read
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=False)
+    made = {
+        (importer, imported)
+        for importer in PACKAGES
+        for imported in PACKAGES
+        if importer != imported
+        and graph.direct_import_exists(importer=importer, imported=imported, as_packages=True)
+    }
+    # THEN the graph draws exactly those
+    assert sorted(made - drawn) == [], "imports missing from the graph in docs/architecture.md"
+    assert sorted(drawn - made) == [], "arrows in docs/architecture.md that no import makes"

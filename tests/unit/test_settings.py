@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dedupe_store.settings import LedgerSettings
+from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings
 from producer.protocol import LeasePolicy
 from producer.settings import ProducerSettings
 
@@ -249,12 +249,16 @@ def test_invalid_stream_name_is_refused(monkeypatch: pytest.MonkeyPatch, stream:
         ("KEO_INFLIGHT_BUCKETS", "0"),
         ("KEO_LEDGER_CONCURRENCY", "0"),
         ("KEO_DEDUPE_TTL_S", "0"),
+        ("KEO_PUT_CONNECT_TIMEOUT_S", "61"),
+        ("KEO_PUT_READ_TIMEOUT_S", "121"),
+        ("KEO_LEDGER_CONNECT_TIMEOUT_S", "61"),
+        ("KEO_LEDGER_READ_TIMEOUT_S", "121"),
     ],
 )
-def test_non_positive_values_are_refused(
+def test_values_out_of_their_bounds_are_refused(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
-    # GIVEN a timeout, count or TTL that cannot work
+    # GIVEN a timeout, count or TTL that cannot work, or a timeout longer than a call is worth
     monkeypatch.setenv(variable, value)
     # WHEN settings are read
     # THEN they are refused
@@ -268,3 +272,45 @@ def test_zero_clock_skew_is_allowed() -> None:
     settings = ProducerSettings(clock_skew_s=0)
     # THEN it is accepted
     assert settings.lease_policy().skew_ms == 0
+
+
+# --- emulator credentials -----------------------------------------------------------------------
+
+
+def test_emulators_get_the_same_dummy_credentials_when_the_environment_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN both endpoints on an emulator and no AWS credentials in the environment
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    settings = ProducerSettings(
+        kinesis_endpoint_url="http://127.0.0.1:4567", dynamodb_endpoint_url="http://127.0.0.1:4568"
+    )
+    # WHEN the clients' credentials are chosen
+    connection = settings.ledger_connection()
+    # THEN Kinesis and the ledger sign with the one pair of dummy credentials
+    assert settings.emulator_credentials() == EMULATOR_CREDENTIALS
+    assert (connection.aws_access_key_id, connection.aws_secret_access_key) == EMULATOR_CREDENTIALS
+
+
+def test_real_aws_never_gets_dummy_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN no endpoint override (real AWS) and no AWS credentials in the environment
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    settings = ProducerSettings(region="eu-west-1")
+    # WHEN the clients' credentials are chosen
+    connection = settings.ledger_connection()
+    # THEN none are made up: the standard AWS chain decides
+    assert settings.emulator_credentials() is None
+    assert connection.aws_access_key_id is None
+
+
+def test_an_emulator_endpoint_keeps_the_credentials_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an emulator endpoint and AWS credentials in the environment
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    # WHEN the Kinesis client's credentials are chosen
+    # THEN the environment's are used
+    assert (
+        ProducerSettings(kinesis_endpoint_url="http://127.0.0.1:4567").emulator_credentials()
+        is None
+    )
