@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from producer.kinesis import Shard
 from producer.kpl import Aggregate
 from producer.protocol import PreparedMessage
+from producer.shards import Shard
 
 _M = TypeVar("_M")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +25,7 @@ from producer.protocol import (
     classify_response,
     request_error_kind,
 )
+from producer.shards import Shard, StreamInfo
 
 log = logging.getLogger(__name__)
 
@@ -45,32 +45,6 @@ _AMBIGUOUS_TRANSPORT = (
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    shard_id: str
-    starting_hash_key: int
-    ending_hash_key: int
-    parent_shard_id: str | None
-    adjacent_parent_shard_id: str | None
-    starting_sequence_number: str
-    ending_sequence_number: str | None
-
-    @property
-    def closed(self) -> bool:
-        return self.ending_sequence_number is not None
-
-    def covers(self, hash_key: int) -> bool:
-        return self.starting_hash_key <= hash_key <= self.ending_hash_key
-
-
-@dataclass(frozen=True, slots=True)
-class StreamInfo:
-    name: str
-    retention_hours: int
-    max_record_bytes: int
-    open_shard_count: int
 
 
 class KinesisWriter:

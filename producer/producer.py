@@ -37,7 +37,7 @@ from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
-from producer.kinesis import KinesisWriter, Shard
+from producer.kinesis import KinesisWriter
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -54,6 +54,7 @@ from producer.protocol import (
     prepare,
 )
 from producer.readback import ReadBackResolver, Resolution
+from producer.shards import Shard, open_shards
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ class ExactlyOnceProducer:
         if self._shard_map is None:
             return single_units(pending, _item_of)
         if self._open_shards is None:
-            self._open_shards = [s for s in self._shard_map() if not s.closed]
+            self._open_shards = open_shards(self._shard_map())
         return aggregated_units(pending, _item_of, self._open_shards, self._max_record_bytes)
 
     def _sort_result(
@@ -334,7 +335,7 @@ class ExactlyOnceProducer:
         if known is not None or self._shard_map is None:
             return known
         shards = self._shard_map()
-        self._open_shards = [s for s in shards if not s.closed]
+        self._open_shards = open_shards(shards)
         return next((s for s in shards if s.shard_id == shard_id), None)
 
     def _put(self, entries: list[dict[str, Any]]) -> list[RecordResult]:

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from dedupe_store.records import MAX_KEY_CHARS
+
 _T = TypeVar("_T")
 
-MAX_KEY_CHARS = 256
 MAX_RECORDS_PER_PUT = 500
 MAX_PUT_REQUEST_BYTES = 5 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
