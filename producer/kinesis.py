@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,6 @@ from producer.errors import StreamNotFoundError, StreamUnavailableError
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
-    PreparedMessage,
     PutResultKind,
     RecordResult,
     classify_response,
@@ -58,18 +57,6 @@ class KinesisWriter:
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
-
-    def put(self, batch: Sequence[PreparedMessage]) -> list[RecordResult]:
-        """One PutRecords call; one classified result per record, in request order."""
-        entries = [
-            {
-                "Data": item.message.data,
-                "PartitionKey": item.message.key,
-                "ExplicitHashKey": item.explicit_hash_key,
-            }
-            for item in batch
-        ]
-        return self.put_entries(entries)
 
     def put_entries(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
         try:

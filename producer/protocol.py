@@ -46,6 +46,10 @@ class PreparedMessage:
     def record_bytes(self) -> int:
         return record_size(self.message.key, self.message.data)
 
+    def entry(self) -> dict[str, Any]:
+        """Its PutRecords entry, routed by its explicit hash key."""
+        return put_entry(self.message.key, self.message.data, self.explicit_hash_key)
+
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
@@ -79,6 +83,15 @@ def payload_digest(data: bytes, routing_hash_key: str) -> str:
 def record_size(key: str, data: bytes) -> int:
     """What Kinesis counts against the record limit: data plus the UTF-8 partition key."""
     return len(data) + len(key.encode("utf-8"))
+
+
+def put_entry(key: str, data: bytes, explicit_hash_key: str | None = None) -> dict[str, Any]:
+    """One PutRecords entry. The message key is the partition key, so every record names its
+    key; ``explicit_hash_key``, when given, routes it instead of the key's MD5."""
+    entry: dict[str, Any] = {"Data": data, "PartitionKey": key}
+    if explicit_hash_key is not None:
+        entry["ExplicitHashKey"] = explicit_hash_key
+    return entry
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -247,10 +260,6 @@ class RecordResult:
     sequence_number: str | None = None
     error_code: str | None = None
     error_message: str | None = None
-
-
-# Per-record error codes documented as "not written".
-NOT_WRITTEN_CODES = frozenset({"ProvisionedThroughputExceededException", "InternalFailure"})
 
 
 def classify_record(entry: dict[str, Any]) -> RecordResult:

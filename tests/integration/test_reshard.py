@@ -120,7 +120,7 @@ def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
             lease_ms=stack.settings.lease_policy().lease_ms,
         )
         assert result.status is ClaimStatus.WON
-    results = stack.writer.put(prepared)
+    results = stack.writer.put_entries([item.entry() for item in prepared])
     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
 
 
