@@ -19,28 +19,28 @@ from producer.errors import StreamNotFoundError, StreamUnavailableError
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
-    PutResultKind,
     RecordResult,
+    TransportFailure,
+    classify_request_error,
     classify_response,
-    request_error_kind,
+    classify_transport_failure,
 )
 from producer.shards import Shard, StreamInfo
 
 log = logging.getLogger(__name__)
 
-# Errors raised before the request could reach Kinesis: nothing was written. Caught first:
-# they are subclasses of the connection errors below.
-_UNSENT_TRANSPORT = (
-    botocore.exceptions.ConnectTimeoutError,
-    botocore.exceptions.EndpointConnectionError,
+# botocore's transport failures as our codes, the most specific first: a ConnectTimeoutError
+# is also a ConnectionError. Whether each was sent, and so whether it may be resent, is the
+# protocol's data (TransportFailure), not something read off a class name.
+_TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
+    (botocore.exceptions.ConnectTimeoutError, TransportFailure.CONNECT_TIMEOUT),
+    (botocore.exceptions.EndpointConnectionError, TransportFailure.CONNECTION_NOT_MADE),
+    (botocore.exceptions.ReadTimeoutError, TransportFailure.READ_TIMEOUT),
+    # any other: a reset, a closed connection, TLS, a proxy in the way, a cut response stream
+    (botocore.exceptions.HTTPClientError, TransportFailure.CONNECTION_LOST),
+    (botocore.exceptions.ConnectionError, TransportFailure.CONNECTION_LOST),
 )
-# Any other transport failure (read timeout, reset, TLS error, a proxy in the way, a cut
-# response stream): the request may or may not have been applied.
-_AMBIGUOUS_TRANSPORT = (
-    botocore.exceptions.HTTPClientError,
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.ResponseStreamingError,
-)
+_TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
@@ -59,47 +59,49 @@ class KinesisWriter:
         return self._client
 
     def put_entries(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
+        """One PutRecords call; one classified result per entry, in request order. Every
+        failure is a result (written, not written, ambiguous), except a missing stream."""
         try:
             response = self._client.put_records(StreamName=self.stream, Records=entries)
-        except _UNSENT_TRANSPORT as exc:
+        except _TRANSPORT_ERRORS as exc:
+            failure = transport_failure_of(exc)
             log.warning(
-                "put not sent stream=%s records=%d error=%s", self.stream, len(entries), exc
+                "put %s stream=%s records=%d code=%s error=%s",
+                "ambiguous" if failure.sent else "not sent",
+                self.stream,
+                len(entries),
+                failure,
+                exc,
             )
-            return _all(len(entries), PutResultKind.NOT_WRITTEN, type(exc).__name__, str(exc))
-        except _AMBIGUOUS_TRANSPORT as exc:
-            log.warning(
-                "put ambiguous stream=%s records=%d error=%s", self.stream, len(entries), exc
-            )
-            return _all(len(entries), PutResultKind.AMBIGUOUS, type(exc).__name__, str(exc))
+            return [classify_transport_failure(failure, str(exc))] * len(entries)
         except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
+            error = exc.response.get("Error", {})
+            code = error.get("Code")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code == "ResourceNotFoundException":
                 raise StreamNotFoundError(
                     f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
                 ) from exc
-            kind = request_error_kind(status, code)
+            result = classify_request_error(status, code, error.get("Message"))
             log.warning(
                 "put failed stream=%s records=%d status=%s code=%s kind=%s",
                 self.stream,
                 len(entries),
                 status,
                 code,
-                kind,
+                result.kind,
             )
-            return _all(
-                len(entries),
-                kind,
-                code or str(status),
-                exc.response.get("Error", {}).get("Message"),
-            )
+            return [result] * len(entries)
         return classify_response(response, len(entries))
 
 
-def _all(
-    count: int, kind: PutResultKind, code: str | None, message: str | None
-) -> list[RecordResult]:
-    return [RecordResult(kind, error_code=code, error_message=message)] * count
+def transport_failure_of(exc: BaseException) -> TransportFailure:
+    """The transport failure a botocore exception stands for (any unknown one may have been
+    sent: it counts as a lost connection)."""
+    return next(
+        (failure for error, failure in _TRANSPORT_FAILURES if isinstance(exc, error)),
+        TransportFailure.CONNECTION_LOST,
+    )
 
 
 class KinesisReader:

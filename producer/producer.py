@@ -50,7 +50,7 @@ from producer.protocol import (
     RecordResult,
     backoff_ms,
     batch_by_size,
-    is_retriable,
+    not_written,
     prepare,
 )
 from producer.readback import ReadBackResolver, Resolution
@@ -273,7 +273,7 @@ class ExactlyOnceProducer:
             final = attempt == self._policy.put_max_attempts
             resend: list[_Held] = []
             for entry, result in retry:
-                if final or not is_retriable(result):
+                if final or not result.retriable:
                     self._give_up(entry, result, outcomes)
                 else:
                     resend.append(entry)
@@ -323,8 +323,7 @@ class ExactlyOnceProducer:
                 # the shard map was stale (a reshard): KCL drops this user record on read,
                 # so it is not delivered; send it again under the same claim, newly routed
                 self._open_shards = None
-                stale = RecordResult(PutResultKind.NOT_WRITTEN, error_code=STALE_SHARD_MAP)
-                retry.append((member, stale))
+                retry.append((member, not_written(STALE_SHARD_MAP)))
                 continue
             written.append((member, Position(shard_id, sequence_number, sub_sequence)))
 
