@@ -369,9 +369,3 @@ def classify_transport_failure(failure: TransportFailure, message: str | None) -
     if failure.sent:
         return ambiguous(failure.value, message)
     return not_written(failure.value, message)
-
-
-def backoff_ms(attempt: int, initial_ms: int, max_ms: int, jitter: float) -> int:
-    """Exponential backoff with full jitter: ``jitter`` in [0, 1) picks within the cap."""
-    cap = min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))
-    return int(cap * jitter) if jitter > 0 else cap

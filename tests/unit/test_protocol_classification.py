@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from producer.protocol import (
     STALE_SHARD_MAP,
@@ -18,7 +16,6 @@ from producer.protocol import (
     RecordResult,
     TransportFailure,
     ambiguous,
-    backoff_ms,
     classify_record,
     classify_request_error,
     classify_response,
@@ -287,41 +284,3 @@ def test_a_written_or_ambiguous_result_cannot_be_made_retriable(kind: PutResultK
     # THEN it is refused: resending either could write the record twice
     with pytest.raises(ValueError, match="cannot be retriable"):
         RecordResult(kind, retriable=True)
-
-
-# --- backoff ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("attempt", "expected_ms"),
-    [(0, 100), (1, 100), (2, 200), (3, 400), (4, 800), (6, 3200), (7, 5000), (60, 5000)],
-)
-def test_backoff_without_jitter_doubles_up_to_the_cap(attempt: int, expected_ms: int) -> None:
-    # GIVEN a backoff of 100 ms doubling to 5 s, jitter off
-    # WHEN the wait before a retry is computed
-    # THEN it doubles per attempt and never exceeds the cap, even after many attempts
-    assert backoff_ms(attempt, initial_ms=100, max_ms=5000, jitter=0.0) == expected_ms
-
-
-def test_backoff_jitter_scales_within_the_cap() -> None:
-    # GIVEN attempt 3 (cap 400 ms)
-    # WHEN a jitter draw of one half is applied
-    # THEN the wait is half the cap
-    assert backoff_ms(3, initial_ms=100, max_ms=5000, jitter=0.5) == 200
-
-
-@given(
-    attempt=st.integers(0, 200),
-    initial_ms=st.integers(1, 10_000),
-    max_ms=st.integers(1, 60_000),
-    jitter=st.floats(0.0, 1.0, exclude_max=True),
-)
-def test_backoff_never_exceeds_the_cap_nor_goes_negative(
-    attempt: int, initial_ms: int, max_ms: int, jitter: float
-) -> None:
-    # GIVEN any attempt, initial wait, cap and jitter draw in [0, 1)
-    # WHEN the wait is computed
-    wait = backoff_ms(attempt, initial_ms, max_ms, jitter)
-    # THEN it is a whole number of ms within [0, min(cap, initial * 2**(attempt-1))]
-    assert isinstance(wait, int)
-    assert 0 <= wait <= min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))
