@@ -14,8 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import botocore.exceptions
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
-from producer.errors import StreamNotFoundError, StreamUnavailableError
+from producer.errors import StreamNotFoundError, StreamThrottledError, StreamUnavailableError
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -205,27 +212,29 @@ class KinesisReader:
     def _get_records(
         self, shard_id: str, iterator: str, last_sequence: str | None, start_ms: int | None
     ) -> tuple[dict[str, Any], str | None]:
-        throttled = 0
         while True:
-            try:
-                self.get_records_calls += 1
-                page = self._client.get_records(ShardIterator=iterator, Limit=self._page_limit)
-            except botocore.exceptions.ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code == "ExpiredIteratorException":
-                    # iterators live 5 minutes: resume right after the last record seen
-                    iterator = self._resume(shard_id, last_sequence, start_ms)
-                    continue
-                if code in _READ_THROTTLED and throttled < self._max_throttle_retries:
-                    throttled += 1
-                    self._sleep(min(0.2 * 2**throttled, 5.0))
-                    continue
-                raise self._translate(exc, "get records", shard_id) from exc
-            except botocore.exceptions.BotoCoreError as exc:
-                raise StreamUnavailableError(
-                    f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
-                ) from exc
+            page = self._read_retrying()(self._get_page, shard_id, iterator)
+            if page is None:
+                # iterators live 5 minutes: resume right after the last record seen
+                iterator = self._resume(shard_id, last_sequence, start_ms)
+                continue
             return page, page.get("NextShardIterator")
+
+    def _get_page(self, shard_id: str, iterator: str) -> dict[str, Any] | None:
+        """One GetRecords call; None when the iterator has expired."""
+        self.get_records_calls += 1
+        try:
+            return self._client.get_records(  # type: ignore[no-any-return]
+                ShardIterator=iterator, Limit=self._page_limit
+            )
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ExpiredIteratorException":
+                return None
+            raise self._translate(exc, "get records", shard_id) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StreamUnavailableError(
+                f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
+            ) from exc
 
     def _resume(self, shard_id: str, last_sequence: str | None, start_ms: int | None) -> str:
         if last_sequence is not None:
@@ -244,7 +253,23 @@ class KinesisReader:
             "get_shard_iterator", StreamName=self.stream, ShardId=shard_id, **kwargs
         )["ShardIterator"]
 
+    def _read_retrying(self) -> Retrying:
+        """Reads are idempotent: a throttled one is tried again, with backoff (0.4 s doubling
+        to 5 s), up to ``max_throttle_retries`` times. Other failures are raised at once: the
+        SDK has retried them already."""
+        return Retrying(
+            retry=retry_if_exception_type(StreamThrottledError),
+            wait=wait_exponential(multiplier=0.4, max=5.0),
+            stop=stop_after_attempt(self._max_throttle_retries + 1),
+            sleep=self._sleep,
+            before_sleep=before_sleep_log(log, logging.INFO),
+            reraise=True,
+        )
+
     def _call(self, operation: str, **kwargs: Any) -> Any:
+        return self._read_retrying()(self._call_once, operation, kwargs)
+
+    def _call_once(self, operation: str, kwargs: dict[str, Any]) -> Any:
         try:
             return getattr(self._client, operation)(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -263,6 +288,10 @@ class KinesisReader:
                 f"stream {self.stream!r} does not exist: run 'keo init'",
                 stream=self.stream,
                 shard_id=shard_id,
+            )
+        if code in _READ_THROTTLED:
+            return StreamThrottledError(
+                f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
             )
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
