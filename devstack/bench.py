@@ -24,7 +24,7 @@ from botocore.config import Config
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import ClaimRequest
 from producer.kinesis import KinesisReader
-from producer.protocol import Message, explicit_hash_key, payload_digest
+from producer.protocol import Message, explicit_hash_key, payload_digest, put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
@@ -106,7 +106,7 @@ class Bench:
         started = time.perf_counter()
         for start in range(0, count, 500):
             entries = [
-                {"Data": m.data, "PartitionKey": m.key, "ExplicitHashKey": explicit_hash_key(m)}
+                put_entry(m.key, m.data, explicit_hash_key(m))
                 for m in messages[start : start + 500]
             ]
             while entries:
@@ -227,14 +227,7 @@ class Bench:
                 chunk = messages[start : start + 500]
                 list(pool.map(claim, chunk))
                 stack.writer.put_entries(
-                    [
-                        {
-                            "Data": m.data,
-                            "PartitionKey": m.key,
-                            "ExplicitHashKey": explicit_hash_key(m),
-                        }
-                        for m in chunk
-                    ]
+                    [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
                 )
         time.sleep(settings.lease_s + 2 * settings.clock_skew_s + 0.2)
         reconciler = stack.reconciler(owner="bench-reconciler")

@@ -23,7 +23,7 @@ import botocore.exceptions
 from producer.audit import AuditReport, audit_stream
 from producer.kinesis import KinesisReader
 from producer.outcomes import OutcomeStatus
-from producer.protocol import Message, explicit_hash_key
+from producer.protocol import Message, explicit_hash_key, put_entry
 from producer.reconciler import ReconcileReport
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
@@ -98,10 +98,7 @@ def run_at_least_once(
     faults = LostResponses(client, lose_every)
     for start in range(0, len(batch), 500):
         chunk = batch[start : start + 500]
-        entries = [
-            {"Data": m.data, "PartitionKey": m.key, "ExplicitHashKey": explicit_hash_key(m)}
-            for m in chunk
-        ]
+        entries = [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
         while entries:
             try:
                 response = client.put_records(StreamName=settings.stream, Records=entries)

@@ -41,6 +41,7 @@ from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
 from producer.hooks import NO_HOOKS, Step
 from producer.producer import default_owner
+from producer.protocol import put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import EVENT_SCHEMA
@@ -186,7 +187,7 @@ class AtLeastOncePartitionWriter:
         entries: list[dict[str, Any]] = []
         written = 0
         for key, data in rows:
-            entries.append({"Data": data.encode("utf-8"), "PartitionKey": key})
+            entries.append(put_entry(key, data.encode("utf-8")))
             if len(entries) == MAX_RECORDS_PER_PUT:
                 put_at_least_once(client, self.stream, entries)
                 written += len(entries)

@@ -165,7 +165,7 @@ def plant_stale_claims(
             claims.extend(pool.map(claim, chunk))
             if put:
                 for request in batches(chunk):
-                    results = stack.writer.put(request)
+                    results = stack.writer.put_entries([item.entry() for item in request])
                     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
     return claims
 

@@ -23,11 +23,11 @@ from dedupe_store.records import ClaimRequest, ClaimStatus
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from producer.audit import audit_stream
-from producer.kinesis import Shard
 from producer.outcomes import OutcomeStatus
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, prepare
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
+from producer.shards import Shard
 from producer.wiring import Stack, build_stack, ledger_from
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
             lease_ms=stack.settings.lease_policy().lease_ms,
         )
         assert result.status is ClaimStatus.WON
-    results = stack.writer.put(prepared)
+    results = stack.writer.put_entries([item.entry() for item in prepared])
     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
 
 
