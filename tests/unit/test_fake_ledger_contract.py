@@ -171,4 +171,4 @@ def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: InMemoryLed
     assert all(r.state is LedgerState.IN_FLIGHT and r.attempt == 1 for r in found.values())
     assert found["k-batch-249"].lease_expires_at_ms == T0_MS + LEASE_MS
     assert ledger.get(STREAM, "k-absent-1") is None
-    assert ALICE == found["k-batch-000"].owner
+    assert found["k-batch-000"].owner == ALICE
