@@ -75,21 +75,38 @@ def render_table(results: dict[str, Any]) -> str:
         f"{results['machine']['memory_gib']} GiB, Python {results['machine']['python']}, "
         f"{results['machine']['backends']}; {results['message_bytes']}-byte messages.",
         "",
-        "| producer | concurrency | msg/s | vs baseline | ledger ceiling msg/s | of ceiling "
-        "| DynamoDB writes/msg | DynamoDB requests/msg | Kinesis requests/msg | records/PutRecords |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        f"| plain put_records (baseline) | - | {baseline['messages_per_second']} | 1.00 | - | - "
-        f"| 0 | 0 | {baseline['kinesis_requests_per_message']} | 500 |",
+        "| producer | path | concurrency | msg/s | vs baseline | ledger ceiling msg/s "
+        "| of ceiling | DynamoDB requests/msg | write requests/msg | billed WU/msg "
+        "| billed RU/msg | client CPU ms/msg | records/PutRecords |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| plain put_records (baseline) | new | - | {baseline['messages_per_second']} | 1.00 "
+        "| - | - | 0 | 0 | 0 | 0 | - | 500 |",
     ]
     for run in results["exactly_once"]:
-        lines.append(
-            f"| exactly-once | {run['concurrency']} | {run['messages_per_second']} "
-            f"| {run['ratio_to_baseline']:.2f} "
-            f"| {run['ledger_ceiling']['messages_per_second_ceiling']} "
-            f"| {run['ceiling_fraction']:.0%} | {run['dynamodb_write_requests_per_message']} "
-            f"| {run['dynamodb_requests_per_message']} | {run['kinesis_requests_per_message']} "
-            f"| {run['mean_batch_fill']} |"
-        )
+        ceiling = run["ledger_ceiling"]["messages_per_second_ceiling"]
+        for label, path in (("new", run), ("resend (DUPLICATE)", run["duplicate_path"])):
+            lines.append(
+                f"| exactly-once | {label} | {run['concurrency']} | {path['messages_per_second']} "
+                f"| {path['ratio_to_baseline']:.2f} | {ceiling} | {path['ceiling_fraction']:.0%} "
+                f"| {path['dynamodb_requests_per_message']} "
+                f"| {path['dynamodb_write_requests_per_message']} "
+                f"| {path['billed_write_units_per_message']} "
+                f"| {path['billed_read_units_per_message']} "
+                f"| {path['client_cpu_ms_per_message']} | {run['mean_batch_fill']} |"
+            )
+    cost = results["best"]["cost"]
+    lines += [
+        "",
+        f"DynamoDB cost at the best concurrency ({results['best']['concurrency']}), "
+        f"{cost['prices']}:",
+        "",
+        "| | per million messages | per day at 2 billion messages |",
+        "|---|---|---|",
+        f"| on-demand | ${cost['on_demand_per_million_messages_usd']} "
+        f"| ${cost['on_demand_per_day_at_2_billion_usd']:,.0f} |",
+        f"| provisioned (full utilisation) | ${cost['provisioned_per_million_messages_usd']} "
+        f"| ${cost['provisioned_per_day_at_2_billion_usd']:,.0f} |",
+    ]
     on = results["aggregation"]["on"]
     lines += [
         "",

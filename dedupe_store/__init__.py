@@ -1,7 +1,8 @@
 """The ledger: who claimed which key, where it landed, and the batches Spark finished.
 
-One DynamoDB table holds a key item per message key (its state, attempt and position) and the
-Spark batch records. The state machine (:mod:`dedupe_store.states`) and the plain records
+One DynamoDB table holds a key item per message key (its state, attempt and claim group), a
+group item per claim group (its owner, lease, members and their positions), and the Spark
+batch records. The state machine (:mod:`dedupe_store.states`) and the plain records
 (:mod:`dedupe_store.records`) are pure; :class:`DynamoDBLedger` is the one adapter, and every
 backend meets :class:`Ledger` (:mod:`dedupe_store.contract`). The lowest layer: it imports no
 other package of the project.
@@ -24,13 +25,16 @@ from dedupe_store.records import (
     ClaimRequest,
     ClaimResult,
     ClaimStatus,
+    Group,
+    GroupUpdate,
+    KeyClaim,
+    KeyUpdate,
     LedgerRecord,
     Position,
     RunRecord,
-    UpdateResult,
 )
 from dedupe_store.settings import LedgerSettings
-from dedupe_store.states import LedgerState, Transition, next_state
+from dedupe_store.states import GroupState, KeyState, LedgerState
 
 __all__ = [
     "BatchRecord",
@@ -39,7 +43,13 @@ __all__ = [
     "ClaimStatus",
     "Clock",
     "DynamoDBLedger",
+    "Group",
+    "GroupState",
+    "GroupUpdate",
     "InvalidTransitionError",
+    "KeyClaim",
+    "KeyState",
+    "KeyUpdate",
     "Ledger",
     "LedgerError",
     "LedgerReader",
@@ -54,7 +64,4 @@ __all__ = [
     "RunRecord",
     "SkewedClock",
     "SystemClock",
-    "Transition",
-    "UpdateResult",
-    "next_state",
 ]

@@ -7,6 +7,7 @@ as AWS would bill them, next to rates measured on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -21,12 +22,14 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from dedupe_store.clock import SystemClock
-from dedupe_store.records import ClaimRequest
+from devstack.cost_meter import BillingMeter, ledger_table_spec
+from devstack.failpoints import FailpointError, Failpoints
+from producer.hooks import Step
 from producer.kinesis import KinesisReader
-from producer.protocol import Message, explicit_hash_key, payload_digest, put_entry
+from producer.producer import ExactlyOnceProducer
+from producer.protocol import Message, explicit_hash_key, put_entry
 from producer.settings import ProducerSettings
-from producer.wiring import build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,9 @@ class Bench:
         }
 
     def ledger_ceiling(self, count: int, concurrency: int) -> dict[str, Any]:
-        """The DynamoDB emulator's own rate of conditional writes at this concurrency."""
+        """The DynamoDB emulator's own rate of conditional writes at this concurrency: the
+        floor of the protocol is one conditional write per message, so it is also the
+        ceiling in messages per second."""
         settings = self._fresh("ceiling", shards=1)
         options = settings.ledger_connection()
         client = boto3.session.Session().client(
@@ -144,7 +149,7 @@ class Bench:
                 UpdateExpression="SET #s = :s",
                 ConditionExpression="attribute_not_exists(pk)",
                 ExpressionAttributeNames={"#s": "state"},
-                ExpressionAttributeValues={":s": {"S": "IN_FLIGHT"}},
+                ExpressionAttributeValues={":s": {"S": "CLAIMED"}},
             )
 
         started = time.perf_counter()
@@ -156,44 +161,37 @@ class Bench:
             "conditional_writes": count,
             "concurrency": concurrency,
             "writes_per_second": round(writes_per_second, 1),
-            # the protocol needs 2 conditional writes per message (claim, mark)
-            "messages_per_second_ceiling": round(writes_per_second / 2, 1),
+            # the protocol's floor: one conditional write per message (its claim)
+            "messages_per_second_ceiling": round(writes_per_second, 1),
         }
 
     def exactly_once(
         self, count: int, size: int, concurrency: int, *, aggregate: bool = False
     ) -> dict[str, Any]:
+        """A clean run of ``count`` new messages, then the same messages again (the
+        DUPLICATE path), each metered as AWS would bill it."""
         settings = self._fresh(
             "eo-agg" if aggregate else "eo", ledger_concurrency=concurrency, aggregate=aggregate
         )
         stack = build_stack(settings)
-        dynamo = CallCounter().attach(stack.ledger.client)
         kinesis = CallCounter().attach(stack.writer.client)
         messages = _messages(count, size, "eo")
         with stack.producer(owner="bench") as producer:
-            started = time.perf_counter()
-            outcomes = []
-            for start in range(0, count, 5000):
-                outcomes.extend(producer.send(messages[start : start + 5000]))
-            seconds = time.perf_counter() - started
-        delivered = sum(1 for o in outcomes if o.delivered)
-        puts = kinesis.calls["PutRecords"]
+            clean = _metered(stack, lambda: _send_all(producer, messages))
+            puts = kinesis.calls["PutRecords"]
+            again = _metered(stack, lambda: _send_all(producer, messages))
         records = _count_records(stack.reader)
+        delivered = clean.pop("delivered")
         return {
             "messages": count,
             "concurrency": concurrency,
             "aggregate": aggregate,
             "delivered": delivered,
-            "seconds": round(seconds, 3),
-            "messages_per_second": round(count / seconds, 1),
-            "dynamodb_requests_per_message": round(dynamo.total / max(delivered, 1), 4),
-            "dynamodb_write_requests_per_message": round(dynamo.writes / max(delivered, 1), 4),
-            "dynamodb_capacity_units_per_message": round(
-                dynamo.capacity_units / max(delivered, 1), 4
-            ),
+            **clean,
             "kinesis_requests_per_message": round(puts / max(delivered, 1), 5),
             "kinesis_records_per_message": round(records / max(delivered, 1), 5),
             "mean_batch_fill": round(records / max(puts, 1), 1),
+            "duplicate_path": again,
         }
 
     def reconcile(self, stale: int, *, shards: int = 4) -> dict[str, Any]:
@@ -208,27 +206,13 @@ class Bench:
             lease_s=10.0,  # covers claiming a chunk of 500 and putting it, on a busy machine
         )
         stack = build_stack(settings)
-        ledger = stack.ledger
-        clock = SystemClock()
         messages = _messages(stale, 64, "stale")
-
-        def claim(message: Message) -> None:
-            ehk = explicit_hash_key(message)
-            ledger.claim(
-                ClaimRequest(settings.stream, message.key, payload_digest(message.data, ehk), ehk),
-                owner="crashed",
-                now_ms=clock.now_ms(),
-                lease_ms=settings.lease_policy().lease_ms,
-            )
-
-        # like crashed producers: each chunk claimed, then put at once, then never marked
-        with ThreadPoolExecutor(settings.ledger_concurrency) as pool:
+        # like crashed producers: each group claimed and put, then never settled
+        crashing = Failpoints(f"{Step.BEFORE_MARK}=raise")
+        with stack.producer(owner="crashed", hooks=crashing) as producer:
             for start in range(0, stale, 500):
-                chunk = messages[start : start + 500]
-                list(pool.map(claim, chunk))
-                stack.writer.put_entries(
-                    [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
-                )
+                with contextlib.suppress(FailpointError):
+                    producer.send(messages[start : start + 500])
         time.sleep(settings.lease_s + 2 * settings.clock_skew_s + 0.2)
         reconciler = stack.reconciler(owner="bench-reconciler")
         started = time.perf_counter()
@@ -244,6 +228,64 @@ class Bench:
             "get_records_calls_per_claim": round(report.get_records_calls / max(stale, 1), 5),
             "get_records_calls_per_shard": round(report.get_records_calls / shards, 2),
         }
+
+
+def _send_all(producer: ExactlyOnceProducer, messages: Sequence[Message]) -> int:
+    """Messages DELIVERED or DUPLICATE after sending ``messages`` in CLI-sized chunks."""
+    settled = 0
+    for start in range(0, len(messages), 5000):
+        settled += sum(1 for o in producer.send(messages[start : start + 5000]) if o.delivered)
+    return settled
+
+
+def _metered(stack: Stack, send: Callable[[], int]) -> dict[str, Any]:
+    """Run ``send`` with a billing meter on the ledger's client: rates, process CPU, and the
+    DynamoDB requests and units per message as AWS bills them."""
+    meter = BillingMeter({stack.settings.table: ledger_table_spec()})
+    meter.attach(stack.ledger.client)
+    cpu_started, started = time.process_time(), time.perf_counter()
+    try:
+        settled = send()
+    finally:
+        seconds = time.perf_counter() - started
+        cpu_s = time.process_time() - cpu_started
+        meter.detach(stack.ledger.client)
+    bill = meter.snapshot()
+    per = max(settled, 1)
+    return {
+        "delivered": settled,
+        "seconds": round(seconds, 3),
+        "messages_per_second": round(settled / seconds, 1),
+        "client_cpu_ms_per_message": round(cpu_s * 1000 / per, 3),
+        "dynamodb_requests_per_message": round(bill.requests / per, 4),
+        "dynamodb_write_requests_per_message": round(bill.write_requests / per, 4),
+        "billed_write_units_per_message": round(bill.total_write_units / per, 4),
+        "billed_index_write_units_per_message": round(bill.billed_index_write_units / per, 4),
+        "billed_read_units_per_message": round(bill.billed_read_units / per, 4),
+        "conditional_check_failures_per_message": round(bill.conditional_check_failures / per, 4),
+        "inexact_meter_calls": bill.inexact_calls,
+    }
+
+
+def cost_model(billed_write_units: float, billed_read_units: float) -> dict[str, Any]:
+    """Dollars per million messages and per day at 2 billion a day, from billed units.
+
+    Prices: DynamoDB us-east-1, on-demand $0.625 per million write request units and $0.125
+    per million read request units; provisioned $0.00065 per WCU-hour and $0.00013 per
+    RCU-hour at full utilisation (a floor: real tables keep headroom). Checked 2026-11-23.
+    """
+    on_demand = billed_write_units * 0.625 + billed_read_units * 0.125
+    # one unit per second for 1e6 / 3600 hours serves a million messages
+    provisioned = (billed_write_units * 0.00065 + billed_read_units * 0.00013) * 1e6 / 3600
+    per_day = 2_000
+    return {
+        "prices": "us-east-1, on-demand $0.625/M WRU, $0.125/M RRU; provisioned "
+        "$0.00065/WCU-h, $0.00013/RCU-h at full utilisation",
+        "on_demand_per_million_messages_usd": round(on_demand, 4),
+        "provisioned_per_million_messages_usd": round(provisioned, 4),
+        "on_demand_per_day_at_2_billion_usd": round(on_demand * per_day, 0),
+        "provisioned_per_day_at_2_billion_usd": round(provisioned * per_day, 0),
+    }
 
 
 def _count_records(reader: KinesisReader) -> int:
@@ -293,11 +335,14 @@ def run(
         say(f"exactly-once at concurrency {concurrency}: {messages} messages")
         result = bench.exactly_once(messages, size, concurrency)
         result["ledger_ceiling"] = ceiling
-        result["ceiling_fraction"] = round(
-            result["messages_per_second"] / ceiling["messages_per_second_ceiling"], 3
-        )
-        result["ratio_to_baseline"] = round(
-            result["messages_per_second"] / baseline["messages_per_second"], 4
+        ceiling_rate = ceiling["messages_per_second_ceiling"]
+        for path in (result, result["duplicate_path"]):
+            path["ceiling_fraction"] = round(path["messages_per_second"] / ceiling_rate, 3)
+            path["ratio_to_baseline"] = round(
+                path["messages_per_second"] / baseline["messages_per_second"], 4
+            )
+        result["cost"] = cost_model(
+            result["billed_write_units_per_message"], result["billed_read_units_per_message"]
         )
         runs.append(result)
     best = max(runs, key=lambda r: r["messages_per_second"])
@@ -317,8 +362,14 @@ def run(
             "concurrency": best["concurrency"],
             "messages_per_second": best["messages_per_second"],
             "ceiling_fraction": best["ceiling_fraction"],
+            "dynamodb_requests_per_message": best["dynamodb_requests_per_message"],
             "dynamodb_write_requests_per_message": best["dynamodb_write_requests_per_message"],
+            "billed_write_units_per_message": best["billed_write_units_per_message"],
+            "billed_read_units_per_message": best["billed_read_units_per_message"],
+            "client_cpu_ms_per_message": best["client_cpu_ms_per_message"],
             "ratio_to_baseline": best["ratio_to_baseline"],
+            "duplicate_path": best["duplicate_path"],
+            "cost": best["cost"],
         },
         "aggregation": {"off": best, "on": aggregated},
         "reconcile": reconciles,

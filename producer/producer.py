@@ -1,17 +1,21 @@
-"""``ExactlyOnceProducer``: claim, put, classify, mark, and read back what is ambiguous.
+"""``ExactlyOnceProducer``: open a claim group, claim, put, classify, settle, and read back
+what is ambiguous (ledger schema v2: one conditional write per message).
 
 ::
 
     send(messages)
       ├─ validate ─────────────── REJECTED (reason)                nothing claimed
-      ├─ claim (concurrent) ──┬── lost, DELIVERED same digest ──── DUPLICATE
-      │                       ├── lost, other digest ───────────── CONFLICT
-      │                       └── lost, IN_FLIGHT elsewhere ────── wait, then read back
-      ├─ lease check ───────────── renew by taking over our own claim when short
-      ├─ PutRecords (SDK retries off)
-      │     ├─ written ─────────── mark (concurrent) ────────────── SENT / TAKEN_OVER
-      │     ├─ not written ─────── resend, same claim, backoff + jitter
-      │     └─ ambiguous ───────── read back: found ─> mark; not found after lease ─> take over, resend
+      └─ per chunk of at most group_size keys:
+         ├─ open group G (OPEN, lease, members) ── before any claim names it
+         ├─ claim each key for G (concurrent) ──┬── lost, holder's group has its position ── DUPLICATE
+         │                                      ├── lost, other digest ───────────── CONFLICT
+         │                                      └── lost, holder's lease runs ────── wait, then read back
+         ├─ lease check before each request ───── renew G (one write) while valid; else a fresh group
+         ├─ PutRecords (SDK retries off)
+         │     ├─ written ─────────── position kept for G's settle
+         │     ├─ not written ─────── resend, same claim, backoff + jitter (tenacity)
+         │     └─ ambiguous ───────── read back: found ─> position; not found after lease ─> take over, resend
+         └─ settle G: every position in one conditional write (epoch = ours) ─ SENT / TAKEN_OVER
       └─ one Outcome per message, in input order
 """
 
@@ -25,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tenacity import RetryCallState, stop_after_attempt, stop_never, wait_exponential
@@ -33,8 +37,16 @@ from tenacity import RetryCallState, stop_after_attempt, stop_never, wait_expone
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimRequest, ClaimResult, ClaimStatus, LedgerRecord, Position
-from dedupe_store.states import LedgerState
+from dedupe_store.records import (
+    ClaimRequest,
+    ClaimResult,
+    ClaimStatus,
+    Group,
+    KeyClaim,
+    LedgerRecord,
+    Position,
+)
+from dedupe_store.states import GroupState, KeyState
 from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
 from producer.errors import StreamError
@@ -43,6 +55,8 @@ from producer.kinesis import KinesisWriter
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
+    MAX_GROUP_KEYS,
+    MAX_GROUP_MEMBER_BYTES,
     MAX_RECORDS_PER_PUT,
     STALE_SHARD_MAP,
     LeasePolicy,
@@ -51,6 +65,7 @@ from producer.protocol import (
     PutResultKind,
     RecordResult,
     batch_by_size,
+    group_member_bytes,
     not_written,
     prepare,
 )
@@ -75,15 +90,36 @@ class ProducerPolicy:
     wait_max_ms: int = 5_000
     ledger_concurrency: int = 32
     store_payload_max_bytes: int | None = None  # None: never store payloads in claims
+    group_size: int = MAX_GROUP_KEYS
 
 
 @dataclass(slots=True)
 class _Held:
-    """A message and the ledger record that decides what happens to it next."""
+    """A message, its key item, and the group that item names (ours, or the holder's)."""
 
     item: PreparedMessage
-    record: LedgerRecord
+    claim: KeyClaim
+    group: Group | None  # None: the holder's group is gone (expired): its lease is long over
     mine: bool  # our claim (we may have sent it) or someone else's we wait on
+
+    @property
+    def lease_expires_at_ms(self) -> int:
+        return self.group.lease_expires_at_ms if self.group is not None else 0
+
+    @property
+    def record(self) -> LedgerRecord:
+        """The claim as read-back sees it: its window runs from the claim to the group's lease."""
+        return LedgerRecord.of(self.claim, self.group)
+
+
+@dataclass(slots=True)
+class _Ours:
+    """One of our groups in a send: what it holds now, and what is known of its keys."""
+
+    group: Group
+    positions: dict[str, Position] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)  # of the keys with a position
+    unresolved: set[str] = field(default_factory=set)  # claimed for it, not settled by us
 
 
 def default_owner() -> str:
@@ -162,7 +198,7 @@ class ExactlyOnceProducer:
             first = firsts.setdefault(item.key, item)
             if first is not item:
                 repeats.append((item, first))
-        self._deliver(list(firsts.values()), outcomes)
+        self._deliver_all(list(firsts.values()), outcomes)
         for item, first in repeats:
             outcomes[item.index] = _repeat_outcome(item, first, outcomes[first.index])
         ordered = [outcomes[i] for i in range(len(messages))]
@@ -172,32 +208,71 @@ class ExactlyOnceProducer:
 
     # --- the protocol -----------------------------------------------------------------------
 
+    def _deliver_all(self, items: list[PreparedMessage], outcomes: dict[int, Outcome]) -> None:
+        """One group per chunk: at most ``group_size`` keys, and a group item of bounded size."""
+        for chunk in batch_by_size(
+            items,
+            lambda item: group_member_bytes(item.key),
+            max_records=self._policy.group_size,
+            max_request_bytes=MAX_GROUP_MEMBER_BYTES,
+        ):
+            self._deliver(chunk, outcomes)
+
     def _deliver(self, items: list[PreparedMessage], outcomes: dict[int, Outcome]) -> None:
+        ours: dict[str, _Ours] = {}
+        group = self._open([item.key for item in items], ours)
+        if isinstance(group, LedgerError):
+            for item in items:
+                outcomes[item.index] = _failed(item, f"ledger unavailable at open: {group}")
+            return
         to_send: list[_Held] = []
-        to_wait: list[_Held] = []
-        for item, result in zip(items, self._map(self._claim, items), strict=True):
+        lost: list[tuple[PreparedMessage, KeyClaim | None]] = []
+        claims = self._map(lambda item: self._claim(item, group), items)
+        for item, result in zip(items, claims, strict=True):
             if isinstance(result, LedgerError):
+                # it may have applied: the group keeps it unresolved, the reconciler settles it
+                ours[group.group_id].unresolved.add(item.key)
                 outcomes[item.index] = _failed(item, f"ledger unavailable at claim: {result}")
-            elif result.status is ClaimStatus.WON and result.record is not None:
+            elif result.status is ClaimStatus.WON and result.claim is not None:
                 self._hooks.at(Step.AFTER_CLAIM)
-                to_send.append(_Held(item, result.record, mine=True))
+                ours[group.group_id].unresolved.add(item.key)
+                to_send.append(_Held(item, result.claim, group, mine=True))
             else:
-                self._judge_lost_claim(item, result.record, outcomes, to_wait)
+                lost.append((item, result.claim))
+        to_wait = self._judge_lost_claims(lost, outcomes)
 
         for _ in range(_MAX_ROUNDS):
-            ambiguous = self._send(to_send, outcomes) if to_send else []
+            ambiguous = self._send(to_send, ours, outcomes) if to_send else []
             to_send = []
             held = ambiguous + to_wait
             to_wait = []
             if not held:
-                return
-            to_send = self._settle_held(held, outcomes)
+                break
+            to_send = self._settle_held(held, ours, outcomes)
         for entry in to_send:
             outcomes[entry.item.index] = _in_flight(
                 entry, "claim changed hands repeatedly; run 'keo reconcile'"
             )
+        self._settle_groups(ours, items, outcomes)
 
-    def _claim(self, item: PreparedMessage) -> ClaimResult | LedgerError:
+    def _open(self, keys: list[str], ours: dict[str, _Ours]) -> Group | LedgerError:
+        started = time.perf_counter()
+        try:
+            group = self._ledger.open_group(
+                self.stream,
+                keys,
+                owner=self.owner,
+                now_ms=self._clock.now_ms(),
+                lease_ms=self._policy.lease.lease_ms,
+            )
+        except LedgerError as exc:
+            return exc
+        finally:
+            metrics.LEDGER_SECONDS.labels("open").observe(time.perf_counter() - started)
+        ours[group.group_id] = _Ours(group)
+        return group
+
+    def _claim(self, item: PreparedMessage, group: Group) -> ClaimResult | LedgerError:
         payload = None
         limit = self._policy.store_payload_max_bytes
         if limit is not None and len(item.message.data) <= limit:
@@ -207,12 +282,7 @@ class ExactlyOnceProducer:
         )
         started = time.perf_counter()
         try:
-            result = self._ledger.claim(
-                request,
-                owner=self.owner,
-                now_ms=self._clock.now_ms(),
-                lease_ms=self._policy.lease.lease_ms,
-            )
+            result = self._ledger.claim(request, group, now_ms=self._clock.now_ms())
         except LedgerError as exc:
             metrics.CLAIMS.labels(self.stream, "error").inc()
             return exc
@@ -221,36 +291,48 @@ class ExactlyOnceProducer:
         metrics.CLAIMS.labels(self.stream, result.status.value.lower()).inc()
         return result
 
-    def _judge_lost_claim(
+    def _judge_lost_claims(
+        self, lost: list[tuple[PreparedMessage, KeyClaim | None]], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
+        """What each lost claim's holder says: delivered, conflicting, or still to wait on.
+        The holders' groups are read once, in batches."""
+        if not lost:
+            return []
+        group_ids = {c.group_id for _, c in lost if c is not None and c.state is KeyState.CLAIMED}
+        try:
+            groups = self._ledger.batch_get_groups(self.stream, group_ids) if group_ids else {}
+        except LedgerError as exc:
+            for item, _ in lost:
+                outcomes[item.index] = _failed(item, f"ledger unavailable reading a claim: {exc}")
+            return []
+        to_wait: list[_Held] = []
+        for item, current in lost:
+            group = groups.get(current.group_id) if current is not None else None
+            self._judge(item, current, group, outcomes, to_wait)
+        return to_wait
+
+    def _judge(
         self,
         item: PreparedMessage,
-        current: LedgerRecord | None,
+        current: KeyClaim | None,
+        group: Group | None,
         outcomes: dict[int, Outcome],
         to_wait: list[_Held],
     ) -> None:
         if current is None:
             outcomes[item.index] = _failed(item, "claim lost and the item vanished; send again")
             return
+        position = group.position_of(item.key) if group is not None else None
         if current.payload_digest != item.payload_digest:
             outcomes[item.index] = Outcome(
                 item.index,
                 item.key,
                 OutcomeStatus.CONFLICT,
-                position=current.position,
+                position=position,
                 reason=f"key already used for another payload (state {current.state})",
                 attempt=current.attempt,
             )
-        elif current.state is LedgerState.DELIVERED:
-            outcomes[item.index] = Outcome(
-                item.index,
-                item.key,
-                OutcomeStatus.DUPLICATE,
-                position=current.position,
-                attempt=current.attempt,
-            )
-        elif current.state is LedgerState.IN_FLIGHT:
-            to_wait.append(_Held(item, current, mine=False))
-        elif current.state is LedgerState.UNVERIFIABLE:
+        elif current.state is KeyState.UNVERIFIABLE:
             outcomes[item.index] = Outcome(
                 item.index,
                 item.key,
@@ -258,11 +340,25 @@ class ExactlyOnceProducer:
                 reason="an earlier claim of this key could not be verified within retention",
                 attempt=current.attempt,
             )
-        else:  # RELEASED again between our claim and our read: a later call claims it
+        elif current.state is KeyState.RELEASED:
+            # released again between our claim and our read: a later call claims it
             outcomes[item.index] = _failed(item, "claim raced a release; send again")
+        elif position is not None:
+            outcomes[item.index] = Outcome(
+                item.index,
+                item.key,
+                OutcomeStatus.DUPLICATE,
+                position=position,
+                attempt=current.attempt,
+            )
+        else:
+            # held by another party, or by an earlier call of ours: its put is not this call's
+            to_wait.append(_Held(item, current, group, mine=False))
 
-    def _send(self, held: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
-        """Put every held claim of ours; mark what was written. Returns the ambiguous ones.
+    def _send(
+        self, held: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
+        """Put every held claim of ours; keep the positions written. Returns the ambiguous ones.
 
         A record is put at most ``put_max_attempts`` times: a PutRecords is never repeated
         whole, only the records classified not written and retriable are sent again, under
@@ -274,7 +370,7 @@ class ExactlyOnceProducer:
 
         def put_round() -> list[tuple[_Held, RecordResult]]:
             nonlocal pending
-            resend = self._put_round(pending, outcomes, written, ambiguous)
+            resend = self._put_round(pending, ours, outcomes, written, ambiguous)
             pending = [entry for entry, _ in resend]
             return resend
 
@@ -287,13 +383,15 @@ class ExactlyOnceProducer:
             before_sleep=self._log_resend,
         )
         for entry, result in still_refused:
-            self._give_up(entry, result, outcomes)
-        self._mark_all(written, outcomes)
+            self._give_up(entry, result, ours, outcomes)
+        for entry, position in written:
+            self._resolved(entry, ours, position)
         return ambiguous
 
     def _put_round(
         self,
         pending: list[_Held],
+        ours: dict[str, _Ours],
         outcomes: dict[int, Outcome],
         written: list[tuple[_Held, Position]],
         ambiguous: list[_Held],
@@ -302,7 +400,9 @@ class ExactlyOnceProducer:
         refused: list[tuple[_Held, RecordResult]] = []
         # the lease is checked right before each request leaves, not once for all of them
         for start in range(0, len(pending), MAX_RECORDS_PER_PUT):
-            ready = self._ensure_leases(pending[start : start + MAX_RECORDS_PER_PUT], outcomes)
+            ready = self._ensure_leases(
+                pending[start : start + MAX_RECORDS_PER_PUT], ours, outcomes
+            )
             units = self._units(ready)
             for batch in batch_by_size(units, lambda unit: unit.size_bytes):
                 self._hooks.at(Step.BEFORE_PUT)
@@ -315,7 +415,7 @@ class ExactlyOnceProducer:
             if result.retriable:
                 resend.append((entry, result))
             else:
-                self._give_up(entry, result, outcomes)
+                self._give_up(entry, result, ours, outcomes)
         return resend
 
     def _log_resend(self, retry_state: RetryCallState) -> None:
@@ -385,122 +485,175 @@ class ExactlyOnceProducer:
                 metrics.PUT_RECORD_ERRORS.labels(self.stream, result.error_code or "none").inc()
         return results
 
-    def _ensure_leases(self, held: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
-        """Renew claims whose lease is too short to outlive a put sent now.
+    def _ensure_leases(
+        self, held: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
+        """Keep a put from leaving unless its group's lease outlives it.
 
         Kinesis cannot fence a stale writer, so a put must only leave while the lease covers
-        it. Our claim has not been sent under this attempt, so taking it over ourselves
-        (attempt + 1, conditional on the attempt we hold) is safe and gives a fresh lease.
+        it. A group whose lease is short is renewed (one write for all its keys) while it is
+        still valid by more than the skew margin; past that, its keys (none of them sent
+        under it, or definitely not written) move to a fresh group of ours.
         """
         now_ms = self._clock.now_ms()
-        short = [
-            h
+        lease = self._policy.lease
+        short = {
+            h.claim.group_id
             for h in held
-            if not self._policy.lease.safe_to_send(h.record.lease_expires_at_ms or 0, now_ms)
-        ]
+            if not lease.safe_to_send(ours[h.claim.group_id].group.lease_expires_at_ms, now_ms)
+        }
         if not short:
             return held
-        renewed = dict(zip(map(id, short), self._map(self._take_over, short), strict=True))
-        keep: list[_Held] = []
-        for entry in held:
-            result = renewed.get(id(entry))
-            if result is None:
-                keep.append(entry)
-            elif isinstance(result, LedgerError):
-                outcomes[entry.item.index] = _in_flight(entry, f"lease renewal failed: {result}")
-            elif result.status is ClaimStatus.WON and result.record is not None:
-                entry.record = result.record
-                keep.append(entry)
-            else:
-                outcomes[entry.item.index] = _in_flight(
-                    entry, "claim was taken over before it could be sent"
-                )
-        return keep
+        stuck: list[_Held] = []
+        for group_id in short:
+            if not self._renew(ours[group_id], now_ms):
+                stuck.extend(h for h in held if h.claim.group_id == group_id)
+        if not stuck:
+            return held
+        moved = self._move_to_fresh_group(stuck, ours, outcomes)
+        return [h for h in held if h.claim.group_id not in short or h in moved] + [
+            h for h in moved if h not in held
+        ]
 
-    def _take_over(self, entry: _Held) -> ClaimResult | LedgerError:
+    def _renew(self, mine: _Ours, now_ms: int) -> bool:
         try:
-            return self._ledger.take_over(
-                entry.record,
-                owner=self.owner,
-                now_ms=self._clock.now_ms(),
+            renewed = self._ledger.renew_lease(
+                mine.group,
+                now_ms=now_ms,
                 lease_ms=self._policy.lease.lease_ms,
+                skew_ms=self._policy.lease.skew_ms,
             )
+        except LedgerError as exc:
+            log.warning("lease renewal failed stream=%s error=%s", self.stream, exc)
+            return False
+        if renewed.applied and renewed.current is not None:
+            mine.group = renewed.current
+            return True
+        return False
+
+    def _move_to_fresh_group(
+        self, entries: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
+        """Take claims over into a new group of ours (open it first, then attempt + 1).
+        Returns the entries now held there; the others have their outcome."""
+        group = self._open([h.item.key for h in entries], ours)
+        if isinstance(group, LedgerError):
+            for entry in entries:
+                outcomes[entry.item.index] = _in_flight(entry, f"ledger unavailable: {group}")
+            return []
+        moved: list[_Held] = []
+        taken = self._map(lambda entry: self._take_over(entry, group), entries)
+        for entry, result in zip(entries, taken, strict=True):
+            previous = ours.get(entry.claim.group_id)
+            if isinstance(result, LedgerError):
+                ours[group.group_id].unresolved.add(entry.item.key)  # it may have applied
+                outcomes[entry.item.index] = _in_flight(entry, f"take over failed: {result}")
+            elif result.status is ClaimStatus.WON and result.claim is not None:
+                if previous is not None:
+                    previous.unresolved.discard(entry.item.key)
+                ours[group.group_id].unresolved.add(entry.item.key)
+                entry.claim, entry.group, entry.mine = result.claim, group, True
+                moved.append(entry)
+            else:
+                if previous is not None:
+                    previous.unresolved.discard(entry.item.key)
+                still: list[_Held] = []
+                holder = self._holder_group(result.claim)
+                self._judge(entry.item, result.claim, holder, outcomes, still)
+                moved.extend(still)
+        return moved
+
+    def _holder_group(self, claim: KeyClaim | None) -> Group | None:
+        if claim is None:
+            return None
+        try:
+            return self._ledger.get_group(self.stream, claim.group_id)
+        except LedgerError:
+            return None
+
+    def _take_over(self, entry: _Held, group: Group) -> ClaimResult | LedgerError:
+        try:
+            return self._ledger.take_over_key(entry.claim, group, now_ms=self._clock.now_ms())
         except LedgerError as exc:
             return exc
 
-    def _give_up(self, entry: _Held, result: RecordResult, outcomes: dict[int, Outcome]) -> None:
+    def _give_up(
+        self,
+        entry: _Held,
+        result: RecordResult,
+        ours: dict[str, _Ours],
+        outcomes: dict[int, Outcome],
+    ) -> None:
         """Definitely not written and not worth resending: release the claim for a later send."""
         reason = f"not written: {result.error_code}: {result.error_message or ''}".rstrip(": ")
         try:
-            self._ledger.release(entry.record)
+            released = self._ledger.release(entry.claim).applied
         except LedgerError as exc:
+            released = False
             reason += f" (release failed, the reconciler will release it: {exc})"
+        if released:
+            self._resolved(entry, ours, None)
         outcomes[entry.item.index] = _failed(entry.item, reason)
 
-    def _mark_all(
-        self, written: list[tuple[_Held, Position]], outcomes: dict[int, Outcome]
+    def _resolved(self, entry: _Held, ours: dict[str, _Ours], position: Position | None) -> bool:
+        """Our claim is settled as far as we are concerned: written at ``position``, or
+        released (None). Its group records the position when it is settled. False when the
+        claim's group is not one of this call's."""
+        mine = ours.get(entry.claim.group_id)
+        if mine is None:
+            return False
+        mine.unresolved.discard(entry.item.key)
+        if position is not None:
+            mine.positions[entry.item.key] = position
+            mine.attempts[entry.item.key] = entry.claim.attempt
+        return True
+
+    def _settle_groups(
+        self, ours: dict[str, _Ours], items: list[PreparedMessage], outcomes: dict[int, Outcome]
     ) -> None:
-        def mark(pair: tuple[_Held, Position]) -> Outcome:
-            entry, position = pair
+        """One conditional write per group of ours: its positions, SETTLED when nothing of it
+        is left unresolved. What was written is SENT, or TAKEN_OVER when the group moved on."""
+        by_key = {item.key: item for item in items}
+        for mine in ours.values():
+            if not mine.positions and mine.unresolved:
+                continue  # nothing to record; the reconciler settles the group after its lease
             self._hooks.at(Step.BEFORE_MARK)
-            item = entry.item
             started = time.perf_counter()
+            failure: str | None = None
             try:
-                result = self._ledger.mark_delivered(
-                    entry.record, position, now_ms=self._clock.now_ms()
+                settled = self._ledger.record_positions(
+                    mine.group,
+                    mine.positions,
+                    settle=not mine.unresolved,
+                    now_ms=self._clock.now_ms(),
                 )
             except LedgerError as exc:
-                # written once; the claim stays IN_FLIGHT and read-back will mark it later
-                log.warning("mark failed stream=%s error=%s", self.stream, exc)
-                return Outcome(
-                    item.index,
-                    item.key,
-                    OutcomeStatus.SENT,
-                    position=position,
-                    attempt=entry.record.attempt,
-                    reason=f"written; ledger mark failed ({exc}); read-back will mark it",
-                    ledger_marked=False,
-                )
+                # written once; the group stays OPEN and the reconciler records it from the stream
+                log.warning("settle failed stream=%s error=%s", self.stream, exc)
+                failure = f"written; ledger settle failed ({exc}); the reconciler records it"
+                settled = None
             finally:
-                metrics.LEDGER_SECONDS.labels("mark").observe(time.perf_counter() - started)
+                metrics.LEDGER_SECONDS.labels("settle").observe(time.perf_counter() - started)
             self._hooks.at(Step.AFTER_MARK)
-            current = result.current
-            if result.applied or (
-                current is not None
-                and current.state is LedgerState.DELIVERED
-                and current.attempt == entry.record.attempt
-                and current.position == position
-            ):
-                # ours, or another party (a reconciler, a waiting producer) recorded our write
-                return Outcome(
-                    item.index,
-                    item.key,
-                    OutcomeStatus.SENT,
-                    position=position,
-                    attempt=entry.record.attempt,
+            lost = settled is not None and not settled.applied
+            if lost:
+                log.warning(
+                    "settle lost stream=%s group=%s epoch=%d current_epoch=%s",
+                    self.stream,
+                    mine.group.group_id,
+                    mine.group.epoch,
+                    settled.current.epoch if settled and settled.current else None,
                 )
-            log.warning(
-                "mark lost stream=%s attempt=%d current_attempt=%s",
-                self.stream,
-                entry.record.attempt,
-                result.current.attempt if result.current else None,
-            )
-            return Outcome(
-                item.index,
-                item.key,
-                OutcomeStatus.TAKEN_OVER,
-                position=position,
-                attempt=entry.record.attempt,
-                reason="written, but the claim was taken over before the mark: the audit "
-                "reports a duplicate if the new owner also wrote it",
-            )
-
-        for outcome in self._map(mark, written):
-            outcomes[outcome.index] = outcome
+            for key, position in mine.positions.items():
+                item = by_key[key]
+                attempt = mine.attempts[key]
+                outcomes[item.index] = _written(item, position, attempt, failure, taken=lost)
 
     # --- held claims: ambiguous puts of ours, in-flight claims of others --------------------
 
-    def _settle_held(self, held: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
+    def _settle_held(
+        self, held: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
         """Resolve held claims by polling and read-back; returns claims we took over to send."""
         if self._resolver is None:
             for entry in held:
@@ -523,14 +676,13 @@ class ExactlyOnceProducer:
                 h
                 for h in waiting
                 if (first_pass and h.mine)
-                or self._policy.lease.expired_for_everyone(
-                    h.record.lease_expires_at_ms or 0, now_ms
-                )
+                or self._policy.lease.expired_for_everyone(h.lease_expires_at_ms, now_ms)
+                or (h.group is not None and h.group.state is GroupState.SETTLED)
             ]
             first_pass = False
             still: list[_Held] = [h for h in waiting if h not in due]
             if due:
-                still.extend(self._read_back(due, outcomes, to_send))
+                still.extend(self._read_back(due, ours, outcomes, to_send))
             waiting = still
             return still
 
@@ -539,28 +691,35 @@ class ExactlyOnceProducer:
         return to_send
 
     def _refresh(self, waiting: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
-        """Re-read waited-on claims: the holder may have delivered, released or renewed them."""
+        """Re-read waited-on claims and their groups: the holder may have settled, released,
+        renewed or handed them on."""
         try:
-            current = self._ledger.batch_get(self.stream, [h.item.key for h in waiting])
+            claims = self._ledger.batch_get_claims(self.stream, [h.item.key for h in waiting])
+            groups = self._ledger.batch_get_groups(
+                self.stream, {c.group_id for c in claims.values()}
+            )
         except LedgerError as exc:
             log.warning("refresh failed stream=%s error=%s", self.stream, exc)
             return waiting
         still: list[_Held] = []
         for entry in waiting:
-            record = current.get(entry.item.key)
-            if record is None or record.state is not LedgerState.IN_FLIGHT:
-                lost: list[_Held] = []
-                self._judge_lost_claim(entry.item, record, outcomes, lost)
-                still.extend(lost)
+            claim = claims.get(entry.item.key)
+            group = groups.get(claim.group_id) if claim is not None else None
+            if entry.mine and claim == entry.claim:
+                entry.group = group  # ours, unchanged: keep waiting on our own lease
+                still.append(entry)
                 continue
-            if record.attempt != entry.record.attempt:
-                entry.mine = record.owner == self.owner
-            entry.record = record
-            still.append(entry)
+            judged: list[_Held] = []
+            self._judge(entry.item, claim, group, outcomes, judged)
+            still.extend(judged)
         return still
 
     def _read_back(
-        self, due: list[_Held], outcomes: dict[int, Outcome], to_send: list[_Held]
+        self,
+        due: list[_Held],
+        ours: dict[str, _Ours],
+        outcomes: dict[int, Outcome],
+        to_send: list[_Held],
     ) -> list[_Held]:
         resolver = self._resolver
         if resolver is None:  # pragma: no cover - checked by the caller
@@ -568,20 +727,28 @@ class ExactlyOnceProducer:
         try:
             results = resolver.resolve([h.record for h in due])
         except StreamError as exc:
-            # the claims stay IN_FLIGHT: the reconciler settles them once Kinesis answers
+            # the claims stay as they are: the reconciler settles them once Kinesis answers
             for entry in due:
                 outcomes[entry.item.index] = _in_flight(
                     entry, f"read-back failed: {exc}; run 'keo reconcile'"
                 )
             return []
         still: list[_Held] = []
-        found: list[tuple[_Held, Position]] = []
         takeovers: list[_Held] = []
         for entry in due:
             result = results[entry.item.key]
             metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
             if result.resolution is Resolution.FOUND and result.position is not None:
-                found.append((entry, result.position))
+                if not (entry.mine and self._resolved(entry, ours, result.position)):
+                    # another's put landed: the key is in the stream once; its group's owner
+                    # or the reconciler records the position
+                    outcomes[entry.item.index] = Outcome(
+                        entry.item.index,
+                        entry.item.key,
+                        OutcomeStatus.DUPLICATE,
+                        position=result.position,
+                        attempt=entry.claim.attempt,
+                    )
             elif result.resolution is Resolution.PENDING:
                 still.append(entry)
             elif result.resolution is Resolution.NOT_FOUND:
@@ -592,7 +759,7 @@ class ExactlyOnceProducer:
                     entry.item.key,
                     OutcomeStatus.UNVERIFIABLE,
                     reason="the claim's window is older than the stream's retention",
-                    attempt=entry.record.attempt,
+                    attempt=entry.claim.attempt,
                 )
             else:
                 outcomes[entry.item.index] = Outcome(
@@ -601,45 +768,14 @@ class ExactlyOnceProducer:
                     OutcomeStatus.CONFLICT,
                     position=result.position,
                     reason="the stream holds this key with other data",
-                    attempt=entry.record.attempt,
+                    attempt=entry.claim.attempt,
                 )
-        self._mark_found(found, outcomes)
-        return still + self._take_over_all(takeovers, outcomes, to_send)
-
-    def _take_over_all(
-        self, entries: list[_Held], outcomes: dict[int, Outcome], to_send: list[_Held]
-    ) -> list[_Held]:
-        """Read-back proved these puts can no longer land: claim a new attempt to send them.
-        Returns the ones to keep waiting on (someone else took them first)."""
-        still: list[_Held] = []
-        for entry, taken in zip(entries, self._map(self._take_over, entries), strict=True):
-            if isinstance(taken, LedgerError):
-                outcomes[entry.item.index] = _in_flight(entry, f"take over failed: {taken}")
-            elif taken.status is ClaimStatus.WON and taken.record is not None:
-                to_send.append(_Held(entry.item, taken.record, mine=True))
-            else:
-                self._judge_lost_claim(entry.item, taken.record, outcomes, still)
+        if takeovers:
+            # read-back proved these puts can no longer land: claim a new attempt to send them
+            moved = self._move_to_fresh_group(takeovers, ours, outcomes)
+            to_send.extend(h for h in moved if h.mine)
+            still.extend(h for h in moved if not h.mine)
         return still
-
-    def _mark_found(
-        self, found: list[tuple[_Held, Position]], outcomes: dict[int, Outcome]
-    ) -> None:
-        """Records found by read-back: ours are SENT, others' are DUPLICATE (they sent them)."""
-        self._mark_all([pair for pair in found if pair[0].mine], outcomes)
-        for entry, position in found:
-            if entry.mine:
-                continue
-            try:
-                self._ledger.mark_delivered(entry.record, position, now_ms=self._clock.now_ms())
-            except LedgerError as exc:
-                log.warning("mark of a found record failed stream=%s error=%s", self.stream, exc)
-            outcomes[entry.item.index] = Outcome(
-                entry.item.index,
-                entry.item.key,
-                OutcomeStatus.DUPLICATE,
-                position=position,
-                attempt=entry.record.attempt,
-            )
 
     def _map(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         items = list(items)
@@ -662,7 +798,36 @@ def _in_flight(entry: _Held, reason: str) -> Outcome:
         entry.item.key,
         OutcomeStatus.IN_FLIGHT,
         reason=reason,
-        attempt=entry.record.attempt,
+        attempt=entry.claim.attempt,
+    )
+
+
+def _written(
+    item: PreparedMessage,
+    position: Position,
+    attempt: int,
+    failure: str | None,
+    *,
+    taken: bool,
+) -> Outcome:
+    if taken:
+        return Outcome(
+            item.index,
+            item.key,
+            OutcomeStatus.TAKEN_OVER,
+            position=position,
+            attempt=attempt,
+            reason="written, but the group was taken over before it was settled: the new "
+            "owner records it from the stream",
+        )
+    return Outcome(
+        item.index,
+        item.key,
+        OutcomeStatus.SENT,
+        position=position,
+        attempt=attempt,
+        reason=failure,
+        ledger_marked=failure is None,
     )
 
 

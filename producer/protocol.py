@@ -18,6 +18,10 @@ MAX_RECORDS_PER_PUT = 500
 MAX_PUT_REQUEST_BYTES = 5 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
 MAX_HASH_KEY = 2**128 - 1
+# A claim group: the keys sent together (one PutRecords-sized chunk). Its item lists them, so
+# their bytes are capped well under DynamoDB's 400 KB item limit, with room for positions.
+MAX_GROUP_KEYS = MAX_RECORDS_PER_PUT
+MAX_GROUP_MEMBER_BYTES = 192 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,11 @@ def payload_digest(data: bytes, routing_hash_key: str) -> str:
     digest.update(b"\x00")
     digest.update(data)
     return digest.hexdigest()
+
+
+def group_member_bytes(key: str) -> int:
+    """What a key adds to its group item at most: its UTF-8 bytes and a length prefix."""
+    return len(key.encode("utf-8")) + 2
 
 
 def record_size(key: str, data: bytes) -> int:

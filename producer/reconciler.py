@@ -1,15 +1,19 @@
-"""The reconciler: resolves stale in-flight claims by reading the stream back.
+"""The reconciler: settles claim groups left OPEN by crashes, by reading the stream back.
 
-For each claim whose lease expired for everyone (lease + skew), from the sparse in-flight
-index, re-read consistently and resolve by read-back, grouped by shard:
+For each OPEN group whose lease expired for everyone (lease + skew), from the sparse in-flight
+index: re-read it consistently, take it over (epoch + 1, so its stalled owner can no longer
+settle it), read its members' key items, and resolve the members the group still holds by
+read-back, one pass per shard window for all of them:
 
-    FOUND         -> mark DELIVERED at the found position (conditional on the attempt seen)
-    NOT_FOUND     -> the claim stored its payload: take over and send it; else RELEASE
-    UNVERIFIABLE  -> mark UNVERIFIABLE; never resend
-    CONFLICT      -> leave it and report: an operator decides
+    FOUND         -> the position, recorded in the group
+    NOT_FOUND     -> the claim stored its payload: take it over into a new group and send it;
+                     else RELEASE it for the next producer
+    UNVERIFIABLE  -> mark the key UNVERIFIABLE; never resend
+    CONFLICT      -> leave the group OPEN and report it: an operator decides
 
-Every write is conditional on the attempt seen, so two reconcilers (or a reconciler and a
-producer) racing over the same claims never both act.
+then settle the group with every position in one write (SETTLED when nothing is left open).
+Every write is conditional on the epoch or attempt seen, so two reconcilers (or a reconciler
+and a producer) racing over the same group never both act.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimStatus, LedgerRecord, Position
-from dedupe_store.states import LedgerState
+from dedupe_store.records import ClaimStatus, Group, KeyClaim, LedgerRecord, Position
+from dedupe_store.states import GroupState, KeyState
 from producer import metrics
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
@@ -32,6 +36,9 @@ from producer.protocol import LeasePolicy, PutResultKind, chunked, put_entry
 from producer.readback import ReadBackResolver, Resolution
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -46,6 +53,7 @@ class ReconcileReport:
     pending: int = 0  # could not be settled this run (the put may land, or a resend is unsure)
     lost_races: int = 0  # another party changed the claim first: nothing to do
     errors: int = 0
+    groups: int = 0  # stale groups taken over and resolved
     get_records_calls: int = 0
 
     @property
@@ -70,7 +78,7 @@ class Reconciler:
         lease: LeasePolicy,
         owner: str,
         buckets: Sequence[int] | None = None,
-        chunk_size: int = 10_000,  # claims resolved together: each shard window is read once per chunk
+        chunk_size: int = 40,  # groups resolved together (up to 20,000 claims): one read per shard window
         concurrency: int = 32,
         hooks: Hooks = NO_HOOKS,
     ) -> None:
@@ -92,8 +100,8 @@ class Reconciler:
         calls_before = self._resolver.get_records_calls
         # stale for everyone: lease + skew has passed by our clock
         cutoff_ms = self._clock.now_ms() - self._lease.skew_ms
-        keys = self._ledger.stale_in_flight(self.stream, now_ms=cutoff_ms, buckets=self._buckets)
-        for chunk in chunked(keys, self._chunk_size):
+        group_ids = self._ledger.stale_groups(self.stream, now_ms=cutoff_ms, buckets=self._buckets)
+        for chunk in chunked(group_ids, self._chunk_size):
             self._reconcile_chunk(chunk, report)
             if progress is not None:
                 progress(len(chunk))
@@ -130,72 +138,200 @@ class Reconciler:
         )
         return report
 
-    def _reconcile_chunk(self, keys: list[str], report: ReconcileReport) -> None:
+    def _reconcile_chunk(self, group_ids: list[str], report: ReconcileReport) -> None:
         now_ms = self._clock.now_ms()
         # the index is eventually consistent: act only on what a consistent read shows
-        current = self._ledger.batch_get(self.stream, keys)
-        claims = [
-            record
-            for record in current.values()
-            if record.state is LedgerState.IN_FLIGHT
-            and self._lease.expired_for_everyone(record.lease_expires_at_ms or 0, now_ms)
+        seen = [
+            group
+            for group in self._ledger.batch_get_groups(self.stream, group_ids).values()
+            if group.state is GroupState.OPEN
+            and self._lease.expired_for_everyone(group.lease_expires_at_ms, now_ms)
         ]
-        report.scanned += len(claims)
-        if not claims:
+        taken: list[tuple[Group, Group]] = []  # (as its owner left it, as we hold it)
+        for group, held in zip(seen, self._map(self._take_over_group, seen), strict=True):
+            if isinstance(held, LedgerError):
+                report.errors += 1
+            elif held is None:
+                report.lost_races += 1
+            else:
+                taken.append((group, held))
+        if not taken:
             return
-        results = self._resolver.resolve(claims)
-
-        def act(claim: LedgerRecord) -> tuple[str, str]:
-            result = results[claim.key]
-            metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
-            try:
-                return claim.key, self._act(claim, result.resolution, result.position)
-            except LedgerError as exc:
-                log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
-                return claim.key, "errors"
-
-        # ledger latency is hidden by concurrency; every write is conditional on its attempt
-        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="keo-reconcile") as pool:
-            for key, counted in pool.map(act, claims):
+        report.groups += len(taken)
+        members = {key for group, _ in taken for key in group.members}
+        claims = self._ledger.batch_get_claims(self.stream, members)
+        # the members each group still holds, unresolved: the others moved on or are done
+        held_claims: dict[str, list[KeyClaim]] = {}
+        targets: list[LedgerRecord] = []
+        for group, _ in taken:
+            mine = [
+                claim
+                for key in dict.fromkeys(group.members)
+                if (claim := claims.get(key)) is not None
+                and claim.state is KeyState.CLAIMED
+                and claim.group_id == group.group_id
+                and group.position_of(key) is None
+            ]
+            held_claims[group.group_id] = mine
+            # the window runs to the lease its owner sent under, not the one we just took
+            targets.extend(LedgerRecord.of(claim, group) for claim in mine)
+        report.scanned += len(targets)
+        results = self._resolver.resolve(targets) if targets else {}
+        to_resend: list[KeyClaim] = []
+        settles: list[tuple[Group, dict[str, Position], bool, set[str]]] = []
+        for group, held in taken:
+            positions: dict[str, Position] = {}
+            open_left = False
+            resending: set[str] = set()
+            for claim in held_claims[group.group_id]:
+                result = results[claim.key]
+                metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
+                counted = self._act(claim, result.resolution, result.position, positions)
+                if counted == "resend":
+                    to_resend.append(claim)
+                    resending.add(claim.key)
+                    continue
                 if counted == "conflicts":
-                    report.conflicts.append(key)
-                else:
-                    setattr(report, counted, getattr(report, counted) + 1)
+                    report.conflicts.append(claim.key)
+                    open_left = True
+                    continue
+                open_left = open_left or counted in {"pending", "errors"}
+                setattr(report, counted, getattr(report, counted) + 1)
+            settles.append((held, positions, open_left, resending))
+        # a key to resend moves to a new group first; one that could not stays in its group
+        moved = self._resend(to_resend, report) if to_resend else set()
+        for held, positions, open_left, resending in settles:
+            self._settle(
+                held, positions, open_left=open_left or bool(resending - moved), report=report
+            )
 
-    def _act(self, claim: LedgerRecord, resolution: Resolution, position: Position | None) -> str:
-        """Settle one claim; returns the report field it counts in."""
-        if resolution is Resolution.FOUND and position is not None:
-            self._hooks.at(Step.RECONCILE_BEFORE_MARK)
-            marked = self._ledger.mark_delivered(claim, position, now_ms=self._clock.now_ms())
-            return _counted(marked.applied, "delivered")
-        if resolution is Resolution.NOT_FOUND:
-            if claim.payload is not None:
-                return self._resend(claim, claim.payload)
-            return _counted(self._ledger.release(claim).applied, "released")
-        if resolution is Resolution.UNVERIFIABLE:
-            return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
+    def _take_over_group(self, group: Group) -> Group | LedgerError | None:
+        try:
+            taken = self._ledger.take_over_group(
+                group,
+                owner=self.owner,
+                now_ms=self._clock.now_ms(),
+                lease_ms=self._lease.lease_ms,
+                skew_ms=self._lease.skew_ms,
+            )
+        except LedgerError as exc:
+            log.warning("group take over failed stream=%s error=%s", self.stream, exc)
+            return exc
+        return taken.current if taken.applied else None
+
+    def _act(
+        self,
+        claim: KeyClaim,
+        resolution: Resolution,
+        position: Position | None,
+        positions: dict[str, Position],
+    ) -> str:
+        """Settle one member; returns the report field it counts in (or "resend")."""
+        try:
+            if resolution is Resolution.FOUND and position is not None:
+                positions[claim.key] = position
+                return "delivered"
+            if resolution is Resolution.NOT_FOUND:
+                if claim.payload is not None:
+                    return "resend"
+                return _counted(self._ledger.release(claim).applied, "released")
+            if resolution is Resolution.UNVERIFIABLE:
+                return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
+        except LedgerError as exc:
+            log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
+            return "errors"
         if resolution is Resolution.CONFLICT:
             return "conflicts"
         return "pending"
 
-    def _resend(self, claim: LedgerRecord, payload: bytes) -> str:
-        """Send a stored payload under a new attempt; ambiguous again means: next run."""
-        taken = self._ledger.take_over(
-            claim, owner=self.owner, now_ms=self._clock.now_ms(), lease_ms=self._lease.lease_ms
+    def _settle(
+        self,
+        group: Group,
+        positions: dict[str, Position],
+        *,
+        open_left: bool,
+        report: ReconcileReport,
+    ) -> None:
+        """Record what was found; SETTLED unless a member is left open (the next run retries)."""
+        self._hooks.at(Step.RECONCILE_BEFORE_MARK)
+        try:
+            settled = self._ledger.record_positions(
+                group, positions, settle=not open_left, now_ms=self._clock.now_ms()
+            )
+        except LedgerError as exc:
+            log.warning(
+                "settle failed stream=%s group=%s error=%s", self.stream, group.group_id, exc
+            )
+            report.delivered -= len(positions)
+            report.errors += len(positions)
+            return
+        if not settled.applied:  # another reconciler took the group over from us
+            report.delivered -= len(positions)
+            report.lost_races += len(positions)
+
+    def _resend(self, claims: list[KeyClaim], report: ReconcileReport) -> set[str]:
+        """Send stored payloads again under a new group of ours: open it, take each key over
+        (conditional on the attempt seen), one PutRecords, settle. Ambiguous again: next run.
+        Returns the keys that left their old group (taken over by us, or by someone first)."""
+        try:
+            group = self._ledger.open_group(
+                self.stream,
+                [claim.key for claim in claims],
+                owner=self.owner,
+                now_ms=self._clock.now_ms(),
+                lease_ms=self._lease.lease_ms,
+            )
+        except LedgerError as exc:
+            log.warning("resend group failed stream=%s error=%s", self.stream, exc)
+            report.errors += len(claims)
+            return set()
+        held: list[KeyClaim] = []
+        moved: set[str] = set()
+        for claim in claims:
+            try:
+                taken = self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
+            except LedgerError:
+                report.errors += 1
+                continue
+            moved.add(claim.key)
+            if taken.status is ClaimStatus.WON and taken.claim is not None:
+                held.append(taken.claim)
+            else:
+                report.lost_races += 1
+        if not held:
+            return moved
+        if not self._lease.safe_to_send(group.lease_expires_at_ms, self._clock.now_ms()):
+            report.pending += len(held)
+            return moved
+        results = self._writer.put_entries(
+            [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held]
         )
-        if taken.status is not ClaimStatus.WON or taken.record is None:
-            return "lost_races"
-        record = taken.record
-        if not self._lease.safe_to_send(record.lease_expires_at_ms or 0, self._clock.now_ms()):
-            return "pending"
-        (result,) = self._writer.put_entries(
-            [put_entry(claim.key, payload, claim.routing_hash_key)]
-        )
-        if result.kind is not PutResultKind.WRITTEN:
-            return "pending"  # still IN_FLIGHT under our attempt; the next run settles it
-        position = Position(str(result.shard_id), str(result.sequence_number))
-        marked = self._ledger.mark_delivered(record, position, now_ms=self._clock.now_ms())
-        return _counted(marked.applied, "resent")
+        positions: dict[str, Position] = {}
+        for claim, result in zip(held, results, strict=True):
+            if result.kind is PutResultKind.WRITTEN:
+                positions[claim.key] = Position(str(result.shard_id), str(result.sequence_number))
+        # what was not written stays claimed by the new group: the next run settles it
+        report.pending += len(held) - len(positions)
+        try:
+            settled = self._ledger.record_positions(
+                group,
+                positions,
+                settle=len(positions) == len(held),
+                now_ms=self._clock.now_ms(),
+            )
+        except LedgerError as exc:
+            log.warning("resend settle failed stream=%s error=%s", self.stream, exc)
+            report.errors += len(positions)
+            return moved
+        report.resent += len(positions) if settled.applied else 0
+        return moved
+
+    def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+        # ledger latency is hidden by concurrency; every write is conditional on its epoch
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="keo-reconcile") as pool:
+            return list(pool.map(fn, items))
 
 
 def _counted(applied: bool, name: str) -> str:

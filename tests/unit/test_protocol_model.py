@@ -41,6 +41,7 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from devstack.failpoints import FailpointError, Failpoints
+from producer.hooks import Hooks, Step
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -57,7 +58,18 @@ LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=5_000)
 # past any lease by any clock: lease + skew, and two clocks up to a skew apart each way
 FOREVER_MS = LEASE.lease_ms + 4 * LEASE.skew_ms
 STEPS = ["after_claim", "before_put", "after_put", "before_mark"]
-LEDGER_OPERATIONS = ["claim", "mark_delivered", "take_over", "release", "batch_get"]
+LEDGER_OPERATIONS = [
+    "open_group",
+    "claim",
+    "record_positions",
+    "renew_lease",
+    "take_over_key",
+    "take_over_group",
+    "release",
+    "batch_get_claims",
+    "batch_get_groups",
+]
+READ_OPERATIONS = {"batch_get_claims", "batch_get_groups"}
 
 
 def data_of(key: str, variant: int) -> bytes:
@@ -80,6 +92,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.failpoints = Failpoints()
+        self.hooks = _Switch(self.failpoints)
         self.clock = ManualClock()
         self.kinesis = FakeKinesisClient(
             stream=STREAM, clock=self.clock, shard_count=2, put_timeout_ms=LEASE.put_timeout_ms
@@ -143,7 +156,7 @@ class ProtocolModel(RuleBasedStateMachine):
             sleep=self.kinesis.sleep,
             executor=SynchronousExecutor(),
             rng=random.Random(0),
-            hooks=self.failpoints,
+            hooks=self.hooks,
         )
 
     # --- rules ----------------------------------------------------------------------------
@@ -172,6 +185,20 @@ class ProtocolModel(RuleBasedStateMachine):
         finally:
             self.failpoints.disarm()
 
+    @rule(
+        producer=st.integers(0, 1),
+        batch=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+        reconcile=st.booleans(),
+    )
+    def stall_before_settling(self, producer: int, batch: list[str], reconcile: bool) -> None:
+        """The producer stalls after its puts, past its group's lease, while a reconciler
+        (maybe) takes the group over; then it wakes up and tries to settle it."""
+        self.hooks.current = _Stall(self, reconcile=reconcile)
+        try:
+            self._send(producer, [(key, 0) for key in batch])
+        finally:
+            self.hooks.current = self.failpoints
+
     @rule(faults=st.lists(st.sampled_from(list(PutFault)), min_size=1, max_size=3))
     def put_faults(self, faults: list[PutFault]) -> None:
         self.kinesis.script(*faults)
@@ -181,7 +208,7 @@ class ProtocolModel(RuleBasedStateMachine):
         fault=st.sampled_from(list(LedgerFault)),
     )
     def ledger_fault(self, operation: str, fault: LedgerFault) -> None:
-        if operation == "batch_get":
+        if operation in READ_OPERATIONS:
             fault = LedgerFault.UNAVAILABLE
         self.ledger.inject(operation, fault)
 
@@ -310,6 +337,34 @@ class ProtocolModel(RuleBasedStateMachine):
                 ("now", self.clock.now_ms()),
             ]
         )
+
+
+class _Switch:
+    """The hooks every producer of the model holds; a rule swaps what is behind them."""
+
+    def __init__(self, current: Hooks) -> None:
+        self.current = current
+
+    def at(self, step: Step) -> None:
+        self.current.at(step)
+
+
+class _Stall:
+    """At ``before_mark`` (after the puts, before the group is settled): every lease runs out
+    by every clock, every late write lands, and the reconciler may take the group over."""
+
+    def __init__(self, model: ProtocolModel, *, reconcile: bool) -> None:
+        self._model = model
+        self._reconcile = reconcile
+
+    def at(self, step: Step) -> None:
+        if step is not Step.BEFORE_MARK:
+            return
+        self._model.kinesis.advance(FOREVER_MS)
+        self._model.kinesis.land_all()
+        if self._reconcile and self._model.reconciler is not None:
+            with contextlib.suppress(LedgerError):
+                self._model.reconciler.run_once()
 
 
 def _digest(key: str, variant: int) -> str:

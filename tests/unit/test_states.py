@@ -1,7 +1,7 @@
-"""The ledger's state machine, checked exhaustively against the design's transition diagram.
+"""The ledger's state machines, checked exhaustively against the design's transition diagrams.
 
 Every (state or absent) x transition pair is listed here on its own, written from DESIGN.md
-rather than copied from the code's table, so a wrong edge in either shows up.
+("The ledger") rather than copied from the code's tables, so a wrong edge in either shows up.
 """
 
 from __future__ import annotations
@@ -11,107 +11,142 @@ import itertools
 import pytest
 
 from dedupe_store.errors import InvalidTransitionError, LedgerError
-from dedupe_store.states import LedgerState, Transition, is_allowed, next_state
+from dedupe_store.states import (
+    GroupState,
+    GroupTransition,
+    KeyState,
+    KeyTransition,
+    LedgerState,
+    delivery_state,
+    next_group_state,
+    next_key_state,
+)
 
-IN_FLIGHT = LedgerState.IN_FLIGHT
-DELIVERED = LedgerState.DELIVERED
-RELEASED = LedgerState.RELEASED
-UNVERIFIABLE = LedgerState.UNVERIFIABLE
+CLAIMED, RELEASED, UNVERIFIABLE = KeyState.CLAIMED, KeyState.RELEASED, KeyState.UNVERIFIABLE
+OPEN, SETTLED = GroupState.OPEN, GroupState.SETTLED
 
 # From DESIGN.md "The ledger":
-#   (none) --claim--> IN_FLIGHT --mark--> DELIVERED
-#   IN_FLIGHT --takeover--> IN_FLIGHT (attempt+1)
-#   IN_FLIGHT --release--> RELEASED --claim--> IN_FLIGHT
-#   IN_FLIGHT --past retention--> UNVERIFIABLE
-DESIGN_EDGES: dict[tuple[LedgerState | None, Transition], LedgerState] = {
-    (None, Transition.CLAIM): IN_FLIGHT,
-    (RELEASED, Transition.CLAIM): IN_FLIGHT,
-    (IN_FLIGHT, Transition.MARK_DELIVERED): DELIVERED,
-    (IN_FLIGHT, Transition.TAKE_OVER): IN_FLIGHT,
-    (IN_FLIGHT, Transition.RELEASE): RELEASED,
-    (IN_FLIGHT, Transition.MARK_UNVERIFIABLE): UNVERIFIABLE,
+#   key:   (none|RELEASED|expired) --claim--> CLAIMED(attempt n, group G)
+#          CLAIMED(n, G) --takeover--> CLAIMED(n+1, G2)   CLAIMED --release--> RELEASED
+#          CLAIMED --past retention--> UNVERIFIABLE
+#   group: OPEN(epoch e) --settle--> SETTLED    OPEN(e) --renew lease / reconciler takeover--> OPEN(e+1)
+KEY_EDGES: dict[tuple[KeyState | None, KeyTransition], KeyState] = {
+    (None, KeyTransition.CLAIM): CLAIMED,
+    (RELEASED, KeyTransition.CLAIM): CLAIMED,
+    (CLAIMED, KeyTransition.TAKE_OVER): CLAIMED,
+    (CLAIMED, KeyTransition.RELEASE): RELEASED,
+    (CLAIMED, KeyTransition.MARK_UNVERIFIABLE): UNVERIFIABLE,
+}
+GROUP_EDGES: dict[tuple[GroupState | None, GroupTransition], GroupState] = {
+    (None, GroupTransition.OPEN): OPEN,
+    (OPEN, GroupTransition.RENEW): OPEN,
+    (OPEN, GroupTransition.TAKE_OVER): OPEN,
+    (OPEN, GroupTransition.RECORD): OPEN,  # positions recorded so far; members still open
+    (OPEN, GroupTransition.SETTLE): SETTLED,
 }
 
-ALL_SOURCES: list[LedgerState | None] = [None, *LedgerState]
-ALL_PAIRS = list(itertools.product(ALL_SOURCES, Transition))
-FORBIDDEN_PAIRS = [pair for pair in ALL_PAIRS if pair not in DESIGN_EDGES]
+KEY_PAIRS = list(itertools.product([None, *KeyState], KeyTransition))
+GROUP_PAIRS = list(itertools.product([None, *GroupState], GroupTransition))
+KEY_FORBIDDEN = [pair for pair in KEY_PAIRS if pair not in KEY_EDGES]
+GROUP_FORBIDDEN = [pair for pair in GROUP_PAIRS if pair not in GROUP_EDGES]
 
 
-def _id(pair: tuple[LedgerState | None, Transition]) -> str:
+def _id(pair: tuple[object, object]) -> str:
     current, transition = pair
     return f"{current or 'ABSENT'}-{transition}"
 
 
 def test_the_pairs_cover_every_state_and_transition() -> None:
     # GIVEN the states and transitions the code defines
-    # THEN the exhaustive tests below cover them all: 5 sources x 5 transitions, 6 allowed
-    assert len(ALL_PAIRS) == 5 * 5
-    assert len(FORBIDDEN_PAIRS) == len(ALL_PAIRS) - 6
+    # THEN the exhaustive tests below cover them all
+    assert len(KEY_PAIRS) == 4 * 4
+    assert len(GROUP_PAIRS) == 3 * 5
+    assert len(KEY_FORBIDDEN) == len(KEY_PAIRS) - 5
+    assert len(GROUP_FORBIDDEN) == len(GROUP_PAIRS) - 5
+
+
+@pytest.mark.parametrize(("pair", "expected"), list(KEY_EDGES.items()), ids=map(_id, KEY_EDGES))
+def test_an_allowed_key_transition_gives_the_designed_state(
+    pair: tuple[KeyState | None, KeyTransition], expected: KeyState
+) -> None:
+    # GIVEN an edge of the key diagram
+    # WHEN the machine is asked for the next state
+    # THEN it is the one the diagram names
+    assert next_key_state(*pair) is expected
 
 
 @pytest.mark.parametrize(
-    ("pair", "expected"), list(DESIGN_EDGES.items()), ids=[_id(p) for p in DESIGN_EDGES]
+    ("pair", "expected"), list(GROUP_EDGES.items()), ids=map(_id, GROUP_EDGES)
 )
-def test_allowed_transition_gives_the_designed_next_state(
-    pair: tuple[LedgerState | None, Transition], expected: LedgerState
+def test_an_allowed_group_transition_gives_the_designed_state(
+    pair: tuple[GroupState | None, GroupTransition], expected: GroupState
 ) -> None:
-    # GIVEN an edge of the design's diagram
-    current, transition = pair
+    # GIVEN an edge of the group diagram
     # WHEN the machine is asked for the next state
-    # THEN it is the one the diagram names, and the edge is reported as allowed
-    assert next_state(current, transition) is expected
-    assert is_allowed(current, transition)
+    # THEN it is the one the diagram names
+    assert next_group_state(*pair) is expected
 
 
-@pytest.mark.parametrize("pair", FORBIDDEN_PAIRS, ids=[_id(p) for p in FORBIDDEN_PAIRS])
-def test_forbidden_transition_raises_with_current_state_and_transition(
-    pair: tuple[LedgerState | None, Transition],
+@pytest.mark.parametrize("pair", KEY_FORBIDDEN, ids=map(_id, KEY_FORBIDDEN))
+def test_a_forbidden_key_transition_raises_naming_state_and_transition(
+    pair: tuple[KeyState | None, KeyTransition],
 ) -> None:
-    # GIVEN a pair that is not an edge of the diagram
+    # GIVEN a pair that is not an edge of the key diagram
     current, transition = pair
     # WHEN the machine is asked for the next state
     with pytest.raises(InvalidTransitionError) as excinfo:
-        next_state(current, transition)
-    # THEN the error names where it was and what was attempted, and is a non-retriable ledger error
-    error = excinfo.value
-    assert error.current == current
-    assert error.transition == transition
-    assert str(transition) in str(error)
-    assert (str(current) if current is not None else "ABSENT") in str(error)
-    assert isinstance(error, LedgerError)
-    assert error.retriable is False
-    assert not is_allowed(current, transition)
+        next_key_state(current, transition)
+    # THEN the error names where it was and what was attempted, and is never retried
+    assert (excinfo.value.current, excinfo.value.transition) == (current, transition)
+    assert (str(current) if current is not None else "ABSENT") in str(excinfo.value)
+    assert isinstance(excinfo.value, LedgerError)
+    assert excinfo.value.retriable is False
 
 
-def test_delivered_key_cannot_be_claimed_again_while_its_ttl_runs() -> None:
-    # GIVEN a key that is DELIVERED (its dedupe TTL not passed: the item still counts)
-    # WHEN a producer tries to claim it
-    # THEN the machine refuses: a delivered key is never sent twice
+@pytest.mark.parametrize("pair", GROUP_FORBIDDEN, ids=map(_id, GROUP_FORBIDDEN))
+def test_a_forbidden_group_transition_raises(
+    pair: tuple[GroupState | None, GroupTransition],
+) -> None:
+    # GIVEN a pair that is not an edge of the group diagram (a settled group is final)
+    # WHEN the machine is asked for the next state
+    # THEN it raises
     with pytest.raises(InvalidTransitionError):
-        next_state(DELIVERED, Transition.CLAIM)
+        next_group_state(*pair)
 
 
-def test_in_flight_key_cannot_be_claimed_by_a_second_producer() -> None:
-    # GIVEN a key IN_FLIGHT under someone's claim
-    # WHEN another producer tries a plain claim (not a takeover after read-back)
-    # THEN the machine refuses
-    with pytest.raises(InvalidTransitionError):
-        next_state(IN_FLIGHT, Transition.CLAIM)
-
-
-@pytest.mark.parametrize("transition", list(Transition))
-def test_unverifiable_is_terminal(transition: Transition) -> None:
+@pytest.mark.parametrize("transition", list(KeyTransition))
+def test_unverifiable_is_terminal(transition: KeyTransition) -> None:
     # GIVEN a key whose read-back window fell past the stream's retention
     # WHEN anything at all is attempted on it
     # THEN nothing is allowed: it is surfaced, never resent or released
-    assert not is_allowed(UNVERIFIABLE, transition)
+    with pytest.raises(InvalidTransitionError):
+        next_key_state(UNVERIFIABLE, transition)
+
+
+@pytest.mark.parametrize(
+    ("key_state", "has_position", "seen"),
+    [
+        (CLAIMED, True, LedgerState.DELIVERED),
+        (CLAIMED, False, LedgerState.IN_FLIGHT),
+        (RELEASED, False, LedgerState.RELEASED),
+        (RELEASED, True, LedgerState.RELEASED),
+        (UNVERIFIABLE, False, LedgerState.UNVERIFIABLE),
+    ],
+)
+def test_a_key_is_delivered_when_claimed_and_its_group_records_a_position(
+    key_state: KeyState, has_position: bool, seen: LedgerState
+) -> None:
+    # GIVEN a key item's state and whether the group it names records its position
+    # WHEN a reader derives the delivery state
+    # THEN only a claimed key with a position is DELIVERED
+    assert delivery_state(key_state, has_position=has_position) is seen
 
 
 def test_absent_key_error_message_says_absent() -> None:
     # GIVEN no ledger item for the key
-    # WHEN it is marked delivered without a claim
+    # WHEN it is released without a claim
     with pytest.raises(InvalidTransitionError) as excinfo:
-        next_state(None, Transition.MARK_DELIVERED)
+        next_key_state(None, KeyTransition.RELEASE)
     # THEN the message reads as a person would say it
-    assert str(excinfo.value) == "transition mark_delivered is not allowed from state ABSENT"
+    assert str(excinfo.value) == "transition release is not allowed from state ABSENT"
     assert excinfo.value.current is None
