@@ -18,6 +18,7 @@ and a producer) racing over the same group never both act.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -299,6 +300,9 @@ class Reconciler:
             else:
                 report.lost_races += 1
         if not held:
+            # someone else moved every key on first: the new group has nothing to send
+            with contextlib.suppress(LedgerError):
+                self._ledger.record_positions(group, {}, settle=True, now_ms=self._clock.now_ms())
             return moved
         if not self._lease.safe_to_send(group.lease_expires_at_ms, self._clock.now_ms()):
             report.pending += len(held)

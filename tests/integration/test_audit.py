@@ -1,9 +1,10 @@
 """The audit against kinesalite and dynalite: every anomaly a user must hear about is reported.
 
 Anomalies are planted by hand, around what the producer delivered: a second record for a
-delivered key (boto3, directly), a record the ledger does not know, a DELIVERED item whose
-record is not in the stream, a DELIVERED item whose position is not its record's, a claim
-left IN_FLIGHT, and an expected key that was never sent. ``audit_stream`` and ``keo audit
+delivered key (boto3, directly), a record the ledger does not know, a key DELIVERED (its claim
+group settled with a position) whose record is not in the stream, a key DELIVERED at a position
+that is not its record's, a claim left IN_FLIGHT (its group never settled), and an expected key
+that was never sent. ``audit_stream`` and ``keo audit
 --json`` must report each of them (exit 1); a clean stream exits 0.
 """
 
@@ -17,16 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import planting
 import pytest
 import streamcheck
 
 from cli.init import _create_stream
 from dedupe_store.clock import SystemClock
-from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord, Position
+from dedupe_store.records import Group, Position
 from devstack import emulators as local_stack
 from producer.audit import audit_stream
 from producer.outcomes import OutcomeStatus
-from producer.protocol import Message, explicit_hash_key, payload_digest
+from producer.protocol import Message
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 
@@ -82,15 +84,22 @@ def deliver(stack: Stack, batch: Sequence[Message]) -> None:
     assert {o.status for o in outcomes} == {OutcomeStatus.SENT}, outcomes
 
 
-def claim(stack: Stack, key: str, data: bytes) -> LedgerRecord:
-    hash_key = explicit_hash_key(Message(key, data))
-    request = ClaimRequest(stack.settings.stream, key, payload_digest(data, hash_key), hash_key)
-    result = stack.ledger.claim(
-        request, owner="audit-test", now_ms=SystemClock().now_ms(), lease_ms=60_000
+def claim(stack: Stack, key: str, data: bytes) -> Group:
+    """A key claimed in a group of its own, never settled: IN_FLIGHT until its group records it."""
+    group, _ = planting.plant_claims(
+        stack.ledger,
+        stack.settings.stream,
+        [Message(key, data)],
+        owner="audit-test",
+        now_ms=SystemClock().now_ms(),
+        lease_ms=60_000,
     )
-    assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    return result.record
+    return group
+
+
+def settle(stack: Stack, group: Group, key: str, position: Position) -> None:
+    """The group records ``key`` DELIVERED at ``position``, whatever the stream holds."""
+    planting.plant_delivery(stack.ledger, group, {key: position}, now_ms=SystemClock().now_ms())
 
 
 def put_directly(kinesis: Any, stream: str, key: str, data: bytes) -> Position:
@@ -155,12 +164,12 @@ def test_every_planted_anomaly_is_reported(
     # and a key the ledger says DELIVERED whose record is not in the stream (a loss)
     ghost = claim(stack, LOST, b"lost")
     fake = Position("shardId-000000000000", "49000000000000000000000000000000000000000000000001")
-    assert stack.ledger.mark_delivered(ghost, fake, now_ms=SystemClock().now_ms()).applied
+    settle(stack, ghost, LOST, fake)
     # and a key in the stream whose DELIVERED position in the ledger is another one
     moved = claim(stack, MOVED, b"moved")
     real = put_directly(kinesis, stream, MOVED, b"moved")
     wrong = Position(real.shard_id, str(int(real.sequence_number) + 1))
-    assert stack.ledger.mark_delivered(moved, wrong, now_ms=SystemClock().now_ms()).applied
+    settle(stack, moved, MOVED, wrong)
     # and a claim still IN_FLIGHT
     claim(stack, STUCK, b"stuck")
     # and an expected key that was never sent

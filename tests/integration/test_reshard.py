@@ -3,10 +3,11 @@
 A stale claim's record may sit in a shard that was closed by a split or a merge (its parent)
 or in the shard that replaced it (a child). The resolver follows the lineage (every shard,
 open or closed, whose hash range covers the claim's hash key), so the reconciler finds each
-record where it is, marks the ledger with that position, and the audit stays clean.
+record where it is, records that position in the claim's group, and the audit stays clean.
 
-Stale claims are planted as a crashed producer leaves them (claim, put, no mark); the
-reconciler's injected clock stands 30 s later, so their leases have expired for everyone.
+Stale claims are planted as a crashed producer leaves them (a claim group opened, its keys
+claimed, their records put, the group never settled); the reconciler's injected clock stands
+30 s later, so the groups' leases have expired for everyone.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import planting
 import pytest
 import streamcheck
 
 from dedupe_store.clock import SkewedClock, SystemClock
-from dedupe_store.records import ClaimRequest, ClaimStatus
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from producer.audit import audit_stream
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from conftest import Names
 
 LATER_MS = 30_000
+# the planted groups' lease: their puts land inside it however slow the machine is, and it has
+# expired for everyone by the reconciler's clock, LATER_MS ahead
+PLANTED_LEASE_MS = 15_000
 HALF = 2**127  # the middle of the 128-bit hash key space
 
 
@@ -106,22 +110,26 @@ def deliver(stack: Stack, batch: Sequence[Message]) -> None:
 
 
 def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
-    """What a producer that crashed after its put leaves: claims IN_FLIGHT, records written."""
+    """What a producer that crashed after its put leaves: its claim group OPEN (never settled),
+    the claims IN_FLIGHT, the records written."""
     prepared, rejected = prepare(batch, DEFAULT_MAX_RECORD_BYTES)
     assert not rejected
-    for item in prepared:
-        request = ClaimRequest(
-            stack.settings.stream, item.key, item.payload_digest, item.explicit_hash_key
-        )
-        result = stack.ledger.claim(
-            request,
-            owner="crashed-producer",
-            now_ms=SystemClock().now_ms(),
-            lease_ms=stack.settings.lease_policy().lease_ms,
-        )
-        assert result.status is ClaimStatus.WON
+    planting.plant_claims(
+        stack.ledger,
+        stack.settings.stream,
+        batch,
+        owner="crashed-producer",
+        now_ms=SystemClock().now_ms(),
+        lease_ms=PLANTED_LEASE_MS,
+    )
     results = stack.writer.put_entries([item.entry() for item in prepared])
     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
+    assert set(states(stack, [m.key for m in batch]).values()) == {LedgerState.IN_FLIGHT}
+
+
+def states(stack: Stack, keys: Sequence[str]) -> dict[str, LedgerState]:
+    found = stack.ledger.batch_get(stack.settings.stream, keys)
+    return {key: record.state for key, record in found.items()}
 
 
 def reconcile(stack: Stack) -> Reconciler:
@@ -190,9 +198,12 @@ def test_stale_claims_are_found_in_the_parent_and_the_children_of_a_split(
     # WHEN the reconciler runs
     report = reconcile(stack).run_once()
 
-    # THEN every stale claim is found and marked where its record is: parent or child
+    # THEN every stale claim is found, its position recorded in its group: parent or child
     assert report.delivered == len(in_parent) + len(in_children), report
     assert report.unresolved == 0, report
+    # one group taken over per crashed send, each of its claims resolved once
+    assert (report.groups, report.scanned) == (2, len(in_parent) + len(in_children)), report
+    assert report.lost_races == 0, report
     assert_found_where_they_are(stack, in_parent, shards, closed=True)
     assert_found_where_they_are(stack, in_children, shards, closed=False)
     assert {covering(shards, m.key, closed=False) for m in in_children} == {
@@ -234,9 +245,12 @@ def test_stale_claims_are_found_in_the_parents_and_the_child_of_a_merge(
     # WHEN the reconciler runs
     report = reconcile(stack).run_once()
 
-    # THEN every stale claim is found and marked where its record is: a parent or the child
+    # THEN every stale claim is found, its position recorded in its group: a parent or the child
     assert report.delivered == len(in_parents) + len(in_child), report
     assert report.unresolved == 0, report
+    # one group taken over per crashed send, each of its claims resolved once
+    assert (report.groups, report.scanned) == (2, len(in_parents) + len(in_child)), report
+    assert report.lost_races == 0, report
     assert_found_where_they_are(stack, in_parents, shards, closed=True)
     assert {covering(shards, m.key, closed=True) for m in in_parents} == {
         p.shard_id for p in parents
