@@ -2,9 +2,10 @@
 
 The listing walks the sparse in-flight index bucket by bucket (0 .. buckets - 1), each bucket
 in lease-expiry order. A cursor says where the next page starts: the bucket, and within it
-the index position (lease expiry, item key) of the last item returned, or the start of the
-bucket. It also carries the stream and the stale cut-off of the first page, so every page of
-one listing uses the same cut-off and a cursor cannot be replayed against another stream.
+the index position (lease expiry, group item key) of the last claim group returned, or the
+start of the bucket. It also carries the stream and the stale cut-off of the first page, so
+every page of one listing uses the same cut-off and a cursor cannot be replayed against
+another stream.
 
 Wire form: URL-safe base64 (no padding) of a compact JSON object. Clients must treat it as
 opaque; its layout may change between versions (``v``).
@@ -17,6 +18,8 @@ import binascii
 import json
 from dataclasses import dataclass
 from typing import TypeGuard
+
+from dedupe_store.ledger import group_pk
 
 _VERSION = 1
 MAX_CURSOR_CHARS = 2048
@@ -34,7 +37,7 @@ class InFlightCursor:
     bucket: int
     before_ms: int | None  # the stale cut-off of the listing; None lists every in-flight claim
     after_lease_ms: int | None = None  # both None: start of the bucket
-    after_pk: str | None = None
+    after_pk: str | None = None  # the pk of the last group item listed
 
     def encode(self) -> str:
         body = {
@@ -79,7 +82,13 @@ def decode_cursor(token: str, *, stream: str, buckets: int, stale: bool) -> InFl
         return InFlightCursor(stream=stream, bucket=bucket, before_ms=before_ms)
     if not _is_int(after_lease_ms) or after_lease_ms < 0:
         raise InvalidCursorError("cursor is not one this API issued")
-    if not isinstance(after_pk, str) or not after_pk.startswith(f"{stream}#"):
+    # the index holds claim groups (ledger schema v2): a key item's pk is not a place in it
+    group_prefix = group_pk(stream, "")
+    if (
+        not isinstance(after_pk, str)
+        or not after_pk.startswith(group_prefix)
+        or len(after_pk) == len(group_prefix)
+    ):
         raise InvalidCursorError("cursor is not one this API issued")
     # DynamoDB rejects a start key outside the query's range condition
     if before_ms is not None and after_lease_ms >= before_ms:

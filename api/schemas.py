@@ -213,8 +213,9 @@ class InFlightPage(BaseModel):
     as_of: dt.datetime = Field(description="the stale cut-off of this listing (its first page)")
     items: list[MessageState] = Field(
         description=(
-            "claims still IN_FLIGHT when re-read consistently; a page can be shorter than "
-            "limit, even empty, while next_cursor is set"
+            "claims still IN_FLIGHT when re-read consistently; a page holds whole claim "
+            "groups, so it can hold up to limit + 499 items, or fewer than limit, even none, "
+            "while next_cursor is set"
         )
     )
     next_cursor: str | None = Field(
@@ -271,8 +272,16 @@ class StreamSummary(BaseModel):
 
     stream: str
     as_of: dt.datetime
-    in_flight: int = Field(ge=0, description="claims in flight (from the in-flight index)")
-    stale: int = Field(ge=0, description="claims in flight whose lease had expired at as_of")
+    in_flight: int = Field(
+        ge=0,
+        description=(
+            "keys listed by the open claim groups of the in-flight index: an upper bound of "
+            "the claims in flight (a group lists each key its producer sent, until it settles)"
+        ),
+    )
+    stale: int = Field(
+        ge=0, description="of those, the keys of groups whose lease had expired at as_of"
+    )
     counts_complete: bool = Field(
         description=(
             "false when counting stopped at the configured cap (KEO_SUMMARY_COUNT_CAP); "

@@ -371,18 +371,18 @@ class DynamoDBLedger:
         """One page of the index: ``[(lease, group id)]`` and the cursor after it, if any."""
         bucket_value = f"{stream}#{bucket}"
         condition = "#bucket = :bucket"
+        names = {"#bucket": "inflight_bucket"}
         values: dict[str, Any] = {":bucket": x.s(bucket_value)}
         if before_ms is not None:
+            # DynamoDB refuses a name the expressions do not use: #lease only with the cut-off
             condition += " AND #lease < :before"
+            names["#lease"] = "lease_expires_at_ms"
             values[":before"] = x.n(before_ms)
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "IndexName": INFLIGHT_INDEX_NAME,
             "KeyConditionExpression": condition,
-            "ExpressionAttributeNames": {
-                "#bucket": "inflight_bucket",
-                "#lease": "lease_expires_at_ms",
-            },
+            "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
             "Limit": limit,
         }

@@ -57,3 +57,25 @@ def plant_delivery(
     assert settled.applied, settled
     assert settled.current is not None
     return settled.current
+
+
+def plant_requests(
+    ledger: Ledger,
+    requests: Sequence[ClaimRequest],
+    *,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+) -> tuple[Group, dict[str, KeyClaim]]:
+    """A group opened and each request claimed for it, like ``plant_claims``, for tests that
+    choose the digests and routing themselves. The requests are of one stream."""
+    (stream,) = {request.stream for request in requests}
+    keys = [request.key for request in requests]
+    group = ledger.open_group(stream, keys, owner=owner, now_ms=now_ms, lease_ms=lease_ms)
+    claims: dict[str, KeyClaim] = {}
+    for request in requests:
+        result = ledger.claim(request, group, now_ms=now_ms)
+        assert result.status is ClaimStatus.WON, result
+        assert result.claim is not None
+        claims[request.key] = result.claim
+    return group, claims

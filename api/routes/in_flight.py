@@ -1,15 +1,24 @@
 """``/v1/streams/{stream}/in-flight``: the claims in flight, from the sparse in-flight index.
 
-The index holds keys only (KEYS_ONLY projection) and is eventually consistent, so each page's
-keys are re-read with one batched consistent read: a claim delivered, released or taken over
-since the index was read is left out (or, with ``stale=true``, kept only if its lease is still
-expired). A page can therefore be shorter than ``limit``; the listing is complete when
-``next_cursor`` is null.
+Ledger schema v2: the index holds the OPEN claim groups (KEYS_ONLY projection, by lease expiry
+within each bucket), and a group lists the keys its producer sent together, up to 500. The
+listing walks the index one group at a time and stops once ``limit`` keys are listed, so a
+page ends at a group boundary: **a page holds whole groups, and may hold up to limit + 499
+items** (one more group than fits). The cursor is the index position of the page's last group.
+
+The index is eventually consistent and a group lists keys it may not hold (a claim lost to
+another producer, a key taken over into another group), so each page's keys are re-read with
+one batched consistent read: a key is listed only while it is IN_FLIGHT *and* held by the
+group that listed it, so a key listed by two open groups appears once. A claim delivered,
+released or taken over since the index was read is left out (with ``stale=true``, a claim is
+kept only if its lease is still expired). A page can therefore be shorter than ``limit``, even
+empty; the listing is complete when ``next_cursor`` is null.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -22,6 +31,7 @@ from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import InFlightPage, MessageState, from_epoch_ms
 from dedupe_store.contract import LedgerReader
+from dedupe_store.ledger import group_pk
 from dedupe_store.states import LedgerState
 
 MAX_PAGE_LIMIT = 500
@@ -50,7 +60,10 @@ class InFlightQuery(BaseModel):
         default=DEFAULT_PAGE_LIMIT,
         ge=1,
         le=MAX_PAGE_LIMIT,
-        description="at most this many items per page",
+        description=(
+            "list claim groups until this many keys are listed: a page holds whole groups "
+            "(up to 500 keys each), so it may hold up to limit + 499 items"
+        ),
     )
     cursor: str | None = Field(
         default=None,
@@ -88,17 +101,23 @@ def list_in_flight(
             raise RequestValidationError(
                 [{"loc": ("query", "cursor"), "msg": str(exc), "type": "invalid_cursor"}]
             ) from exc
-    keys, next_cursor = read_in_flight_keys(ledger, start, limit=limit)
+    groups, next_cursor = read_in_flight_groups(ledger, start, limit=limit)
+    keys = list(dict.fromkeys(key for group in groups for key in group.keys))
     records = ledger.batch_get(stream, keys) if keys else {}
     cut_off_ms = start.before_ms
     items = []
-    for key in keys:
-        record = records.get(key)
-        if record is None or record.state is not LedgerState.IN_FLIGHT:
-            continue  # settled since the index was read
-        if cut_off_ms is not None and not record.lease_expired(cut_off_ms):
-            continue  # taken over since: its new lease has not expired
-        items.append(MessageState.from_record(record, now_ms=now_ms))
+    listed: set[str] = set()
+    for group in groups:
+        for key in group.keys:
+            record = records.get(key)
+            if key in listed or record is None or record.state is not LedgerState.IN_FLIGHT:
+                continue  # listed already, or settled since the index was read
+            if group.group_id is not None and record.group_id != group.group_id:
+                continue  # another group holds the key: it is listed under that one
+            if cut_off_ms is not None and not record.lease_expired(cut_off_ms):
+                continue  # renewed or taken over since: its new lease has not expired
+            listed.add(key)
+            items.append(MessageState.from_record(record, now_ms=now_ms))
     as_of_ms = cut_off_ms if cut_off_ms is not None else now_ms
     return InFlightPage(
         stream=stream,
@@ -109,36 +128,57 @@ def list_in_flight(
     )
 
 
-def read_in_flight_keys(
+@dataclass(frozen=True, slots=True)
+class ListedGroup:
+    """One OPEN group of the index and the keys it lists (none when it settled since the
+    index was read). ``group_id`` is None only if the ledger did not say where its page ended."""
+
+    group_id: str | None
+    keys: list[str]
+
+
+def read_in_flight_groups(
     ledger: LedgerReader, start: InFlightCursor, *, limit: int
-) -> tuple[list[str], InFlightCursor | None]:
-    """Up to ``limit`` keys from the index, walking buckets in order from ``start``."""
-    keys: list[str] = []
+) -> tuple[list[ListedGroup], InFlightCursor | None]:
+    """Groups from the index, one at a time, walking buckets in order from ``start``, until
+    ``limit`` keys are listed: whole groups, at most ``limit`` + 499 keys, and the cursor after
+    the last group. One group per index query keeps the page bounded (a query's page is
+    returned as one list of keys) and names the group each key was listed by."""
+    groups: list[ListedGroup] = []
+    listed = 0
     bucket = start.bucket
     after_lease_ms, after_pk = start.after_lease_ms, start.after_pk
     while True:
-        page, last = ledger.in_flight_page(
+        keys, last = ledger.in_flight_page(
             start.stream,
             bucket,
             before_ms=start.before_ms,
-            limit=limit - len(keys),
+            limit=1,
             after_lease_ms=after_lease_ms,
             after_pk=after_pk,
         )
-        keys.extend(page)
+        listed += len(keys)
         if last is not None:
-            # the bucket may hold more (DynamoDB also stops a page at 1 MB read)
+            # the bucket may hold more: DynamoDB names the last item of a full page
             after_lease_ms, after_pk = last
-            if len(keys) >= limit:
-                return keys, dataclasses.replace(
+            groups.append(ListedGroup(_group_id(start.stream, after_pk), keys))
+            if listed >= limit:
+                return groups, dataclasses.replace(
                     start, bucket=bucket, after_lease_ms=after_lease_ms, after_pk=after_pk
                 )
             continue
+        if keys:
+            groups.append(ListedGroup(None, keys))
         bucket += 1
         after_lease_ms = after_pk = None
         if bucket >= ledger.inflight_buckets:
-            return keys, None
-        if len(keys) >= limit:
-            return keys, dataclasses.replace(
+            return groups, None
+        if listed >= limit:
+            return groups, dataclasses.replace(
                 start, bucket=bucket, after_lease_ms=None, after_pk=None
             )
+
+
+def _group_id(stream: str, pk: str) -> str | None:
+    prefix = group_pk(stream, "")
+    return pk[len(prefix) :] if pk.startswith(prefix) and len(pk) > len(prefix) else None

@@ -12,7 +12,9 @@ from dedupe_store.contract import LedgerReader
 
 router = APIRouter(prefix="/v1/streams/{stream}", tags=["summary"])
 
-_COUNT_PAGE = 1000
+# groups per index query (ledger schema v2): up to 500 keys each, so a page past the cap
+# overshoots it by at most this many groups
+_COUNT_PAGE = 100
 
 
 @router.get(
@@ -24,7 +26,9 @@ _COUNT_PAGE = 1000
 def get_summary(
     *, stream: StreamName, ledger: LedgerDep, settings: SettingsDep, clock: ClockDep
 ) -> StreamSummary:
-    """Counts come from the in-flight index (eventually consistent: they may lag by a moment).
+    """Counts come from the in-flight index (eventually consistent: they may lag by a moment):
+    the keys listed by its open claim groups, an upper bound of the claims in flight (a group
+    lists every key its producer sent, until it settles; the in-flight listing re-reads each).
 
     The exactly-once window is min(dedupe TTL, stream retention): a key delivered longer ago
     than that can be delivered again.
@@ -60,7 +64,8 @@ def _last_run(ledger: LedgerReader, stream: str) -> ReconcileRun | None:
 def count_in_flight(
     ledger: LedgerReader, stream: str, *, before_ms: int | None, cap: int
 ) -> tuple[int, bool]:
-    """Keys in the in-flight index (leases expired before ``before_ms``), up to ``cap``."""
+    """Keys listed by the open groups of the in-flight index (leases expired before
+    ``before_ms``), up to ``cap``."""
     count = 0
     for bucket in range(ledger.inflight_buckets):
         after: tuple[int, str] | None = None

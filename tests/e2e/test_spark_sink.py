@@ -11,13 +11,13 @@ import argparse
 import importlib.util
 import json
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from threading import Barrier
 from types import ModuleType
 from typing import Any
 
+import planting
 import pytest
 
 from dedupe_store.records import ClaimRequest
@@ -284,11 +284,10 @@ def test_a_batch_with_an_unresolved_key_raises_and_is_not_marked_complete(
     request = ClaimRequest(
         stack.settings.stream, stuck.key, stuck.payload_digest, stuck.explicit_hash_key
     )
-    claim = stack.ledger.claim(
-        request, owner="lost-host", now_ms=int(time.time() * 1000), lease_ms=3000
+    _, claims = planting.plant_requests(
+        stack.ledger, [request], owner="lost-host", now_ms=stack.clock.now_ms(), lease_ms=3000
     )
-    assert claim.record is not None
-    assert stack.ledger.mark_unverifiable(claim.record).applied
+    assert stack.ledger.mark_unverifiable(claims[stuck.key]).applied
     sink = ExactlyOnceSink(settings, query_id="q-unresolved")
 
     # WHEN a batch with that key is written
@@ -359,11 +358,9 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
 
     # AND is restarted from the same checkpoint
     sink.hooks = NO_HOOKS
-    started = time.monotonic()
     second = start_query(spark, args, sink)
     assert second.awaitTermination(120)
     assert second.exception() is None
-    assert time.monotonic() - started < 120
 
     # THEN the same query id replayed batch 0: every row a duplicate, nothing added
     assert second.id == first.id

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import planting
 import pytest
 import schemathesis
 from fastapi import FastAPI
@@ -30,7 +31,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from api import ApiConfigError, ApiSettings, create_app
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
-from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord, Position
+from dedupe_store.records import ClaimRequest, ClaimStatus, Group, LedgerRecord, Position
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -106,6 +107,30 @@ def stream(names: Any) -> str:
     return str(names.stream)
 
 
+def request(stream: str, key: str, payload: bytes | None = None) -> ClaimRequest:
+    return ClaimRequest(stream, key, DIGEST, "12345678901234567890", payload)
+
+
+def claim_group(
+    ledger: DynamoDBLedger,
+    stream: str,
+    keys: list[str],
+    *,
+    ago_ms: int = 0,
+    payload: bytes | None = None,
+) -> Group:
+    """A claim group opened and its keys claimed ``ago_ms`` before now: older than the lease,
+    they are stale. Its producer has not settled it (yet)."""
+    group, _ = planting.plant_requests(
+        ledger,
+        [request(stream, key, payload) for key in keys],
+        owner="producer-1",
+        now_ms=CLOCK.now_ms() - ago_ms,
+        lease_ms=LEASE_MS,
+    )
+    return group
+
+
 def claim(
     ledger: DynamoDBLedger,
     stream: str,
@@ -113,26 +138,18 @@ def claim(
     *,
     ago_ms: int = 0,
     payload: bytes | None = None,
-) -> LedgerRecord:
-    """A claim made ``ago_ms`` before now: older than the lease, it is stale."""
-    result = ledger.claim(
-        ClaimRequest(stream, key, DIGEST, "12345678901234567890", payload),
-        owner="producer-1",
-        now_ms=CLOCK.now_ms() - ago_ms,
-        lease_ms=LEASE_MS,
-    )
-    assert result.status is ClaimStatus.WON
-    assert result.record is not None
-    return result.record
+) -> Group:
+    """One key claimed in a group of its own (see ``claim_group``)."""
+    return claim_group(ledger, stream, [key], ago_ms=ago_ms, payload=payload)
 
 
 def deliver(ledger: DynamoDBLedger, stream: str, key: str, seq: str = "4965") -> LedgerRecord:
-    record = claim(ledger, stream, key)
+    group = claim(ledger, stream, key)
     position = Position("shardId-000000000001", seq)
-    result = ledger.mark_delivered(record, position, now_ms=CLOCK.now_ms())
-    assert result.applied
-    assert result.current is not None
-    return result.current
+    planting.plant_delivery(ledger, group, {key: position}, now_ms=CLOCK.now_ms())
+    record = ledger.get(stream, key)
+    assert record is not None
+    return record
 
 
 def message_url(stream: str, key: str) -> str:
@@ -156,13 +173,13 @@ def test_delivered_key_reports_position_times_and_digest_never_payload(
     client: AsgiClient, ledger: DynamoDBLedger, stream: str
 ) -> None:
     # GIVEN a key claimed with its payload stored, then delivered
-    record = claim(ledger, stream, "order-1", payload=b"top-secret-payload")
-    delivered = ledger.mark_delivered(
-        record,
-        Position("shardId-000000000003", "49650000000000000000001", 2),
+    group = claim(ledger, stream, "order-1", payload=b"top-secret-payload")
+    planting.plant_delivery(
+        ledger,
+        group,
+        {"order-1": Position("shardId-000000000003", "49650000000000000000001", 2)},
         now_ms=CLOCK.now_ms(),
-    ).current
-    assert delivered is not None
+    )
 
     # WHEN an operator asks for it
     response = client.get(message_url(stream, "order-1"), headers=AUTH)
@@ -318,20 +335,26 @@ def test_lookup_refuses_a_body_that_is_not_json(client: AsgiClient, stream: str)
 # --- in flight -------------------------------------------------------------------------------
 
 
-def _walk_in_flight(client: AsgiClient, stream: str, **params: Any) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+def _in_flight_pages(client: AsgiClient, stream: str, **params: Any) -> list[list[dict[str, Any]]]:
+    pages: list[list[dict[str, Any]]] = []
     cursor = None
     for _ in range(100):
         query = {**params, **({"cursor": cursor} if cursor else {})}
         response = client.get(f"/v1/streams/{stream}/in-flight", params=query, headers=AUTH)
         assert response.status_code == 200, response.text
         page = response.json()
-        assert len(page["items"]) <= params.get("limit", 100)
-        items.extend(page["items"])
+        pages.append(page["items"])
         cursor = page["next_cursor"]
         if cursor is None:
-            return items
+            return pages
     raise AssertionError("the listing never ended")
+
+
+def _walk_in_flight(client: AsgiClient, stream: str, **params: Any) -> list[dict[str, Any]]:
+    """Every page, for claims in groups of one key each: a page holds at most ``limit``."""
+    pages = _in_flight_pages(client, stream, **params)
+    assert all(len(page) <= params.get("limit", 100) for page in pages)
+    return [item for page in pages for item in page]
 
 
 def test_in_flight_listing_pages_through_every_claim_once(
@@ -362,10 +385,12 @@ def test_in_flight_listing_leaves_out_claims_settled_since_the_first_page(
     client: AsgiClient, ledger: DynamoDBLedger, stream: str
 ) -> None:
     # GIVEN a stale claim that is delivered after the listing started
-    record = claim(ledger, stream, "racing", ago_ms=2 * LEASE_MS)
+    group = claim(ledger, stream, "racing", ago_ms=2 * LEASE_MS)
     first = client.get(f"/v1/streams/{stream}/in-flight?stale=true", headers=AUTH).json()
     assert [item["key"] for item in first["items"]] == ["racing"]
-    ledger.mark_delivered(record, Position("shardId-0", "1"), now_ms=CLOCK.now_ms())
+    planting.plant_delivery(
+        ledger, group, {"racing": Position("shardId-0", "1")}, now_ms=CLOCK.now_ms()
+    )
 
     # WHEN the listing is read again
     again = client.get(f"/v1/streams/{stream}/in-flight?stale=true", headers=AUTH).json()
@@ -373,6 +398,50 @@ def test_in_flight_listing_leaves_out_claims_settled_since_the_first_page(
     # THEN the delivered key is not in flight any more
     assert again["items"] == []
     assert again["next_cursor"] is None
+
+
+def test_in_flight_lists_each_key_once_under_the_group_holding_it_a_page_holding_whole_groups(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a stale group of four keys: one recorded since (the group is still OPEN), one taken
+    # over into a fresh group; and a later producer's group that lists two of the same keys
+    # and lost their claims
+    now_ms = CLOCK.now_ms()
+    stale = claim_group(ledger, stream, ["s-0", "s-1", "s-2", "s-3"], ago_ms=2 * LEASE_MS)
+    recorded = ledger.record_positions(
+        stale, {"s-1": Position("shardId-0", "7")}, settle=False, now_ms=now_ms
+    )
+    assert recorded.applied
+    fresh = ledger.open_group(stream, ["s-3"], owner="producer-2", now_ms=now_ms, lease_ms=LEASE_MS)
+    held = ledger.get_claim(stream, "s-3")
+    assert held is not None
+    assert ledger.take_over_key(held, fresh, now_ms=now_ms).status is ClaimStatus.WON
+    loser = ledger.open_group(
+        stream, ["s-0", "s-2"], owner="producer-3", now_ms=now_ms, lease_ms=LEASE_MS
+    )
+    for key in ("s-0", "s-2"):
+        assert ledger.claim(request(stream, key), loser, now_ms=now_ms).status is ClaimStatus.LOST
+
+    # WHEN the listing is read one item at a time, all of it and the stale part
+    pages = _in_flight_pages(client, stream, limit=1)
+    stale_pages = _in_flight_pages(client, stream, limit=1, stale="true")
+
+    # THEN each key in flight is listed once, under the group that holds it, with its lease;
+    # the recorded key is not in flight
+    everything = [item for page in pages for item in page]
+    assert sorted(item["key"] for item in everything) == ["s-0", "s-2", "s-3"]
+    assert {item["key"]: item["stale"] for item in everything} == {
+        "s-0": True,
+        "s-2": True,
+        "s-3": False,
+    }
+    assert sorted(item["key"] for page in stale_pages for item in page) == ["s-0", "s-2"]
+    # AND a page holds whole groups: the stale group's two keys in flight share a page of 1
+    assert ["s-0", "s-2"] in [sorted(item["key"] for item in page) for page in pages]
+    # AND the summary counts the keys the open groups list: an upper bound of the claims in
+    # flight (4 + 1 + 2 listed, 3 in flight), the stale count those of the stale group
+    summary = client.get(f"/v1/streams/{stream}/summary", headers=AUTH).json()
+    assert (summary["in_flight"], summary["stale"]) == (7, 4)
 
 
 def test_in_flight_of_an_empty_stream_is_one_empty_page(client: AsgiClient, stream: str) -> None:

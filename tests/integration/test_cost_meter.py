@@ -25,8 +25,8 @@ from dedupe_store.billing import (
     table_spec_from_description,
     write_cost,
 )
-from dedupe_store.ledger import DynamoDBLedger, ledger_pk
-from dedupe_store.records import ClaimRequest, ClaimStatus, Position
+from dedupe_store.ledger import DynamoDBLedger, group_pk, ledger_pk
+from dedupe_store.records import ClaimRequest, ClaimStatus, Group, Position
 from devstack import emulators as local_stack
 from devstack.cost_meter import BillingMeter, ledger_table_spec
 from producer.wiring import ledger_from
@@ -150,47 +150,79 @@ def test_the_meter_follows_the_ledgers_own_calls(
     ledger: DynamoDBLedger, dynamodb: Any, names: Names
 ) -> None:
     """GIVEN a meter on the ledger's own client (pynamodb's dispatch path)
-    WHEN the ledger claims a key, marks it delivered, and a second producer's claim loses
-    THEN the meter bills the three UpdateItems and the consistent read-back of the loser by
-    the item images, read here on an unmetered client after each step."""
+    WHEN the ledger opens a claim group, claims a key for it, settles the group with the
+    key's position, and a second producer opens a group and loses its claim of the same key
+    THEN the meter bills the two PutItems, the three UpdateItems and any consistent read-back
+    of the loser by the item images, read here on an unmetered client after each step: the
+    groups enter the in-flight index when they open and leave it when they settle; the key's
+    claim touches no index."""
     meter = BillingMeter({names.table: SPEC})
     meter.attach(ledger.client)
     key = {"pk": _s(ledger_pk(STREAM, "k-1"))}
 
-    def image() -> dict[str, Any]:
+    def image(item_key: dict[str, Any]) -> dict[str, Any]:
         found: dict[str, Any] = dynamodb.get_item(
-            TableName=names.table, Key=key, ConsistentRead=True
+            TableName=names.table, Key=item_key, ConsistentRead=True
         )["Item"]
         return found
 
+    def group_key(group: Group) -> dict[str, Any]:
+        return {"pk": _s(group_pk(STREAM, group.group_id))}
+
+    group = ledger.open_group(STREAM, ["k-1"], owner="producer-a", now_ms=NOW_MS, lease_ms=LEASE_MS)
+    opened = image(group_key(group))
     request = ClaimRequest(STREAM, "k-1", "digest", "123", payload=b"p" * 2000)
-    won = ledger.claim(request, owner="producer-a", now_ms=NOW_MS, lease_ms=LEASE_MS)
+    won = ledger.claim(request, group, now_ms=NOW_MS)
     assert won.status is ClaimStatus.WON
-    assert won.record is not None
-    claimed = image()
+    claimed = image(key)
     position = Position(
         "shardId-000000000000", "49590338271490256608559692538361571095921575989136588898"
     )
-    assert ledger.mark_delivered(won.record, position, now_ms=NOW_MS + 1).applied
-    delivered = image()
-    lost = ledger.claim(request, owner="producer-b", now_ms=NOW_MS + 2, lease_ms=LEASE_MS)
+    assert ledger.record_positions(group, {"k-1": position}, settle=True, now_ms=NOW_MS + 1).applied
+    settled = image(group_key(group))
+    other = ledger.open_group(
+        STREAM, ["k-1"], owner="producer-b", now_ms=NOW_MS + 2, lease_ms=LEASE_MS
+    )
+    other_opened = image(group_key(other))
+    lost = ledger.claim(request, other, now_ms=NOW_MS + 2)
     assert lost.status is ClaimStatus.LOST
+    assert image(key) == claimed  # the lost claim wrote nothing
 
     reading = meter.snapshot()
     expected_writes = (
-        write_cost(SPEC, None, claimed)
-        + write_cost(SPEC, claimed, delivered)
-        + write_cost(SPEC, delivered, None, condition_failed=True)
+        write_cost(SPEC, None, opened)
+        + write_cost(SPEC, None, claimed)
+        + write_cost(SPEC, opened, settled)
+        + write_cost(SPEC, None, other_opened)
+        + write_cost(SPEC, claimed, None, condition_failed=True)
     )
     reads = reading.requests_by_operation.get("GetItem", 0)
-    expected_read_units = reads * get_item_read_cost(delivered, Consistency.STRONG).units
-    # the claim enters the index and the mark leaves it; the mark drops the 2,000-byte payload
-    # but is billed by the larger image, the claimed one; the lost claim by the delivered one
-    assert item_size_bytes(claimed) > 2 * 1024 > item_size_bytes(delivered)
-    assert expected_writes == WriteCost(table_units=3 + 3 + 1, index_units=2, index_writes=2)
+    expected_read_units = reads * get_item_read_cost(claimed, Consistency.STRONG).units
+    # by hand: the key item is its 2,000-byte payload (7 + 2000) and 157 bytes of attributes:
+    # 3 units to claim, and the lost claim is billed by it (3 units); it has no index
+    # attribute, so the claim touches no index
+    assert item_size_bytes(claimed) == 2007 + 157
+    assert not {"inflight_bucket", "lease_expires_at_ms"} & set(claimed)
+    # a group item is 186 bytes + its inflight_bucket ("orders#0" .. "orders#15": 15 + 8 or 9)
+    # while OPEN: 1 unit to open; SETTLED, it is 211 bytes + its positions (9 + 49: a 52-byte
+    # payload, 48 as a zlib stream, and the header): 1 unit. Its index entry (pk 39, bucket 23
+    # or 24, lease 27) is under 1 KB: 1 unit to enter at each open, 1 to leave at the settle
+    for group_item in (opened, other_opened):
+        bucket = group_item["inflight_bucket"]["S"]
+        assert item_size_bytes(group_item) == 186 + 15 + len(bucket)
+        entry = index_entry(SPEC, SPEC.indexes[0], group_item)
+        assert entry is not None
+        assert item_size_bytes(entry) == 39 + 15 + len(bucket) + 27
+    assert "inflight_bucket" not in settled
+    assert item_size_bytes(settled) == 211 + 9 + 49
+    assert expected_writes == WriteCost(
+        table_units=1 + 3 + 1 + 1 + 3, index_units=3, index_writes=3
+    )
     assert reading.billed_write_units == expected_writes.table_units
     assert reading.billed_index_write_units == expected_writes.index_units
+    assert reading.index_writes == expected_writes.index_writes
     assert reading.billed_read_units == expected_read_units
+    assert reading.requests_by_operation.get("PutItem") == 2
     assert reading.requests_by_operation.get("UpdateItem") == 3
     assert reading.conditional_check_failures == 1
     assert reading.inexact_calls == 0

@@ -7,10 +7,15 @@ outcome says IN_FLIGHT) and that the ledger's DELIVERED position is the record's
 Leases are short so that read-back waits are short: put timeouts 1 s + 1 s, skew 0.5 s, lease
 4 s (the minimum is 3 s; the extra second keeps claims from needing a renewal before their put
 when the machine is slow, which would change the attempt numbers these tests look at).
+
+Ledger schema v2: a producer opens one claim group per chunk (500 keys by default), claims each
+key for it with one write, and settles the group with every position in one write. Tests that
+need several settles in one send ask for small groups (``group_size``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,11 +36,13 @@ from prometheus_client import REGISTRY
 from dedupe_store.clock import Clock, ManualClock
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
+from devstack import faults as fault_injection
 from devstack.faults import FaultInjector, FaultKind, UpdateTarget
 from producer.outcomes import Outcome, OutcomeStatus
+from producer.producer import ExactlyOnceProducer
 from producer.protocol import Message, batches, prepare
 from producer.settings import ProducerSettings
-from producer.wiring import Stack, build_stack, ledger_from
+from producer.wiring import Stack, build_stack, ledger_from, policy_from
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -71,6 +78,22 @@ def settings_for(
     emulators: local_stack.Endpoints, names: Names, **overrides: Any
 ) -> ProducerSettings:
     return stacks.settings_for(emulators, names, FAST, **overrides)
+
+
+@pytest.fixture(autouse=True)
+def _mark_faults_hit_group_settles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``UpdateTarget.MARK`` faults hit the write that records positions: in ledger schema v2
+    the group's record or settle (it writes ``#positions``). devstack/faults.py still tells a
+    mark by the DELIVERED state a v1 mark set, which no v2 write sets; until it learns the v2
+    write, this teaches it here (remove once devstack/faults.py does)."""
+    v1_target = fault_injection._update_target
+
+    def target(params: dict[str, Any]) -> UpdateTarget | None:
+        if "#positions" in str(params.get("UpdateExpression") or ""):
+            return UpdateTarget.MARK
+        return v1_target(params)
+
+    monkeypatch.setattr(fault_injection, "_update_target", target)
 
 
 @pytest.fixture
@@ -115,9 +138,36 @@ def payloads(batch: Sequence[Message]) -> dict[str, bytes]:
     return {m.key: m.data for m in batch}
 
 
-def send(stack: Stack, batch: Sequence[Message], *, owner: str | None = None) -> list[Outcome]:
-    with stack.producer(owner=owner) as producer:
+def send(
+    stack: Stack,
+    batch: Sequence[Message],
+    *,
+    owner: str | None = None,
+    group_size: int | None = None,
+) -> list[Outcome]:
+    """``group_size``: at most this many keys per claim group (one settle each)."""
+    with producer_of(stack, owner=owner, group_size=group_size) as producer:
         return producer.send(batch)
+
+
+def producer_of(
+    stack: Stack, *, owner: str | None = None, group_size: int | None = None
+) -> ExactlyOnceProducer:
+    if group_size is None:
+        return stack.producer(owner=owner)
+    # Stack.producer's wiring, with smaller claim groups (no setting chooses the group size)
+    return ExactlyOnceProducer(
+        stream=stack.settings.stream,
+        ledger=stack.ledger,
+        writer=stack.writer,
+        clock=stack.clock,
+        policy=dataclasses.replace(policy_from(stack.settings), group_size=group_size),
+        resolver=stack.resolver(),
+        owner=owner or stack.settings.owner,
+        max_record_bytes=stack.settings.max_record_bytes or stack.info.max_record_bytes,
+        shard_map=stack.reader.shards if stack.settings.aggregate else None,
+        hooks=stack.hooks,
+    )
 
 
 def statuses(outcomes: Sequence[Outcome]) -> Counter[OutcomeStatus]:
@@ -336,28 +386,40 @@ class SteppingClock:
 def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
     make_stack: StackFactory, kinesis: Any
 ) -> None:
-    # GIVEN a producer that stalls for 1.6 s between its claims and its put, so that no
-    # claim has put timeout + skew (2.5 s) of its 4 s lease left
+    # GIVEN a producer that stalls between its claims and its put until its group's lease has
+    # 1.5 s left: less than put timeout + skew (2.5 s), more than the skew (0.5 s), so that
+    # no claim may be put under it and the lease may still be renewed
     clock = SteppingClock()
     stack = make_stack(clock=clock)
     batch = messages(20)
     updates = Counter[str]()
     lock = threading.Lock()
 
-    def stall_after_the_claims(**_: Any) -> None:
+    def stall_after_the_claims(parsed: dict[str, Any], **_: Any) -> None:
         with lock:
             updates["UpdateItem"] += 1
             if updates["UpdateItem"] == len(batch):
-                clock.offset_ms += 1_600
+                group_id = parsed["Attributes"]["group"]["S"]
+                group = stack.ledger.get_group(stack.settings.stream, group_id)
+                assert group is not None
+                clock.offset_ms += group.lease_expires_at_ms - 1_500 - clock.now_ms()
 
     stack.ledger.client.meta.events.register(
         "after-call.dynamodb.UpdateItem", stall_after_the_claims
     )
     # WHEN the messages are sent
     outcomes = send(stack, batch)
-    # THEN every claim was renewed (taken over by its own producer: attempt 2) before the put
+    # THEN the group's lease was renewed before the put, in one write for all 20 keys (its
+    # epoch 2, the keys' attempt still 1), and the group settled: 20 claims, 1 renewal, 1 settle
     assert statuses(outcomes) == {OutcomeStatus.SENT: 20}
-    assert {o.attempt for o in outcomes} == {2}
+    assert {o.attempt for o in outcomes} == {1}
+    records = stack.ledger.batch_get(stack.settings.stream, [m.key for m in batch])
+    (group_id,) = {record.group_id for record in records.values()}
+    assert group_id is not None
+    group = stack.ledger.get_group(stack.settings.stream, group_id)
+    assert group is not None
+    assert (group.state.value, group.epoch) == ("SETTLED", 2)
+    assert updates["UpdateItem"] == 20 + 1 + 1
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
@@ -395,18 +457,24 @@ def test_aggregated_records_are_delivered_once_and_found_by_read_back(
 def test_an_sdk_retry_of_a_ledger_write_that_had_applied_is_recognised(
     make_stack: StackFactory, kinesis: Any, target: UpdateTarget
 ) -> None:
-    # GIVEN the ledger's SDK retries once, and five claims (or marks) are applied but their
-    # responses are lost on the wire, so the SDK sends the very same request again
+    # GIVEN the ledger's SDK retries once, and five claims (or group settles) are applied but
+    # their responses are lost on the wire, so the SDK sends the very same request again
     # (a longer lease: the SDK's backoff must not make claims short enough to be renewed)
     stack = make_stack(ledger_max_retry_attempts=1, lease_s=30.0)
     batch = messages(20)
-    with FaultInjector(stack.ledger.client, seed=10) as faults:
-        faults.response_lost_in_transit(operations=["UpdateItem"], target=target, count=5)
-        # WHEN the messages are sent
-        outcomes = send(stack, batch)
+    outcomes: list[Outcome] = []
+    injected = Counter[str]()
+    # WHEN the messages are sent, four at a time (one claim group each): one claim (or the
+    # settle) of each send is hit. One fault at a time, so that only first tries are hit:
+    # a retry can come at once (the SDK's backoff is random), before other first tries
+    for start in range(0, len(batch), 4):
+        with FaultInjector(stack.ledger.client, seed=10) as faults:
+            faults.response_lost_in_transit(operations=["UpdateItem"], target=target, count=1)
+            outcomes += send(stack, batch[start : start + 4])
+        injected += faults.injected
     # THEN each retried write recognises its own first try (its condition now fails on its
-    # own effect): claims won, marks applied, every message SENT once under attempt 1
-    assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 5}
+    # own effect): claims won, settles applied, every message SENT once under attempt 1
+    assert injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 5}
     assert statuses(outcomes) == {OutcomeStatus.SENT: 20}
     assert all(o.attempt == 1 and o.ledger_marked for o in outcomes)
     assert_stream_is_exactly(kinesis, stack, batch)
@@ -460,14 +528,15 @@ def test_a_claim_that_fails_sends_nothing_and_a_second_send_delivers_once(
 def test_a_mark_that_fails_leaves_the_record_once_and_a_resend_reads_it_back(
     stack: Stack, kinesis: Any, kind: FaultKind
 ) -> None:
-    # GIVEN DynamoDB fails five marks (the records are already in the stream)
+    # GIVEN DynamoDB fails the settle of one claim group of five keys (its records are already
+    # in the stream), of six groups
     batch = messages(30)
     with FaultInjector(stack.ledger.client, seed=6) as faults:
-        faults.add(kind, operations=["UpdateItem"], target=UpdateTarget.MARK, count=5)
+        faults.add(kind, operations=["UpdateItem"], target=UpdateTarget.MARK, count=1)
         # WHEN the messages are sent
-        first = send(stack, batch)
+        first = send(stack, batch, group_size=5)
     # THEN all are SENT; five say the ledger was not marked; each key is in the stream once
-    assert faults.injected == {kind.value: 5}
+    assert faults.injected == {kind.value: 1}
     assert statuses(first) == {OutcomeStatus.SENT: 30}
     unmarked = [str(o.key) for o in first if not o.ledger_marked]
     assert len(unmarked) == 5
@@ -478,20 +547,29 @@ def test_a_mark_that_fails_leaves_the_record_once_and_a_resend_reads_it_back(
     # WHEN the same input is sent again by another producer
     second = send(stack, batch)
     # THEN nothing is written again: the five are found by read-back once their lease is
-    # over and reported DUPLICATE, and the ledger now names their position
+    # over and reported DUPLICATE at the positions of the first send
     assert statuses(second) == {OutcomeStatus.DUPLICATE: 30}
     assert read_backs(stack.settings.stream, "FOUND") == 5
     assert {o.key: o.position for o in second} == {o.key: o.position for o in first}
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    assert all(contents.counts[m.key] == 1 for m in batch)
+    # WHEN the reconciler runs (in v2 the group's owner or the reconciler records positions
+    # in a group: a producer that finds another's record reports it and writes nothing)
+    report = stack.reconciler(owner="reconciler").run_once()
+    # THEN the ledger names every position, and the stream is unchanged
+    assert (report.groups, report.delivered, report.unresolved) == (1, 5, 0), report.as_json()
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
 def test_a_mark_whose_response_is_lost_is_already_delivered(stack: Stack, kinesis: Any) -> None:
-    # GIVEN five marks are applied but their responses are lost
+    # GIVEN the settle of one claim group of five keys, of four, is applied but its response
+    # is lost
     batch = messages(20)
     with FaultInjector(stack.ledger.client, seed=7) as faults:
-        faults.lost_response(operations=["UpdateItem"], target=UpdateTarget.MARK, count=5)
-        first = send(stack, batch)
+        faults.lost_response(operations=["UpdateItem"], target=UpdateTarget.MARK, count=1)
+        first = send(stack, batch, group_size=5)
     # THEN they are SENT, reported unmarked (the producer cannot know), yet the ledger has them
+    assert faults.injected == {FaultKind.LOST_RESPONSE.value: 1}
     assert statuses(first) == {OutcomeStatus.SENT: 20}
     assert sum(1 for o in first if not o.ledger_marked) == 5
     assert_stream_is_exactly(kinesis, stack, batch)

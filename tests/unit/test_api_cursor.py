@@ -12,10 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.cursor import InFlightCursor, InvalidCursorError, decode_cursor
-from api.routes.in_flight import read_in_flight_keys
+from api.routes.in_flight import ListedGroup, read_in_flight_groups
+from dedupe_store.ledger import group_pk
 from dedupe_store.records import LedgerRecord
 
 STREAM = "orders"
+G1 = group_pk(STREAM, "g1")
+OTHER_GROUP = group_pk("other", "g1")
+NO_GROUP = group_pk(STREAM, "")
 
 
 def _token(body: dict[str, Any]) -> str:
@@ -26,18 +30,18 @@ def _token(body: dict[str, Any]) -> str:
 @given(
     bucket=st.integers(0, 15),
     before_ms=st.one_of(st.none(), st.integers(1, 2**62)),
-    key=st.text(min_size=1, max_size=256),
+    group_id=st.text(min_size=1, max_size=64),
     data=st.data(),
 )
 def test_a_cursor_decodes_to_what_was_encoded(
-    bucket: int, before_ms: int | None, key: str, data: st.DataObject
+    bucket: int, before_ms: int | None, group_id: str, data: st.DataObject
 ) -> None:
     after_lease_ms = None
     after_pk = None
     if data.draw(st.booleans()):
         upper = before_ms - 1 if before_ms is not None else 2**62
         after_lease_ms = data.draw(st.integers(0, upper))
-        after_pk = f"{STREAM}#{key}"
+        after_pk = group_pk(STREAM, group_id)  # the index holds groups (ledger schema v2)
     cursor = InFlightCursor(STREAM, bucket, before_ms, after_lease_ms, after_pk)
 
     token = cursor.encode()
@@ -60,7 +64,11 @@ def test_a_cursor_decodes_to_what_was_encoded(
         (_token({"v": 1, "s": STREAM, "b": 0, "t": 5, "l": None, "k": None}), "stale=true"),
         (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": 5, "k": None}), "not one"),
         (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": 5, "k": "other#k"}), "not one"),
-        (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": "5", "k": "orders#k"}), "not one"),
+        (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": "5", "k": G1}), "not one"),
+        # a key item's pk (the v1 index held keys) is not a place in the index of groups
+        (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": 5, "k": "orders#k"}), "not one"),
+        (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": 5, "k": OTHER_GROUP}), "not one"),
+        (_token({"v": 1, "s": STREAM, "b": 0, "t": None, "l": 5, "k": NO_GROUP}), "not one"),
         (_token([1, 2, 3]), "not one"),  # type: ignore[arg-type]
     ],
 )
@@ -73,19 +81,24 @@ def test_a_cursor_not_issued_for_this_listing_is_refused_with_a_reason(
 
 def test_a_stale_cursor_past_its_own_cut_off_is_refused() -> None:
     # DynamoDB would reject the start key; the API refuses it before asking
-    token = _token({"v": 1, "s": STREAM, "b": 0, "t": 100, "l": 100, "k": "orders#k"})
+    token = _token({"v": 1, "s": STREAM, "b": 0, "t": 100, "l": 100, "k": G1})
+    valid = _token({"v": 1, "s": STREAM, "b": 0, "t": 100, "l": 99, "k": G1})
 
     with pytest.raises(InvalidCursorError):
         decode_cursor(token, stream=STREAM, buckets=16, stale=True)
+    assert decode_cursor(valid, stream=STREAM, buckets=16, stale=True).after_pk == G1
 
 
 class ScriptedIndex:
-    """Answers in_flight_page from fixed bucket contents, ``page_cap`` keys per call at most.
+    """Answers in_flight_page from fixed bucket contents: each bucket a list of OPEN groups
+    (the keys each lists), at most ``page_cap`` groups per call.
 
     Not a ledger: only the index walk's inputs and outputs, to test the walk itself.
     """
 
-    def __init__(self, buckets: dict[int, list[str]], count: int, page_cap: int = 1000) -> None:
+    def __init__(
+        self, buckets: dict[int, list[list[str]]], count: int, page_cap: int = 1000
+    ) -> None:
         self.buckets = buckets
         self.inflight_buckets = count
         self.dedupe_ttl_s = 1
@@ -106,6 +119,9 @@ class ScriptedIndex:
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]:  # noqa: ARG002
         return {}
 
+    def last_run(self, stream: str) -> None:  # noqa: ARG002
+        return None
+
     def in_flight_page(
         self,
         stream: str,
@@ -113,62 +129,104 @@ class ScriptedIndex:
         *,
         before_ms: int | None,  # noqa: ARG002 - the script holds one listing
         limit: int,
-        after_lease_ms: int | None = None,  # noqa: ARG002 - the key alone finds the place
+        after_lease_ms: int | None = None,  # noqa: ARG002 - the group alone finds the place
         after_pk: str | None = None,
     ) -> tuple[list[str], tuple[int, str] | None]:
         self.calls.append((bucket, limit))
-        keys = self.buckets.get(bucket, [])
-        start = 0 if after_pk is None else keys.index(after_pk.split("#", 1)[1]) + 1
-        page = keys[start : start + min(limit, self.page_cap)]
+        groups = self.buckets.get(bucket, [])
+        ids = [group_pk(stream, group_id_at(bucket, i)) for i in range(len(groups))]
+        start = 0 if after_pk is None else ids.index(after_pk) + 1
+        page = groups[start : start + min(limit, self.page_cap)]
         if not page:
             return [], None
         # like DynamoDB: a full page has a last key, even when nothing follows
-        full = len(page) == limit or start + len(page) < len(keys)
-        last = (start + len(page), f"{stream}#{page[-1]}") if full else None
-        return page, last
+        full = len(page) == limit or start + len(page) < len(groups)
+        last = (start + len(page), ids[start + len(page) - 1]) if full else None
+        return [key for group in page for key in group], last
 
 
-def _walk(index: ScriptedIndex, limit: int) -> list[list[str]]:
-    pages: list[list[str]] = []
+def group_id_at(bucket: int, index: int) -> str:
+    return f"g{bucket}-{index}"
+
+
+def _walk(index: ScriptedIndex, limit: int) -> list[list[ListedGroup]]:
+    pages: list[list[ListedGroup]] = []
     cursor: InFlightCursor | None = InFlightCursor(STREAM, 0, None)
     while cursor is not None:
-        keys, cursor = read_in_flight_keys(index, cursor, limit=limit)
-        assert len(keys) <= limit
-        pages.append(keys)
-        assert len(pages) < 100
+        groups, cursor = read_in_flight_groups(index, cursor, limit=limit)
+        pages.append(groups)
+        assert len(pages) < 200
     return pages
 
 
 @given(
-    sizes=st.lists(st.integers(0, 7), min_size=1, max_size=6),
+    sizes=st.lists(st.lists(st.integers(1, 9), max_size=5), min_size=1, max_size=6),
     limit=st.integers(1, 10),
-    page_cap=st.integers(1, 10),
 )
-def test_the_walk_returns_every_key_once_in_bucket_order(
-    sizes: list[int], limit: int, page_cap: int
+def test_the_walk_returns_every_group_once_in_bucket_order_and_pages_hold_whole_groups(
+    sizes: list[list[int]], limit: int
 ) -> None:
-    buckets = {b: [f"b{b}-{i}" for i in range(size)] for b, size in enumerate(sizes)}
-    index = ScriptedIndex(buckets, len(sizes), page_cap)
+    # GIVEN buckets of OPEN groups of 1 to 9 keys each
+    buckets = {
+        b: [[f"b{b}-g{g}-k{k}" for k in range(size)] for g, size in enumerate(groups)]
+        for b, groups in enumerate(sizes)
+    }
+    index = ScriptedIndex(buckets, len(sizes))
 
+    # WHEN the whole listing is walked
     pages = _walk(index, limit)
 
-    assert [key for page in pages for key in page] == [
-        key for b in range(len(sizes)) for key in buckets[b]
+    # THEN every group comes once, whole, named, in bucket order
+    listed = [group for page in pages for group in page]
+    assert [group.keys for group in listed] == [g for b in range(len(sizes)) for g in buckets[b]]
+    assert [group.group_id for group in listed] == [
+        group_id_at(b, g) for b in range(len(sizes)) for g in range(len(buckets[b]))
     ]
+    # a page stops at the first group that reaches the limit: at most limit + largest - 1 keys
+    largest = max((len(g) for groups in buckets.values() for g in groups), default=1)
+    for page in pages:
+        counts = [len(group.keys) for group in page]
+        assert sum(counts) <= limit + largest - 1
+        assert sum(counts[:-1]) < limit
+    # one group per index query: the page's size is decided group by group
+    assert {asked for _, asked in index.calls} <= {1}
 
 
-def test_the_walk_stops_at_the_limit_inside_a_bucket_and_resumes_there() -> None:
-    index = ScriptedIndex({0: [], 1: ["a", "b", "c"], 2: ["d"]}, 3)
+def test_the_walk_stops_after_the_group_that_reaches_the_limit_and_resumes_after_it() -> None:
+    # GIVEN an empty bucket, a bucket with groups of 2, 3 and 1 keys, and one with 1 group
+    index = ScriptedIndex({0: [], 1: [["a", "b"], ["c", "d", "e"], ["f"]], 2: [["g"]]}, 3)
 
-    first, cursor = read_in_flight_keys(index, InFlightCursor(STREAM, 0, None), limit=2)
+    # WHEN pages of 3 are asked for
+    first, cursor = read_in_flight_groups(index, InFlightCursor(STREAM, 0, None), limit=3)
 
-    assert first == ["a", "b"]
-    assert cursor == InFlightCursor(STREAM, 1, None, 2, f"{STREAM}#b")
-    second, cursor = read_in_flight_keys(index, cursor, limit=2)
-    assert second == ["c", "d"]
-    # a full page, as in DynamoDB, may be followed by an empty last one
+    # THEN the first page holds the two groups it took to list 3 keys: 5 keys, cut at a group
+    assert first == [ListedGroup("g1-0", ["a", "b"]), ListedGroup("g1-1", ["c", "d", "e"])]
+    assert cursor == InFlightCursor(STREAM, 1, None, 2, group_pk(STREAM, "g1-1"))
+    # AND the rest, short of the limit, is the last page
+    second, cursor = read_in_flight_groups(index, cursor, limit=3)
+    assert second == [ListedGroup("g1-2", ["f"]), ListedGroup("g2-0", ["g"])]
+    assert cursor is None
+
+
+def test_a_page_that_fills_on_the_last_group_may_be_followed_by_an_empty_one() -> None:
+    # GIVEN one bucket with one group (DynamoDB names the last item of a full page even when
+    # nothing follows)
+    index = ScriptedIndex({0: [["a"]]}, 1)
+
+    first, cursor = read_in_flight_groups(index, InFlightCursor(STREAM, 0, None), limit=1)
+    assert first == [ListedGroup("g0-0", ["a"])]
     assert cursor is not None
-    third, cursor = read_in_flight_keys(index, cursor, limit=2)
-    assert (third, cursor) == ([], None)
-    # never asks a bucket for more than the page still has room for
-    assert all(asked <= 2 for _, asked in index.calls)
+    second, cursor = read_in_flight_groups(index, cursor, limit=1)
+    assert (second, cursor) == ([], None)
+
+
+def test_a_group_that_settled_since_the_index_was_read_lists_nothing_and_the_walk_goes_on() -> None:
+    # GIVEN a group the index still holds but that lists no key when re-read (it settled)
+    index = ScriptedIndex({0: [[], ["a"], []], 1: [["b"]]}, 2)
+
+    # WHEN a page of 1 is asked for
+    page, cursor = read_in_flight_groups(index, InFlightCursor(STREAM, 0, None), limit=1)
+
+    # THEN the walk passed the empty group and stopped at the first key
+    assert page == [ListedGroup("g0-0", []), ListedGroup("g0-1", ["a"])]
+    assert cursor == InFlightCursor(STREAM, 0, None, 2, group_pk(STREAM, "g0-1"))
