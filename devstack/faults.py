@@ -70,7 +70,7 @@ class UpdateTarget(StrEnum):
 
     ANY = "any"
     CLAIM = "claim"  # the attempt counter is set with if_not_exists
-    MARK = "mark"  # the new state DELIVERED is among the expression values
+    MARK = "mark"  # the write that records positions: a claim group's record or settle
 
 
 _PARTIAL_KINDS: Final = {
@@ -421,10 +421,10 @@ class FaultInjector:
 
 
 def _update_target(params: dict[str, Any]) -> UpdateTarget | None:
-    values = params.get("ExpressionAttributeValues") or {}
-    if {"S": "DELIVERED"} in values.values():
+    update = str(params.get("UpdateExpression") or "")
+    if "#positions" in update:
         return UpdateTarget.MARK
-    if "if_not_exists" in str(params.get("UpdateExpression") or ""):
+    if "if_not_exists" in update:
         return UpdateTarget.CLAIM
     return None
 

@@ -531,6 +531,55 @@ class ExactlyOnceProducer:
             return True
         return False
 
+    def _fence_holders(
+        self, entries: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> list[_Held]:
+        """Before taking keys of another party's expired group, take that group over (its
+        epoch + 1, a lease already over): its owner, if it wakes up, can no longer settle it,
+        and learns it was TAKEN_OVER. A group that settled first is read again: a key it
+        records is a DUPLICATE, not a key to send. Returns the entries to take over."""
+        holders = {
+            h.group.group_id: h.group
+            for h in entries
+            if h.group is not None
+            and h.group.group_id not in ours
+            and h.group.state is GroupState.OPEN
+        }
+        if not holders:
+            return entries
+        now_ms = self._clock.now_ms()
+        settled: dict[str, Group] = {}
+        for group in holders.values():
+            try:
+                fenced = self._ledger.take_over_group(
+                    group,
+                    owner=self.owner,
+                    now_ms=now_ms,
+                    lease_ms=0,
+                    skew_ms=self._policy.lease.skew_ms,
+                )
+            except LedgerError as exc:
+                log.warning("fencing a group failed stream=%s error=%s", self.stream, exc)
+                continue
+            current = fenced.current
+            if not fenced.applied and current is not None and current.positions:
+                settled[group.group_id] = current
+        keep: list[_Held] = []
+        for entry in entries:
+            holder = settled.get(entry.claim.group_id)
+            position = holder.position_of(entry.item.key) if holder is not None else None
+            if position is None:
+                keep.append(entry)
+                continue
+            outcomes[entry.item.index] = Outcome(
+                entry.item.index,
+                entry.item.key,
+                OutcomeStatus.DUPLICATE,
+                position=position,
+                attempt=entry.claim.attempt,
+            )
+        return keep
+
     def _move_to_fresh_group(
         self, entries: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
     ) -> list[_Held]:
@@ -772,7 +821,8 @@ class ExactlyOnceProducer:
                 )
         if takeovers:
             # read-back proved these puts can no longer land: claim a new attempt to send them
-            moved = self._move_to_fresh_group(takeovers, ours, outcomes)
+            takeovers = self._fence_holders(takeovers, ours, outcomes)
+            moved = self._move_to_fresh_group(takeovers, ours, outcomes) if takeovers else []
             to_send.extend(h for h in moved if h.mine)
             still.extend(h for h in moved if not h.mine)
         return still

@@ -288,11 +288,13 @@ class Reconciler:
             return set()
         held: list[KeyClaim] = []
         moved: set[str] = set()
+        unknown = False  # a take-over whose answer was lost may have applied: keep the group open
         for claim in claims:
             try:
                 taken = self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
             except LedgerError:
                 report.errors += 1
+                unknown = True
                 continue
             moved.add(claim.key)
             if taken.status is ClaimStatus.WON and taken.claim is not None:
@@ -300,6 +302,8 @@ class Reconciler:
             else:
                 report.lost_races += 1
         if not held:
+            if unknown:
+                return moved  # the next run settles the group, whatever it holds
             # someone else moved every key on first: the new group has nothing to send
             with contextlib.suppress(LedgerError):
                 self._ledger.record_positions(group, {}, settle=True, now_ms=self._clock.now_ms())
@@ -320,7 +324,7 @@ class Reconciler:
             settled = self._ledger.record_positions(
                 group,
                 positions,
-                settle=len(positions) == len(held),
+                settle=len(positions) == len(held) and not unknown,
                 now_ms=self._clock.now_ms(),
             )
         except LedgerError as exc:

@@ -36,7 +36,6 @@ from prometheus_client import REGISTRY
 from dedupe_store.clock import Clock, ManualClock
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
-from devstack import faults as fault_injection
 from devstack.faults import FaultInjector, FaultKind, UpdateTarget
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import ExactlyOnceProducer
@@ -78,22 +77,6 @@ def settings_for(
     emulators: local_stack.Endpoints, names: Names, **overrides: Any
 ) -> ProducerSettings:
     return stacks.settings_for(emulators, names, FAST, **overrides)
-
-
-@pytest.fixture(autouse=True)
-def _mark_faults_hit_group_settles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``UpdateTarget.MARK`` faults hit the write that records positions: in ledger schema v2
-    the group's record or settle (it writes ``#positions``). devstack/faults.py still tells a
-    mark by the DELIVERED state a v1 mark set, which no v2 write sets; until it learns the v2
-    write, this teaches it here (remove once devstack/faults.py does)."""
-    v1_target = fault_injection._update_target
-
-    def target(params: dict[str, Any]) -> UpdateTarget | None:
-        if "#positions" in str(params.get("UpdateExpression") or ""):
-            return UpdateTarget.MARK
-        return v1_target(params)
-
-    monkeypatch.setattr(fault_injection, "_update_target", target)
 
 
 @pytest.fixture
