@@ -21,7 +21,7 @@ from typing import Any, Final
 import botocore.exceptions
 
 from producer.audit import AuditReport, audit_stream
-from producer.kinesis import KinesisReader
+from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, explicit_hash_key, put_entry
 from producer.reconciler import ReconcileReport
@@ -166,13 +166,5 @@ def run_demo(
 
 
 def _create(settings: ProducerSettings) -> None:
-    client = kinesis_client(settings, for_put=False)
-    try:
-        client.create_stream(StreamName=settings.stream, ShardCount=4)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-    client.get_waiter("stream_exists").wait(
-        StreamName=settings.stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
-    )
+    create_stream(kinesis_client(settings, for_put=False), settings.stream, 4, timeout_s=20)
     ledger_from(settings).create_table()

@@ -40,6 +40,7 @@ from devstack.failpoints import FailpointError, Failpoints
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
 from producer.hooks import NO_HOOKS, Step
+from producer.kinesis import create_stream, wait_active
 from producer.producer import default_owner
 from producer.protocol import put_entry
 from producer.settings import ProducerSettings
@@ -58,6 +59,7 @@ DEFAULT_EVENT_FILES: Final = 5
 # the plain sink keeps resending, as users' retry loops do; bounded so a dead endpoint ends
 PLAIN_MAX_ATTEMPTS: Final = 20
 QUERY_TIMEOUT_S: Final = 600
+_ACTIVE_TIMEOUT_S: Final = 60
 
 Say = Callable[[str], None]
 
@@ -285,7 +287,7 @@ def split_a_shard(admin: Any, stream: str) -> None:
         ShardToSplit=widest["ShardId"],
         NewStartingHashKey=str((start + end) // 2),
     )
-    _wait_active(admin, stream)
+    wait_active(admin, stream, timeout_s=_ACTIVE_TIMEOUT_S)
     log.info("shard split stream=%s shard=%s", stream, widest["ShardId"])
 
 
@@ -382,7 +384,7 @@ def _run_side(
     say: Say,
 ) -> DemoResult:
     admin = kinesis_client(settings, for_put=False)
-    _create_stream(admin, settings.stream, shards)
+    create_stream(admin, settings.stream, shards, timeout_s=_ACTIVE_TIMEOUT_S)
     upstream = settings.kinesis_endpoint_url
     if upstream is None:
         raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
@@ -469,18 +471,3 @@ def _why(exc: Exception) -> str:
             return "killed after a batch's puts, before its commit"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:160]
-
-
-def _create_stream(admin: Any, stream: str, shards: int) -> None:
-    try:
-        admin.create_stream(StreamName=stream, ShardCount=shards)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-    _wait_active(admin, stream)
-
-
-def _wait_active(admin: Any, stream: str) -> None:
-    admin.get_waiter("stream_exists").wait(
-        StreamName=stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
-    )
