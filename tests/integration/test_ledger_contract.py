@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 from moto.server import ThreadedMotoServer
 
-from dedupe_store.ledger import DynamoDBLedger, inflight_bucket, ledger_pk
+from dedupe_store.inflight import bucket_of, bucket_partition
+from dedupe_store.ledger import DynamoDBLedger, ledger_pk
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
@@ -180,7 +181,9 @@ def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: DynamoDBLed
                     owner=ALICE,
                     claimed_at_ms=T0_MS,
                     lease_expires_at_ms=T0_MS + LEASE_MS,
-                    inflight_bucket=inflight_bucket(STREAM, key, ledger.inflight_buckets),
+                    inflight_bucket=bucket_partition(
+                        STREAM, bucket_of(key, ledger.inflight_buckets)
+                    ),
                     payload_digest=request.payload_digest,
                     routing_hash_key=request.routing_hash_key,
                 )
