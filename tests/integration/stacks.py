@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from dedupe_store.ledger import DynamoDBLedger
 from devstack import emulators as local_stack
 from producer.kinesis import create_stream
 from producer.retries import poll_until
@@ -43,9 +44,14 @@ def create_stream_and_table(settings: ProducerSettings, shards: int) -> None:
 
 
 def create_table(settings: ProducerSettings) -> None:
-    """The ledger table, ACTIVE with its index, polled every 50 ms (pynamodb polls every 2 s)."""
+    """The ledger table, ACTIVE with its index."""
     ledger = ledger_from(settings)
     ledger.create_table(wait=False)
+    wait_table_active(ledger)
+
+
+def wait_table_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
+    """Polled every 50 ms: pynamodb's own wait polls every 2 s, the emulators take 50 ms."""
 
     def active() -> bool:
         table = ledger.model.describe_table()
@@ -54,5 +60,5 @@ def create_table(settings: ProducerSettings) -> None:
             i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes
         )
 
-    if not poll_until(active, timeout_s=10, interval_s=0.05):
-        pytest.fail(f"table {settings.table} not ACTIVE")
+    if not poll_until(active, timeout_s=timeout_s, interval_s=0.05):
+        pytest.fail(f"table {ledger.table_name} not ACTIVE after {timeout_s:g} s")
