@@ -1,8 +1,10 @@
-"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back.
+"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back, and
+``create_stream`` / ``wait_active`` administer a stream (``keo init``, demos, bench, tests).
 
-They translate botocore's errors into ours (keeping the cause) and classify every put result
-with :mod:`producer.protocol`. The put client must be built with SDK retries off: a retried
-PutRecords is exactly the duplicate this project exists to prevent.
+They translate each botocore error once, into ours (keeping the cause) or into put results
+classified with :mod:`producer.protocol`, which carry whether to resend; nothing past this
+module looks at botocore's exception classes. The put client must be built with SDK retries
+off: a retried PutRecords is exactly the duplicate this project exists to prevent.
 """
 
 from __future__ import annotations
