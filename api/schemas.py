@@ -19,10 +19,9 @@ from pydantic import (
     field_validator,
 )
 
-from dedupe_store.records import LedgerRecord
+from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord
 from dedupe_store.states import LedgerState
 
-MAX_KEY_CHARS = 256
 MAX_LOOKUP_KEYS = 100
 MAX_STREAM_CHARS = 128
 # Kinesis allows [A-Za-z0-9_.-]+; a name of dots only ("." or "..") cannot be a URL path

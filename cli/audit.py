@@ -28,7 +28,7 @@ def read_expected(path: Path) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
     "key" of every row that 'keo send' would accept (rows it rejects are not expected)."""
     from cli.send import DataEncoding, parse_line
-    from producer.protocol import MAX_KEY_CHARS
+    from dedupe_store.records import MAX_KEY_CHARS
 
     with path.open(encoding="utf-8") as source:
         lines = [line.rstrip("\n") for line in source if line.strip()]

@@ -19,6 +19,7 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from dedupe_store.inflight import bucket_share
 
 
 def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
@@ -32,7 +33,7 @@ def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
         raise typer.BadParameter("use i/N, e.g. 0/2 and 1/2 for two reconcilers") from None
     if count < 1 or not 0 <= index < count:
         raise typer.BadParameter(f"need 0 <= i < N, got {value}")
-    return [b for b in range(buckets) if b % count == index]
+    return bucket_share(index, count, buckets)
 
 
 def reconcile(

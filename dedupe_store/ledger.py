@@ -44,6 +44,7 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
+from dedupe_store.inflight import bucket_of, bucket_partition, walk_in_flight
 from dedupe_store.model import TTL_ATTRIBUTE, ConnectionOptions, LedgerItem, bind_ledger_model
 from dedupe_store.records import (
     BatchRecord,
@@ -85,13 +86,6 @@ def _batch_pk(stream: str, query: str, batch_id: int) -> str:
 
 def ledger_pk(stream: str, key: str) -> str:
     return f"{stream}#{key}"
-
-
-def inflight_bucket(stream: str, key: str, buckets: int) -> str:
-    """The in-flight index partition of a key: stable across processes (not Python's hash)."""
-    import zlib
-
-    return f"{stream}#{zlib.crc32(key.encode('utf-8')) % buckets}"
 
 
 class DynamoDBLedger:
@@ -249,8 +243,10 @@ class DynamoDBLedger:
 
         The index is eventually consistent: re-read each key consistently before acting on it.
         """
-        for bucket in buckets if buckets is not None else range(self.inflight_buckets):
-            yield from self._query_bucket(stream, bucket, before_ms=now_ms, page_size=page_size)
+        for keys, _ in walk_in_flight(
+            self, stream, before_ms=now_ms, page_limit=lambda: page_size, buckets=buckets
+        ):
+            yield from keys
 
     def in_flight_page(
         self,
@@ -267,13 +263,13 @@ class DynamoDBLedger:
         if after_lease_ms is not None and after_pk is not None:
             last_key = {
                 "pk": {"S": after_pk},
-                "inflight_bucket": {"S": f"{stream}#{bucket}"},
+                "inflight_bucket": {"S": bucket_partition(stream, bucket)},
                 "lease_expires_at_ms": {"N": str(after_lease_ms)},
             }
         condition = None if before_ms is None else self._model.lease_expires_at_ms < before_ms
         try:
             result = self._model.inflight_index.query(
-                f"{stream}#{bucket}",
+                bucket_partition(stream, bucket),
                 condition,
                 limit=limit,
                 last_evaluated_key=last_key,
@@ -286,19 +282,6 @@ class DynamoDBLedger:
         if cursor is None:
             return keys, None
         return keys, (int(cursor["lease_expires_at_ms"]["N"]), str(cursor["pk"]["S"]))
-
-    def _query_bucket(
-        self, stream: str, bucket: int, *, before_ms: int, page_size: int
-    ) -> Iterator[str]:
-        try:
-            for item in self._model.inflight_index.query(
-                f"{stream}#{bucket}",
-                self._model.lease_expires_at_ms < before_ms,
-                page_size=page_size,
-            ):
-                yield _key_of(stream, item.pk)
-        except (QueryError, PynamoDBException) as exc:
-            raise _translate(exc, self.table_name, None, "query in-flight index") from exc
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
 
@@ -401,7 +384,7 @@ class DynamoDBLedger:
             ":now": x.n(now_ms),
             ":now_s": x.n(now_ms // 1000),
             ":lease": x.n(now_ms + lease_ms),
-            ":bucket": x.s(inflight_bucket(request.stream, request.key, self.inflight_buckets)),
+            ":bucket": x.s(self._bucket_partition(request.stream, request.key)),
             ":digest": x.s(request.payload_digest),
             ":routing": x.s(request.routing_hash_key),
         }
@@ -444,7 +427,7 @@ class DynamoDBLedger:
             ":owner": x.s(owner),
             ":now": x.n(now_ms),
             ":lease": x.n(now_ms + lease_ms),
-            ":bucket": x.s(inflight_bucket(seen.stream, seen.key, self.inflight_buckets)),
+            ":bucket": x.s(self._bucket_partition(seen.stream, seen.key)),
             **self._held_values(seen.attempt),
         }
         applied, current = self._update(
@@ -474,6 +457,9 @@ class DynamoDBLedger:
             self._connection().delete_item(ledger_pk(stream, key))
         except PynamoDBException as exc:
             raise _translate(exc, self.table_name, key, "delete") from exc
+
+    def _bucket_partition(self, stream: str, key: str) -> str:
+        return bucket_partition(stream, bucket_of(key, self.inflight_buckets))
 
     @staticmethod
     def _held_values(attempt: int) -> dict[str, dict[str, str]]:

@@ -7,6 +7,10 @@ from enum import StrEnum
 
 from dedupe_store.states import LedgerState
 
+# A message key is its Kinesis partition key: 1 to 256 Unicode characters. The producer
+# validates keys against it; the API refuses longer ones before asking the ledger.
+MAX_KEY_CHARS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class Position:

@@ -23,8 +23,8 @@ from botocore.config import Config
 
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import ClaimRequest
-from producer.kinesis import KinesisReader
-from producer.protocol import Message, explicit_hash_key, payload_digest
+from producer.kinesis import KinesisReader, create_stream
+from producer.protocol import Message, explicit_hash_key, payload_digest, put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
@@ -87,11 +87,7 @@ class Bench:
         self._n += 1
         name = f"bench-{label}-{os.getpid()}-{self._n}"
         settings = self._base.model_copy(update={"stream": name, "table": name, **overrides})
-        client = kinesis_client(settings, for_put=False)
-        client.create_stream(StreamName=name, ShardCount=shards)
-        client.get_waiter("stream_exists").wait(
-            StreamName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 150}
-        )
+        create_stream(kinesis_client(settings, for_put=False), name, shards, timeout_s=30)
         ledger_from(settings).create_table()
         return settings
 
@@ -106,7 +102,7 @@ class Bench:
         started = time.perf_counter()
         for start in range(0, count, 500):
             entries = [
-                {"Data": m.data, "PartitionKey": m.key, "ExplicitHashKey": explicit_hash_key(m)}
+                put_entry(m.key, m.data, explicit_hash_key(m))
                 for m in messages[start : start + 500]
             ]
             while entries:
@@ -227,14 +223,7 @@ class Bench:
                 chunk = messages[start : start + 500]
                 list(pool.map(claim, chunk))
                 stack.writer.put_entries(
-                    [
-                        {
-                            "Data": m.data,
-                            "PartitionKey": m.key,
-                            "ExplicitHashKey": explicit_hash_key(m),
-                        }
-                        for m in chunk
-                    ]
+                    [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
                 )
         time.sleep(settings.lease_s + 2 * settings.clock_skew_s + 0.2)
         reconciler = stack.reconciler(owner="bench-reconciler")

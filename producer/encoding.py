@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from producer.kinesis import Shard
 from producer.kpl import Aggregate
-from producer.protocol import PreparedMessage
+from producer.protocol import PreparedMessage, record_size
+from producer.shards import Shard
 
 _M = TypeVar("_M")
 
@@ -30,22 +30,13 @@ class PutUnit(Generic[_M]):
 
     @property
     def size_bytes(self) -> int:
-        return len(self.entry["Data"]) + len(self.entry["PartitionKey"].encode("utf-8"))
+        return record_size(self.entry["PartitionKey"], self.entry["Data"])
 
 
 def single_units(
     members: Sequence[_M], item_of: Callable[[_M], PreparedMessage]
 ) -> list[PutUnit[_M]]:
-    units: list[PutUnit[_M]] = []
-    for member in members:
-        item = item_of(member)
-        entry = {
-            "Data": item.message.data,
-            "PartitionKey": item.message.key,
-            "ExplicitHashKey": item.explicit_hash_key,
-        }
-        units.append(PutUnit(entry, [member], aggregated=False))
-    return units
+    return [PutUnit(item_of(member).entry(), [member], aggregated=False) for member in members]
 
 
 def aggregated_units(

@@ -7,6 +7,7 @@ The tree::
     ├── StreamError                   Kinesis failed in a way the caller cannot continue from
     │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
     │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
+    │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
     └── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
@@ -43,6 +44,10 @@ class StreamNotFoundError(StreamError):
 
 class StreamUnavailableError(StreamError):
     retriable = True
+
+
+class StreamThrottledError(StreamUnavailableError):
+    """Kinesis throttled a read: the reader waits and tries again before raising it."""
 
 
 class UnresolvedKeysError(KeoError):

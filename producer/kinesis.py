@@ -1,76 +1,60 @@
-"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back.
+"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back, and
+``create_stream`` / ``wait_active`` administer a stream (``keo init``, demos, bench, tests).
 
-They translate botocore's errors into ours (keeping the cause) and classify every put result
-with :mod:`producer.protocol`. The put client must be built with SDK retries off: a retried
-PutRecords is exactly the duplicate this project exists to prevent.
+They translate each botocore error once, into ours (keeping the cause) or into put results
+classified with :mod:`producer.protocol`, which carry whether to resend; nothing past this
+module looks at botocore's exception classes. The put client must be built with SDK retries
+off: a retried PutRecords is exactly the duplicate this project exists to prevent.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import botocore.exceptions
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
-from producer.errors import StreamNotFoundError, StreamUnavailableError
+from producer.errors import StreamNotFoundError, StreamThrottledError, StreamUnavailableError
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
-    PreparedMessage,
-    PutResultKind,
     RecordResult,
+    TransportFailure,
+    classify_request_error,
     classify_response,
-    request_error_kind,
+    classify_transport_failure,
 )
+from producer.retries import poll_until
+from producer.shards import Shard, StreamInfo
 
 log = logging.getLogger(__name__)
 
-# Errors raised before the request could reach Kinesis: nothing was written. Caught first:
-# they are subclasses of the connection errors below.
-_UNSENT_TRANSPORT = (
-    botocore.exceptions.ConnectTimeoutError,
-    botocore.exceptions.EndpointConnectionError,
+# botocore's transport failures as our codes, the most specific first: a ConnectTimeoutError
+# is also a ConnectionError. Whether each was sent, and so whether it may be resent, is the
+# protocol's data (TransportFailure), not something read off a class name.
+_TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
+    (botocore.exceptions.ConnectTimeoutError, TransportFailure.CONNECT_TIMEOUT),
+    (botocore.exceptions.EndpointConnectionError, TransportFailure.CONNECTION_NOT_MADE),
+    (botocore.exceptions.ReadTimeoutError, TransportFailure.READ_TIMEOUT),
+    # any other: a reset, a closed connection, TLS, a proxy in the way, a cut response stream
+    (botocore.exceptions.HTTPClientError, TransportFailure.CONNECTION_LOST),
+    (botocore.exceptions.ConnectionError, TransportFailure.CONNECTION_LOST),
 )
-# Any other transport failure (read timeout, reset, TLS error, a proxy in the way, a cut
-# response stream): the request may or may not have been applied.
-_AMBIGUOUS_TRANSPORT = (
-    botocore.exceptions.HTTPClientError,
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.ResponseStreamingError,
-)
+_TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
+_ACTIVE_POLL_S = 0.1
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    shard_id: str
-    starting_hash_key: int
-    ending_hash_key: int
-    parent_shard_id: str | None
-    adjacent_parent_shard_id: str | None
-    starting_sequence_number: str
-    ending_sequence_number: str | None
-
-    @property
-    def closed(self) -> bool:
-        return self.ending_sequence_number is not None
-
-    def covers(self, hash_key: int) -> bool:
-        return self.starting_hash_key <= hash_key <= self.ending_hash_key
-
-
-@dataclass(frozen=True, slots=True)
-class StreamInfo:
-    name: str
-    retention_hours: int
-    max_record_bytes: int
-    open_shard_count: int
 
 
 class KinesisWriter:
@@ -85,60 +69,50 @@ class KinesisWriter:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
 
-    def put(self, batch: Sequence[PreparedMessage]) -> list[RecordResult]:
-        """One PutRecords call; one classified result per record, in request order."""
-        entries = [
-            {
-                "Data": item.message.data,
-                "PartitionKey": item.message.key,
-                "ExplicitHashKey": item.explicit_hash_key,
-            }
-            for item in batch
-        ]
-        return self.put_entries(entries)
-
     def put_entries(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
+        """One PutRecords call; one classified result per entry, in request order. Every
+        failure is a result (written, not written, ambiguous), except a missing stream."""
         try:
             response = self._client.put_records(StreamName=self.stream, Records=entries)
-        except _UNSENT_TRANSPORT as exc:
+        except _TRANSPORT_ERRORS as exc:
+            failure = transport_failure_of(exc)
             log.warning(
-                "put not sent stream=%s records=%d error=%s", self.stream, len(entries), exc
+                "put %s stream=%s records=%d code=%s error=%s",
+                "ambiguous" if failure.sent else "not sent",
+                self.stream,
+                len(entries),
+                failure,
+                exc,
             )
-            return _all(len(entries), PutResultKind.NOT_WRITTEN, type(exc).__name__, str(exc))
-        except _AMBIGUOUS_TRANSPORT as exc:
-            log.warning(
-                "put ambiguous stream=%s records=%d error=%s", self.stream, len(entries), exc
-            )
-            return _all(len(entries), PutResultKind.AMBIGUOUS, type(exc).__name__, str(exc))
+            return [classify_transport_failure(failure, str(exc))] * len(entries)
         except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
+            error = exc.response.get("Error", {})
+            code = error.get("Code")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code == "ResourceNotFoundException":
                 raise StreamNotFoundError(
                     f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
                 ) from exc
-            kind = request_error_kind(status, code)
+            result = classify_request_error(status, code, error.get("Message"))
             log.warning(
                 "put failed stream=%s records=%d status=%s code=%s kind=%s",
                 self.stream,
                 len(entries),
                 status,
                 code,
-                kind,
+                result.kind,
             )
-            return _all(
-                len(entries),
-                kind,
-                code or str(status),
-                exc.response.get("Error", {}).get("Message"),
-            )
+            return [result] * len(entries)
         return classify_response(response, len(entries))
 
 
-def _all(
-    count: int, kind: PutResultKind, code: str | None, message: str | None
-) -> list[RecordResult]:
-    return [RecordResult(kind, error_code=code, error_message=message)] * count
+def transport_failure_of(exc: BaseException) -> TransportFailure:
+    """The transport failure a botocore exception stands for (any unknown one may have been
+    sent: it counts as a lost connection)."""
+    return next(
+        (failure for error, failure in _TRANSPORT_FAILURES if isinstance(exc, error)),
+        TransportFailure.CONNECTION_LOST,
+    )
 
 
 class KinesisReader:
@@ -242,27 +216,29 @@ class KinesisReader:
     def _get_records(
         self, shard_id: str, iterator: str, last_sequence: str | None, start_ms: int | None
     ) -> tuple[dict[str, Any], str | None]:
-        throttled = 0
         while True:
-            try:
-                self.get_records_calls += 1
-                page = self._client.get_records(ShardIterator=iterator, Limit=self._page_limit)
-            except botocore.exceptions.ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code == "ExpiredIteratorException":
-                    # iterators live 5 minutes: resume right after the last record seen
-                    iterator = self._resume(shard_id, last_sequence, start_ms)
-                    continue
-                if code in _READ_THROTTLED and throttled < self._max_throttle_retries:
-                    throttled += 1
-                    self._sleep(min(0.2 * 2**throttled, 5.0))
-                    continue
-                raise self._translate(exc, "get records", shard_id) from exc
-            except botocore.exceptions.BotoCoreError as exc:
-                raise StreamUnavailableError(
-                    f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
-                ) from exc
+            page = self._read_retrying()(self._get_page, shard_id, iterator)
+            if page is None:
+                # iterators live 5 minutes: resume right after the last record seen
+                iterator = self._resume(shard_id, last_sequence, start_ms)
+                continue
             return page, page.get("NextShardIterator")
+
+    def _get_page(self, shard_id: str, iterator: str) -> dict[str, Any] | None:
+        """One GetRecords call; None when the iterator has expired."""
+        self.get_records_calls += 1
+        try:
+            return self._client.get_records(  # type: ignore[no-any-return]
+                ShardIterator=iterator, Limit=self._page_limit
+            )
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ExpiredIteratorException":
+                return None
+            raise self._translate(exc, "get records", shard_id) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StreamUnavailableError(
+                f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
+            ) from exc
 
     def _resume(self, shard_id: str, last_sequence: str | None, start_ms: int | None) -> str:
         if last_sequence is not None:
@@ -281,7 +257,23 @@ class KinesisReader:
             "get_shard_iterator", StreamName=self.stream, ShardId=shard_id, **kwargs
         )["ShardIterator"]
 
+    def _read_retrying(self) -> Retrying:
+        """Reads are idempotent: a throttled one is tried again, with backoff (0.4 s doubling
+        to 5 s), up to ``max_throttle_retries`` times. Other failures are raised at once: the
+        SDK has retried them already."""
+        return Retrying(
+            retry=retry_if_exception_type(StreamThrottledError),
+            wait=wait_exponential(multiplier=0.4, max=5.0),
+            stop=stop_after_attempt(self._max_throttle_retries + 1),
+            sleep=self._sleep,
+            before_sleep=before_sleep_log(log, logging.INFO),
+            reraise=True,
+        )
+
     def _call(self, operation: str, **kwargs: Any) -> Any:
+        return self._read_retrying()(self._call_once, operation, kwargs)
+
+    def _call_once(self, operation: str, kwargs: dict[str, Any]) -> Any:
         try:
             return getattr(self._client, operation)(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -301,8 +293,60 @@ class KinesisReader:
                 stream=self.stream,
                 shard_id=shard_id,
             )
+        if code in _READ_THROTTLED:
+            return StreamThrottledError(
+                f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
+            )
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
+        )
+
+
+# --- administration: for `keo init`, the demos, the bench and the tests --------------------------
+
+
+def create_stream(
+    client: Any,
+    stream: str,
+    shards: int,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Create ``stream`` with ``shards`` shards unless it exists (an existing stream keeps its
+    shard count), then wait until it is ACTIVE. True when this call created it.
+
+    Other botocore errors reach the caller as they are (``keo init`` reports them as AWS
+    errors); not ACTIVE in time is :class:`StreamUnavailableError`.
+    """
+    created = True
+    try:
+        client.create_stream(StreamName=stream, ShardCount=shards)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise
+        created = False
+    wait_active(client, stream, timeout_s=timeout_s, sleep=sleep)
+    return created
+
+
+def wait_active(
+    client: Any,
+    stream: str,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait until ``stream`` is ACTIVE (after a create, a split or a merge), polling every
+    0.1 s; :class:`StreamUnavailableError` when it is not within ``timeout_s``."""
+
+    def active() -> bool:
+        summary = client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        return bool(summary["StreamStatus"] == "ACTIVE")
+
+    if not poll_until(active, timeout_s=timeout_s, interval_s=_ACTIVE_POLL_S, sleep=sleep):
+        raise StreamUnavailableError(
+            f"stream {stream} is not ACTIVE after {timeout_s:g} s", stream=stream
         )
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from producer.protocol import put_entry
+
 MAGIC = b"\xf3\x89\x9a\xc2"
 _DIGEST_BYTES = 16
 
@@ -55,10 +57,7 @@ class Aggregate:
     def entry(self) -> dict[str, Any]:
         """The PutRecords entry: routed by the first user record's hash key."""
         partition_key, explicit_hash_key, data = self._record.get_contents()
-        body: dict[str, Any] = {"Data": data, "PartitionKey": partition_key}
-        if explicit_hash_key:
-            body["ExplicitHashKey"] = explicit_hash_key
-        return body
+        return put_entry(partition_key, data, explicit_hash_key or None)
 
 
 class AggregationFormatError(ValueError):

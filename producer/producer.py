@@ -28,6 +28,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tenacity import RetryCallState, stop_after_attempt, stop_never, wait_exponential
+
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
@@ -37,7 +39,7 @@ from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
-from producer.kinesis import KinesisWriter, Shard
+from producer.kinesis import KinesisWriter
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -48,12 +50,13 @@ from producer.protocol import (
     PreparedMessage,
     PutResultKind,
     RecordResult,
-    backoff_ms,
     batch_by_size,
-    is_retriable,
+    not_written,
     prepare,
 )
 from producer.readback import ReadBackResolver, Resolution
+from producer.retries import repeat_while, wait_full_jitter
+from producer.shards import Shard, open_shards
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,15 @@ class ExactlyOnceProducer:
         self._executor = executor or ThreadPoolExecutor(
             policy.ledger_concurrency, thread_name_prefix="keo-ledger"
         )
-        self._rng = rng or random.Random()
+        self._resend_wait = wait_full_jitter(
+            initial_s=policy.retry_initial_ms / 1000,
+            max_s=policy.retry_max_ms / 1000,
+            rng=rng or random.Random(),
+        )
+        # waiting on another owner's claim: no contention to spread, so no jitter
+        self._claim_wait = wait_exponential(
+            multiplier=policy.wait_initial_ms / 1000, max=policy.wait_max_ms / 1000
+        )
         # aggregation is on when a shard map is given: user records are packed per shard
         self._shard_map = shard_map
         self._open_shards: list[Shard] | None = None
@@ -251,51 +262,77 @@ class ExactlyOnceProducer:
             outcomes[item.index] = _failed(item, "claim raced a release; send again")
 
     def _send(self, held: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
-        """Put every held claim of ours; mark what was written. Returns the ambiguous ones."""
+        """Put every held claim of ours; mark what was written. Returns the ambiguous ones.
+
+        A record is put at most ``put_max_attempts`` times: a PutRecords is never repeated
+        whole, only the records classified not written and retriable are sent again, under
+        the same claim, after a jittered backoff. The others are given up at once.
+        """
         written: list[tuple[_Held, Position]] = []
         ambiguous: list[_Held] = []
         pending = held
-        for attempt in range(1, self._policy.put_max_attempts + 1):
-            retry: list[tuple[_Held, RecordResult]] = []
-            # the lease is checked right before each request leaves, not once for all of them
-            for start in range(0, len(pending), MAX_RECORDS_PER_PUT):
-                ready = self._ensure_leases(pending[start : start + MAX_RECORDS_PER_PUT], outcomes)
-                units = self._units(ready)
-                for batch in batch_by_size(units, lambda unit: unit.size_bytes):
-                    self._hooks.at(Step.BEFORE_PUT)
-                    results = self._put([unit.entry for unit in batch])
-                    self._hooks.at(Step.AFTER_PUT)
-                    for unit, result in zip(batch, results, strict=True):
-                        self._sort_result(unit, result, written, ambiguous, retry)
-            if not retry:
-                break
-            final = attempt == self._policy.put_max_attempts
-            resend: list[_Held] = []
-            for entry, result in retry:
-                if final or not is_retriable(result):
-                    self._give_up(entry, result, outcomes)
-                else:
-                    resend.append(entry)
-            if not resend:
-                break
-            self._sleep(
-                backoff_ms(
-                    attempt,
-                    self._policy.retry_initial_ms,
-                    self._policy.retry_max_ms,
-                    self._rng.random(),
-                )
-                / 1000
-            )
-            pending = resend
+
+        def put_round() -> list[tuple[_Held, RecordResult]]:
+            nonlocal pending
+            resend = self._put_round(pending, outcomes, written, ambiguous)
+            pending = [entry for entry, _ in resend]
+            return resend
+
+        still_refused = repeat_while(
+            put_round,
+            more=bool,
+            wait=self._resend_wait,
+            stop=stop_after_attempt(self._policy.put_max_attempts),
+            sleep=self._sleep,
+            before_sleep=self._log_resend,
+        )
+        for entry, result in still_refused:
+            self._give_up(entry, result, outcomes)
         self._mark_all(written, outcomes)
         return ambiguous
+
+    def _put_round(
+        self,
+        pending: list[_Held],
+        outcomes: dict[int, Outcome],
+        written: list[tuple[_Held, Position]],
+        ambiguous: list[_Held],
+    ) -> list[tuple[_Held, RecordResult]]:
+        """Put each pending claim once; gives up what is not worth resending, returns the rest."""
+        refused: list[tuple[_Held, RecordResult]] = []
+        # the lease is checked right before each request leaves, not once for all of them
+        for start in range(0, len(pending), MAX_RECORDS_PER_PUT):
+            ready = self._ensure_leases(pending[start : start + MAX_RECORDS_PER_PUT], outcomes)
+            units = self._units(ready)
+            for batch in batch_by_size(units, lambda unit: unit.size_bytes):
+                self._hooks.at(Step.BEFORE_PUT)
+                results = self._put([unit.entry for unit in batch])
+                self._hooks.at(Step.AFTER_PUT)
+                for unit, result in zip(batch, results, strict=True):
+                    self._sort_result(unit, result, written, ambiguous, refused)
+        resend: list[tuple[_Held, RecordResult]] = []
+        for entry, result in refused:
+            if result.retriable:
+                resend.append((entry, result))
+            else:
+                self._give_up(entry, result, outcomes)
+        return resend
+
+    def _log_resend(self, retry_state: RetryCallState) -> None:
+        outcome = retry_state.outcome
+        log.info(
+            "put resend stream=%s records=%d after_attempt=%d wait_s=%.3f",
+            self.stream,
+            len(outcome.result()) if outcome is not None else 0,
+            retry_state.attempt_number,
+            retry_state.upcoming_sleep,
+        )
 
     def _units(self, pending: list[_Held]) -> list[PutUnit[_Held]]:
         if self._shard_map is None:
             return single_units(pending, _item_of)
         if self._open_shards is None:
-            self._open_shards = [s for s in self._shard_map() if not s.closed]
+            self._open_shards = open_shards(self._shard_map())
         return aggregated_units(pending, _item_of, self._open_shards, self._max_record_bytes)
 
     def _sort_result(
@@ -304,13 +341,13 @@ class ExactlyOnceProducer:
         result: RecordResult,
         written: list[tuple[_Held, Position]],
         ambiguous: list[_Held],
-        retry: list[tuple[_Held, RecordResult]],
+        refused: list[tuple[_Held, RecordResult]],
     ) -> None:
         if result.kind is PutResultKind.AMBIGUOUS:
             ambiguous.extend(unit.members)
             return
         if result.kind is not PutResultKind.WRITTEN:
-            retry.extend((member, result) for member in unit.members)
+            refused.extend((member, result) for member in unit.members)
             return
         shard_id, sequence_number = str(result.shard_id), str(result.sequence_number)
         if not unit.aggregated:
@@ -322,8 +359,7 @@ class ExactlyOnceProducer:
                 # the shard map was stale (a reshard): KCL drops this user record on read,
                 # so it is not delivered; send it again under the same claim, newly routed
                 self._open_shards = None
-                stale = RecordResult(PutResultKind.NOT_WRITTEN, error_code=STALE_SHARD_MAP)
-                retry.append((member, stale))
+                refused.append((member, not_written(STALE_SHARD_MAP)))
                 continue
             written.append((member, Position(shard_id, sequence_number, sub_sequence)))
 
@@ -334,7 +370,7 @@ class ExactlyOnceProducer:
         if known is not None or self._shard_map is None:
             return known
         shards = self._shard_map()
-        self._open_shards = [s for s in shards if not s.closed]
+        self._open_shards = open_shards(shards)
         return next((s for s in shards if s.shard_id == shard_id), None)
 
     def _put(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
@@ -474,9 +510,13 @@ class ExactlyOnceProducer:
             return []
         to_send: list[_Held] = []
         waiting = held
-        wait_ms = self._policy.wait_initial_ms
         first_pass = True
-        while waiting:
+
+        def look() -> list[_Held]:
+            """Read back what is due; returns the claims still to wait on."""
+            nonlocal waiting, first_pass
+            if not first_pass:
+                waiting = self._refresh(waiting, outcomes)
             now_ms = self._clock.now_ms()
             # ambiguous puts of ours are read back at once: "written, response lost" is common
             due = [
@@ -491,11 +531,11 @@ class ExactlyOnceProducer:
             still: list[_Held] = [h for h in waiting if h not in due]
             if due:
                 still.extend(self._read_back(due, outcomes, to_send))
-            if not still:
-                break
-            self._sleep(wait_ms / 1000)
-            wait_ms = min(wait_ms * 2, self._policy.wait_max_ms)
-            waiting = self._refresh(still, outcomes)
+            waiting = still
+            return still
+
+        # every claim waited on settles once its lease has expired for everyone: no stop rule
+        repeat_while(look, more=bool, wait=self._claim_wait, stop=stop_never, sleep=self._sleep)
         return to_send
 
     def _refresh(self, waiting: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:

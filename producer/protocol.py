@@ -1,5 +1,7 @@
-"""The protocol's pure decisions: validation, routing, digests, lease arithmetic, batching,
-classification of PutRecords results. No I/O; every function here is unit-tested without sockets.
+"""The protocol's pure decisions: validation, routing, digests, PutRecords entries, lease
+arithmetic, batching, and the classification of PutRecords results (written, not written,
+ambiguous; and for those not written, whether to resend). No I/O; every function here is
+unit-tested without sockets.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from dedupe_store.records import MAX_KEY_CHARS
+
 _T = TypeVar("_T")
 
-MAX_KEY_CHARS = 256
 MAX_RECORDS_PER_PUT = 500
 MAX_PUT_REQUEST_BYTES = 5 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
@@ -44,6 +47,10 @@ class PreparedMessage:
     @property
     def record_bytes(self) -> int:
         return record_size(self.message.key, self.message.data)
+
+    def entry(self) -> dict[str, Any]:
+        """Its PutRecords entry, routed by its explicit hash key."""
+        return put_entry(self.message.key, self.message.data, self.explicit_hash_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,15 @@ def payload_digest(data: bytes, routing_hash_key: str) -> str:
 def record_size(key: str, data: bytes) -> int:
     """What Kinesis counts against the record limit: data plus the UTF-8 partition key."""
     return len(data) + len(key.encode("utf-8"))
+
+
+def put_entry(key: str, data: bytes, explicit_hash_key: str | None = None) -> dict[str, Any]:
+    """One PutRecords entry. The message key is the partition key, so every record names its
+    key; ``explicit_hash_key``, when given, routes it instead of the key's MD5."""
+    entry: dict[str, Any] = {"Data": data, "PartitionKey": key}
+    if explicit_hash_key is not None:
+        entry["ExplicitHashKey"] = explicit_hash_key
+    return entry
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -239,17 +255,82 @@ class PutResultKind(StrEnum):
     AMBIGUOUS = "AMBIGUOUS"  # may be in the stream: resolve by read-back, never resend blindly
 
 
+class TransportFailure(StrEnum):
+    """A PutRecords request that got no HTTP answer, by what the client can know of it.
+
+    Our own codes, not the SDK's class names: they are stable data that users see in outcomes
+    and metrics. :class:`producer.kinesis.KinesisWriter` maps botocore's exceptions onto them.
+    """
+
+    CONNECTION_NOT_MADE = "ConnectionNotMade"  # no connection: the request never left
+    CONNECT_TIMEOUT = "ConnectTimeout"  # no connection in time: the request never left
+    READ_TIMEOUT = "ReadTimeout"  # sent, no answer in time: it may have been applied
+    CONNECTION_LOST = "ConnectionLost"  # reset, closed, TLS or proxy failure, answer cut short
+
+    @property
+    def sent(self) -> bool:
+        """Whether the request may have reached Kinesis (and been applied)."""
+        return self not in _NEVER_SENT
+
+
+_NEVER_SENT = frozenset({TransportFailure.CONNECTION_NOT_MADE, TransportFailure.CONNECT_TIMEOUT})
+
+# An aggregate landed on a shard that no longer covers some of its user records.
+STALE_SHARD_MAP = "StaleShardMap"
+
+# Not-written results worth resending under the same claim: load, a failure on Kinesis' side,
+# a connection never made, a stale shard map. Any other (a 4xx such as ValidationException or
+# AccessDenied, an unknown per-record code) would fail the same way again.
+RETRIABLE_NOT_WRITTEN_CODES = frozenset(
+    {
+        STALE_SHARD_MAP,
+        "ProvisionedThroughputExceededException",
+        "InternalFailure",
+        "LimitExceededException",
+        "KMSThrottlingException",
+        "ThrottlingException",
+        *(failure.value for failure in _NEVER_SENT),
+    }
+)
+
+# Error codes that prove the whole request was refused, whatever its HTTP status says.
+_REFUSED_CODES = frozenset({"ProvisionedThroughputExceededException", "LimitExceededException"})
+
+
 @dataclass(frozen=True, slots=True)
 class RecordResult:
+    """What became of one record of a PutRecords request.
+
+    ``retriable``: it was not written, and sending it again under the same claim may succeed.
+    Decided once, when the result is classified; nothing downstream looks at codes again.
+    """
+
     kind: PutResultKind
     shard_id: str | None = None
     sequence_number: str | None = None
     error_code: str | None = None
     error_message: str | None = None
+    retriable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.retriable and self.kind is not PutResultKind.NOT_WRITTEN:
+            # resending a written or possibly written record is the duplicate we prevent
+            raise ValueError(f"a {self.kind} result cannot be retriable")
 
 
-# Per-record error codes documented as "not written".
-NOT_WRITTEN_CODES = frozenset({"ProvisionedThroughputExceededException", "InternalFailure"})
+def not_written(code: str, message: str | None = None) -> RecordResult:
+    """Definitely not written; retriable when ``code`` is one the same record may pass next time."""
+    return RecordResult(
+        PutResultKind.NOT_WRITTEN,
+        error_code=code,
+        error_message=message,
+        retriable=code in RETRIABLE_NOT_WRITTEN_CODES,
+    )
+
+
+def ambiguous(code: str, message: str | None = None) -> RecordResult:
+    """Maybe written: never resent blindly, resolved by read-back."""
+    return RecordResult(PutResultKind.AMBIGUOUS, error_code=code, error_message=message)
 
 
 def classify_record(entry: dict[str, Any]) -> RecordResult:
@@ -261,58 +342,32 @@ def classify_record(entry: dict[str, Any]) -> RecordResult:
     code = entry.get("ErrorCode")
     if code:
         # Every per-record ErrorCode means this record was not written (API reference).
-        return RecordResult(
-            PutResultKind.NOT_WRITTEN, error_code=str(code), error_message=entry.get("ErrorMessage")
-        )
+        return not_written(str(code), entry.get("ErrorMessage"))
     # A record with neither a position nor an error: the response cannot be trusted.
-    return RecordResult(PutResultKind.AMBIGUOUS, error_code="MalformedResult")
+    return ambiguous("MalformedResult")
 
 
 def classify_response(response: dict[str, Any], sent: int) -> list[RecordResult]:
     """Classify a whole PutRecords response; a response that does not align is ambiguous."""
     entries = response.get("Records")
     if not isinstance(entries, list) or len(entries) != sent:
-        return [RecordResult(PutResultKind.AMBIGUOUS, error_code="MalformedResponse")] * sent
+        return [ambiguous("MalformedResponse")] * sent
     return [classify_record(entry) for entry in entries]
 
 
-# HTTP statuses of a whole-request failure that prove nothing was written.
-def request_error_kind(status_code: int | None, error_code: str | None) -> PutResultKind:
-    """A PutRecords request that raised: 4xx rejected it whole; 5xx and no answer are ambiguous."""
-    if status_code is not None and 400 <= status_code < 500:
-        return PutResultKind.NOT_WRITTEN
-    if error_code in {"ProvisionedThroughputExceededException", "LimitExceededException"}:
-        return PutResultKind.NOT_WRITTEN
-    return PutResultKind.AMBIGUOUS
+def classify_request_error(
+    status_code: int | None, error_code: str | None, message: str | None = None
+) -> RecordResult:
+    """A PutRecords request Kinesis answered with an error, for each of its records: a 4xx
+    (or a throttle, whatever the status) refused it whole; a 5xx may have applied it."""
+    code = error_code or str(status_code)
+    if (status_code is not None and 400 <= status_code < 500) or error_code in _REFUSED_CODES:
+        return not_written(code, message)
+    return ambiguous(code, message)
 
 
-# Not-written results worth resending under the same claim; others (a 4xx such as
-# ValidationException or AccessDenied) will fail the same way again.
-# An aggregate landed on a shard that no longer covers some of its user records.
-STALE_SHARD_MAP = "StaleShardMap"
-
-RETRIABLE_NOT_WRITTEN_CODES = frozenset(
-    {
-        STALE_SHARD_MAP,
-        "ProvisionedThroughputExceededException",
-        "InternalFailure",
-        "LimitExceededException",
-        "KMSThrottlingException",
-        "ThrottlingException",
-        "ConnectTimeoutError",
-        "EndpointConnectionError",
-    }
-)
-
-
-def is_retriable(result: RecordResult) -> bool:
-    return (
-        result.kind is PutResultKind.NOT_WRITTEN
-        and result.error_code in RETRIABLE_NOT_WRITTEN_CODES
-    )
-
-
-def backoff_ms(attempt: int, initial_ms: int, max_ms: int, jitter: float) -> int:
-    """Exponential backoff with full jitter: ``jitter`` in [0, 1) picks within the cap."""
-    cap = min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))
-    return int(cap * jitter) if jitter > 0 else cap
+def classify_transport_failure(failure: TransportFailure, message: str | None) -> RecordResult:
+    """A PutRecords request without an HTTP answer, for each of its records."""
+    if failure.sent:
+        return ambiguous(failure.value, message)
+    return not_written(failure.value, message)

@@ -16,9 +16,10 @@ from enum import StrEnum
 
 from dedupe_store.clock import Clock
 from dedupe_store.records import LedgerRecord, Position
-from producer.kinesis import KinesisReader, Shard
+from producer.kinesis import KinesisReader
 from producer.kpl import UserRecord
 from producer.protocol import LeasePolicy, hash_key_of, payload_digest
+from producer.shards import Shard, lineage
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class ReadBackResolver:
             lease_end = claim.lease_expires_at_ms or (claim.claimed_at_ms + self._lease.lease_ms)
             start_ms, end_ms = self._lease.read_back_window(claim.claimed_at_ms, lease_end)
             want = _Want(claim, start_ms, end_ms)
-            for shard in _lineage(shards, int(claim.routing_hash_key)):
+            for shard in lineage(shards, int(claim.routing_hash_key)):
                 by_shard[shard.shard_id].append(want)
 
         found: dict[str, ReadBackResult] = {}
@@ -161,12 +162,6 @@ def visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
         else hash_key_of(record.partition_key)
     )
     return shard.covers(hash_key)
-
-
-def _lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:
-    """Every shard, open or closed, whose hash range covers ``hash_key``: the key's lineage
-    through splits and merges (each parent and child covering it)."""
-    return [shard for shard in shards if shard.covers(hash_key)]
 
 
 def _position(record: UserRecord) -> Position:

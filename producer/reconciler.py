@@ -28,7 +28,7 @@ from dedupe_store.states import LedgerState
 from producer import metrics
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
-from producer.protocol import LeasePolicy, PutResultKind, chunked
+from producer.protocol import LeasePolicy, PutResultKind, chunked, put_entry
 from producer.readback import ReadBackResolver, Resolution
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class Reconciler:
             return _counted(marked.applied, "delivered")
         if resolution is Resolution.NOT_FOUND:
             if claim.payload is not None:
-                return self._resend(claim)
+                return self._resend(claim, claim.payload)
             return _counted(self._ledger.release(claim).applied, "released")
         if resolution is Resolution.UNVERIFIABLE:
             return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
@@ -178,7 +178,7 @@ class Reconciler:
             return "conflicts"
         return "pending"
 
-    def _resend(self, claim: LedgerRecord) -> str:
+    def _resend(self, claim: LedgerRecord, payload: bytes) -> str:
         """Send a stored payload under a new attempt; ambiguous again means: next run."""
         taken = self._ledger.take_over(
             claim, owner=self.owner, now_ms=self._clock.now_ms(), lease_ms=self._lease.lease_ms
@@ -189,13 +189,7 @@ class Reconciler:
         if not self._lease.safe_to_send(record.lease_expires_at_ms or 0, self._clock.now_ms()):
             return "pending"
         (result,) = self._writer.put_entries(
-            [
-                {
-                    "Data": claim.payload,
-                    "PartitionKey": claim.key,
-                    "ExplicitHashKey": claim.routing_hash_key,
-                }
-            ]
+            [put_entry(claim.key, payload, claim.routing_hash_key)]
         )
         if result.kind is not PutResultKind.WRITTEN:
             return "pending"  # still IN_FLIGHT under our attempt; the next run settles it

@@ -13,11 +13,12 @@ from botocore.config import Config
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from producer.hooks import NO_HOOKS, Hooks
-from producer.kinesis import KinesisReader, KinesisWriter, StreamInfo
+from producer.kinesis import KinesisReader, KinesisWriter
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
+from producer.shards import StreamInfo
 
 
 def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:

@@ -22,6 +22,7 @@ from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import InFlightPage, MessageState, from_epoch_ms
 from dedupe_store.contract import LedgerReader
+from dedupe_store.inflight import IndexPosition, walk_in_flight
 from dedupe_store.states import LedgerState
 
 MAX_PAGE_LIMIT = 500
@@ -114,31 +115,24 @@ def read_in_flight_keys(
 ) -> tuple[list[str], InFlightCursor | None]:
     """Up to ``limit`` keys from the index, walking buckets in order from ``start``."""
     keys: list[str] = []
-    bucket = start.bucket
-    after_lease_ms, after_pk = start.after_lease_ms, start.after_pk
-    while True:
-        page, last = ledger.in_flight_page(
-            start.stream,
-            bucket,
-            before_ms=start.before_ms,
-            limit=limit - len(keys),
-            after_lease_ms=after_lease_ms,
-            after_pk=after_pk,
-        )
+    after = (
+        (start.after_lease_ms, start.after_pk)
+        if start.after_lease_ms is not None and start.after_pk is not None
+        else None
+    )
+    for page, position in walk_in_flight(
+        ledger,
+        start.stream,
+        before_ms=start.before_ms,
+        page_limit=lambda: limit - len(keys),
+        start=IndexPosition(start.bucket, after),
+    ):
         keys.extend(page)
-        if last is not None:
-            # the bucket may hold more (DynamoDB also stops a page at 1 MB read)
-            after_lease_ms, after_pk = last
-            if len(keys) >= limit:
-                return keys, dataclasses.replace(
-                    start, bucket=bucket, after_lease_ms=after_lease_ms, after_pk=after_pk
-                )
-            continue
-        bucket += 1
-        after_lease_ms = after_pk = None
-        if bucket >= ledger.inflight_buckets:
+        if position is None:
             return keys, None
         if len(keys) >= limit:
+            after_lease_ms, after_pk = position.after or (None, None)
             return keys, dataclasses.replace(
-                start, bucket=bucket, after_lease_ms=None, after_pk=None
+                start, bucket=position.bucket, after_lease_ms=after_lease_ms, after_pk=after_pk
             )
+    return keys, None  # the index has no bucket at all

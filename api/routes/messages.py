@@ -19,12 +19,12 @@ from api.errors import UnknownKeyError
 from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import (
-    MAX_KEY_CHARS,
     LookupRequest,
     LookupResponse,
     LookupResult,
     MessageState,
 )
+from dedupe_store.records import MAX_KEY_CHARS
 
 router = APIRouter(prefix="/v1/streams/{stream}", tags=["messages"])
 

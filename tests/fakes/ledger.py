@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
 
 from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
+from dedupe_store.inflight import bucket_of, walk_in_flight
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
@@ -52,11 +52,6 @@ class LedgerFault(StrEnum):
     UNAVAILABLE = "unavailable"
     APPLY_THEN_RAISE = "apply_then_raise"
     APPLY_THEN_RETRY = "apply_then_retry"
-
-
-def inflight_bucket_of(key: str, buckets: int) -> int:
-    """The in-flight bucket of a key, as :func:`dedupe_store.ledger.inflight_bucket` numbers it."""
-    return zlib.crc32(key.encode("utf-8")) % buckets
 
 
 _Condition = Callable[[LedgerRecord | None], bool]
@@ -157,17 +152,15 @@ class InMemoryLedger:
         *,
         now_ms: int,
         buckets: Sequence[int] | None = None,
-        page_size: int = 500,  # noqa: ARG002 - one page
+        page_size: int = 500,
     ) -> Iterator[str]:
         """Keys whose lease ended before ``now_ms`` (strictly), bucket by bucket."""
         with self._lock:
             self._read_fault("stale_in_flight")
-            index = self._index(stream)
-        wanted = buckets if buckets is not None else range(self.inflight_buckets)
-        keys: list[str] = []
-        for bucket in wanted:
-            keys.extend(key for b, lease_ms, key in index if b == bucket and lease_ms < now_ms)
-        return iter(keys)
+        pages = walk_in_flight(
+            self, stream, before_ms=now_ms, page_limit=lambda: page_size, buckets=buckets
+        )
+        return iter([key for keys, _ in pages for key in keys])
 
     def in_flight_page(
         self,
@@ -196,7 +189,7 @@ class InMemoryLedger:
     def _index(self, stream: str) -> list[tuple[int, int, str]]:
         """The sparse GSI: (bucket, lease expiry, key) of the IN_FLIGHT items, sorted."""
         return sorted(
-            (inflight_bucket_of(key, self.inflight_buckets), record.lease_expires_at_ms, key)
+            (bucket_of(key, self.inflight_buckets), record.lease_expires_at_ms, key)
             for (s, key), record in self._items.items()
             if s == stream
             and record.state is LedgerState.IN_FLIGHT

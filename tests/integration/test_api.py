@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +30,7 @@ from api import ApiConfigError, ApiSettings, create_app
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord, Position
+from producer.retries import poll_until
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -732,18 +732,17 @@ def running_server(serve_env: dict[str, str], ledger: DynamoDBLedger) -> Iterato
     process = _keo_serve(["--port", str(port)], {**serve_env, "KEO_API_TOKEN": TOKEN})
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def healthy() -> bool:
             if process.poll() is not None:
                 _, stderr = process.communicate()
                 raise AssertionError(f"keo serve exited {process.returncode}: {stderr}")
             try:
-                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                    break
+                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+
+        assert poll_until(healthy, timeout_s=30, interval_s=0.1), "keo serve did not answer"
         yield base_url
     finally:
         process.terminate()

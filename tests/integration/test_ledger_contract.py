@@ -11,21 +11,16 @@ the cases only DynamoDB can stage (a response lost on the wire, items written in
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+import stacks
 from moto.server import ThreadedMotoServer
 
 from dedupe_store.errors import LedgerSchemaError
-from dedupe_store.ledger import (
-    LEDGER_SCHEMA_VERSION,
-    SCHEMA_PK,
-    DynamoDBLedger,
-    inflight_bucket,
-    ledger_pk,
-)
+from dedupe_store.inflight import bucket_of, bucket_partition
+from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, ledger_pk
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
@@ -76,22 +71,8 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
     )
     ledger = DynamoDBLedger(options, dedupe_ttl_s=TTL_S, inflight_buckets=4)
     assert ledger.create_table(wait=False)
-    wait_until_active(ledger)
+    stacks.wait_table_active(ledger)
     return ledger
-
-
-def wait_until_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
-    # pynamodb's own wait polls every 2 s; the emulators are ACTIVE within 50 ms
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        table = ledger.model.describe_table()
-        indexes = table.get("GlobalSecondaryIndexes", [])
-        if table["TableStatus"] == "ACTIVE" and all(
-            index.get("IndexStatus", "ACTIVE") == "ACTIVE" for index in indexes
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"table {ledger.table_name} not ACTIVE after {timeout_s} s")
 
 
 # --- a request retried by the SDK after its first try applied -----------------------------------
@@ -187,7 +168,9 @@ def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: DynamoDBLed
                     owner=ALICE,
                     claimed_at_ms=T0_MS,
                     lease_expires_at_ms=T0_MS + LEASE_MS,
-                    inflight_bucket=inflight_bucket(STREAM, key, ledger.inflight_buckets),
+                    inflight_bucket=bucket_partition(
+                        STREAM, bucket_of(key, ledger.inflight_buckets)
+                    ),
                     payload_digest=request.payload_digest,
                     routing_hash_key=request.routing_hash_key,
                 )

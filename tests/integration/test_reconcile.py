@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 import stacks
 import streamcheck
 
+from dedupe_store import inflight
 from dedupe_store.clock import Clock, SkewedClock, SystemClock
 from dedupe_store.records import ClaimRequest, ClaimStatus, LedgerRecord
 from dedupe_store.states import LedgerState
@@ -165,7 +165,7 @@ def plant_stale_claims(
             claims.extend(pool.map(claim, chunk))
             if put:
                 for request in batches(chunk):
-                    results = stack.writer.put(request)
+                    results = stack.writer.put_entries([item.entry() for item in request])
                     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
     return claims
 
@@ -411,8 +411,7 @@ def test_two_reconcilers_over_the_same_stale_claims_settle_each_once(
 
 
 def bucket_of(stack: Stack, key: str) -> int:
-    # the ledger's bucket: crc32 of the key, modulo the index's bucket count
-    return zlib.crc32(key.encode("utf-8")) % stack.ledger.inflight_buckets
+    return inflight.bucket_of(key, stack.ledger.inflight_buckets)
 
 
 def test_two_reconcilers_sharing_the_buckets_settle_all_claims(

@@ -11,24 +11,26 @@ reconciler's injected clock stands 30 s later, so their leases have expired for 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import stacks
 import streamcheck
 
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.records import ClaimRequest, ClaimStatus
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
+from producer import kinesis as kinesis_admin
 from producer.audit import audit_stream
-from producer.kinesis import Shard
+from producer.errors import StreamUnavailableError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, prepare
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
-from producer.wiring import Stack, build_stack, ledger_from
+from producer.shards import Shard
+from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -66,14 +68,10 @@ def settings_for(emulators: local_stack.Endpoints, names: Names, endpoint: str) 
 
 
 def wait_active(kinesis: Any, stream: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
-        if summary["StreamStatus"] == "ACTIVE":
-            return
-        if time.monotonic() > deadline:
-            pytest.skip(f"kinesis-local: stream {stream} not ACTIVE after {timeout_s:g} s")
-        time.sleep(0.1)
+    try:
+        kinesis_admin.wait_active(kinesis, stream, timeout_s=timeout_s)
+    except StreamUnavailableError as exc:
+        pytest.skip(f"kinesis-local: {exc}")
 
 
 @pytest.fixture
@@ -81,12 +79,7 @@ def settings(
     emulators: local_stack.Endpoints, names: Names, kinesis_local: str
 ) -> ProducerSettings:
     settings = settings_for(emulators, names, kinesis_local)
-    ledger = ledger_from(settings)
-    ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while ledger.model.describe_table()["TableStatus"] != "ACTIVE":
-        assert time.monotonic() < deadline, f"table {settings.table} not ACTIVE"
-        time.sleep(0.05)
+    stacks.create_table(settings)
     return settings
 
 
@@ -120,7 +113,7 @@ def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
             lease_ms=stack.settings.lease_policy().lease_ms,
         )
         assert result.status is ClaimStatus.WON
-    results = stack.writer.put(prepared)
+    results = stack.writer.put_entries([item.entry() for item in prepared])
     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
 
 

@@ -9,17 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from producer.protocol import (
+    STALE_SHARD_MAP,
     PutResultKind,
     RecordResult,
-    backoff_ms,
+    TransportFailure,
+    ambiguous,
     classify_record,
+    classify_request_error,
     classify_response,
-    is_retriable,
-    request_error_kind,
+    classify_transport_failure,
+    not_written,
 )
 
 WRITTEN = PutResultKind.WRITTEN
@@ -71,7 +72,7 @@ def test_entry_with_documented_error_code_is_not_written_and_retriable(
     assert result.error_message == entry["ErrorMessage"]
     assert result.shard_id is None
     assert result.sequence_number is None
-    assert is_retriable(result)
+    assert result.retriable
 
 
 def test_entry_with_unknown_error_code_is_not_written_but_not_retriable() -> None:
@@ -80,7 +81,7 @@ def test_entry_with_unknown_error_code_is_not_written_but_not_retriable() -> Non
     result = classify_record({"ErrorCode": "SomethingNewException"})
     # THEN it is not written (any per-record ErrorCode means so) but is not resent blindly
     assert result.kind is NOT_WRITTEN
-    assert not is_retriable(result)
+    assert not result.retriable
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,7 @@ def test_entry_with_neither_position_nor_error_is_ambiguous(entry: dict[str, Any
     result = classify_record(entry)
     # THEN it is ambiguous: resolved by read-back, never resent and never taken as written
     assert result.kind is AMBIGUOUS
-    assert not is_retriable(result)
+    assert not result.retriable
 
 
 # --- a whole response ---------------------------------------------------------------------------
@@ -162,40 +163,43 @@ def test_response_of_all_written_records_is_all_written() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status_code", "error_code"),
+    ("status_code", "error_code", "retriable"),
     [
-        (400, "ValidationException"),
-        (400, "ProvisionedThroughputExceededException"),
-        (400, "LimitExceededException"),
-        (400, "ThrottlingException"),
-        (400, "KMSThrottlingException"),
-        (403, "AccessDeniedException"),
-        (404, None),
-        (499, None),
+        (400, "ValidationException", False),
+        (400, "ProvisionedThroughputExceededException", True),
+        (400, "LimitExceededException", True),
+        (400, "ThrottlingException", True),
+        (400, "KMSThrottlingException", True),
+        (400, "InvalidSignatureException", False),
+        (403, "AccessDeniedException", False),
+        (404, None, False),
+        (499, None, False),
     ],
 )
-def test_4xx_rejected_the_whole_request(status_code: int, error_code: str | None) -> None:
+def test_4xx_rejected_the_whole_request(
+    status_code: int, error_code: str | None, retriable: bool
+) -> None:
     # GIVEN a request Kinesis answered with a 4xx
     # WHEN classified
-    # THEN nothing in it was written
-    assert request_error_kind(status_code, error_code) is NOT_WRITTEN
+    result = classify_request_error(status_code, error_code, "refused")
+    # THEN nothing in it was written; it is resent only when the refusal was load
+    assert result.kind is NOT_WRITTEN
+    assert result.retriable is retriable
+    assert result.error_code == (error_code or str(status_code))
+    assert result.error_message == "refused"
 
 
 @pytest.mark.parametrize(
     ("status_code", "error_code"),
-    [
-        (500, "InternalFailure"),
-        (502, None),
-        (503, "ServiceUnavailable"),
-        (None, None),  # timeout or reset: no answer at all
-        (None, "ReadTimeoutError"),
-    ],
+    [(500, "InternalFailure"), (502, None), (503, "ServiceUnavailable"), (None, None)],
 )
-def test_5xx_and_no_answer_are_ambiguous(status_code: int | None, error_code: str | None) -> None:
-    # GIVEN a request with a 5xx or without any HTTP answer
+def test_5xx_are_ambiguous(status_code: int | None, error_code: str | None) -> None:
+    # GIVEN a request answered with a 5xx (or with neither a status nor a code)
     # WHEN classified
-    # THEN it may or may not be in the stream
-    assert request_error_kind(status_code, error_code) is AMBIGUOUS
+    result = classify_request_error(status_code, error_code)
+    # THEN it may or may not be in the stream: never resent, resolved by read-back
+    assert result.kind is AMBIGUOUS
+    assert not result.retriable
 
 
 @pytest.mark.parametrize(
@@ -204,8 +208,31 @@ def test_5xx_and_no_answer_are_ambiguous(status_code: int | None, error_code: st
 def test_throttling_code_without_status_is_not_written(error_code: str) -> None:
     # GIVEN a throttling error whose HTTP status is not known
     # WHEN classified
-    # THEN the throttle itself proves the request was refused
-    assert request_error_kind(None, error_code) is NOT_WRITTEN
+    result = classify_request_error(None, error_code)
+    # THEN the throttle itself proves the request was refused, and it may be resent
+    assert result.kind is NOT_WRITTEN
+    assert result.retriable
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind", "retriable"),
+    [
+        (TransportFailure.CONNECTION_NOT_MADE, NOT_WRITTEN, True),
+        (TransportFailure.CONNECT_TIMEOUT, NOT_WRITTEN, True),
+        (TransportFailure.READ_TIMEOUT, AMBIGUOUS, False),
+        (TransportFailure.CONNECTION_LOST, AMBIGUOUS, False),
+    ],
+)
+def test_a_request_without_an_answer_is_not_written_only_if_it_never_left(
+    failure: TransportFailure, kind: PutResultKind, retriable: bool
+) -> None:
+    # GIVEN a request that got no HTTP answer
+    # WHEN classified
+    result = classify_transport_failure(failure, "no answer")
+    # THEN a connection never made proves nothing was sent (resend); any other may have landed
+    assert (result.kind, result.retriable) == (kind, retriable)
+    assert result.error_code == failure.value
+    assert failure.sent is (kind is AMBIGUOUS)
 
 
 # --- retriability -------------------------------------------------------------------------------
@@ -219,69 +246,41 @@ def test_throttling_code_without_status_is_not_written(error_code: str) -> None:
         "LimitExceededException",
         "KMSThrottlingException",
         "ThrottlingException",
-        "ConnectTimeoutError",
-        "EndpointConnectionError",
+        "ConnectTimeout",
+        "ConnectionNotMade",
+        STALE_SHARD_MAP,
     ],
 )
 def test_not_written_throttles_and_unsent_connections_are_retriable(error_code: str) -> None:
-    # GIVEN a definitely-not-written result caused by load or a connection never made
+    # GIVEN a definitely-not-written result caused by load, a connection never made, or a
+    # shard map gone stale under an aggregate
     # WHEN asked whether to resend
-    # THEN yes: the same request may succeed later
-    assert is_retriable(RecordResult(NOT_WRITTEN, error_code=error_code))
+    # THEN yes: the same record may succeed later
+    assert not_written(error_code).retriable
 
 
 @pytest.mark.parametrize(
-    "error_code", ["ValidationException", "AccessDeniedException", "KMSDisabledException", None]
+    "error_code", ["ValidationException", "AccessDeniedException", "KMSDisabledException"]
 )
-def test_not_written_rejections_that_would_repeat_are_not_retriable(error_code: str | None) -> None:
+def test_not_written_rejections_that_would_repeat_are_not_retriable(error_code: str) -> None:
     # GIVEN a not-written result that the same request would get again
     # WHEN asked whether to resend
     # THEN no
-    assert not is_retriable(RecordResult(NOT_WRITTEN, error_code=error_code))
+    assert not not_written(error_code).retriable
+
+
+def test_ambiguous_results_are_never_retriable_whatever_their_code() -> None:
+    # GIVEN an ambiguous result, even with a throttling code on it
+    result = ambiguous("ProvisionedThroughputExceededException")
+    # WHEN asked whether to resend
+    # THEN never: it may already be in the stream
+    assert not result.retriable
 
 
 @pytest.mark.parametrize("kind", [WRITTEN, AMBIGUOUS])
-def test_written_or_ambiguous_results_are_never_retriable(kind: PutResultKind) -> None:
-    # GIVEN a written or an ambiguous result, even with a throttling code on it
-    result = RecordResult(kind, error_code="ProvisionedThroughputExceededException")
-    # WHEN asked whether to resend
-    # THEN never: resending either could write the record twice
-    assert not is_retriable(result)
-
-
-# --- backoff ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("attempt", "expected_ms"),
-    [(0, 100), (1, 100), (2, 200), (3, 400), (4, 800), (6, 3200), (7, 5000), (60, 5000)],
-)
-def test_backoff_without_jitter_doubles_up_to_the_cap(attempt: int, expected_ms: int) -> None:
-    # GIVEN a backoff of 100 ms doubling to 5 s, jitter off
-    # WHEN the wait before a retry is computed
-    # THEN it doubles per attempt and never exceeds the cap, even after many attempts
-    assert backoff_ms(attempt, initial_ms=100, max_ms=5000, jitter=0.0) == expected_ms
-
-
-def test_backoff_jitter_scales_within_the_cap() -> None:
-    # GIVEN attempt 3 (cap 400 ms)
-    # WHEN a jitter draw of one half is applied
-    # THEN the wait is half the cap
-    assert backoff_ms(3, initial_ms=100, max_ms=5000, jitter=0.5) == 200
-
-
-@given(
-    attempt=st.integers(0, 200),
-    initial_ms=st.integers(1, 10_000),
-    max_ms=st.integers(1, 60_000),
-    jitter=st.floats(0.0, 1.0, exclude_max=True),
-)
-def test_backoff_never_exceeds_the_cap_nor_goes_negative(
-    attempt: int, initial_ms: int, max_ms: int, jitter: float
-) -> None:
-    # GIVEN any attempt, initial wait, cap and jitter draw in [0, 1)
-    # WHEN the wait is computed
-    wait = backoff_ms(attempt, initial_ms, max_ms, jitter)
-    # THEN it is a whole number of ms within [0, min(cap, initial * 2**(attempt-1))]
-    assert isinstance(wait, int)
-    assert 0 <= wait <= min(max_ms, initial_ms * 2 ** max(attempt - 1, 0))
+def test_a_written_or_ambiguous_result_cannot_be_made_retriable(kind: PutResultKind) -> None:
+    # GIVEN a written or an ambiguous result
+    # WHEN one is built as retriable
+    # THEN it is refused: resending either could write the record twice
+    with pytest.raises(ValueError, match="cannot be retriable"):
+        RecordResult(kind, retriable=True)

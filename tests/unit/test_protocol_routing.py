@@ -13,6 +13,8 @@ from producer.protocol import (
     explicit_hash_key,
     hash_key_of,
     payload_digest,
+    prepare,
+    put_entry,
 )
 
 # Text Kinesis can carry: no surrogate code points (they cannot be encoded as UTF-8).
@@ -134,3 +136,23 @@ def test_digest_is_equal_only_for_equal_data_and_routing(
     # THEN they are equal exactly when both parts are equal
     same = (data_a, hash_a) == (data_b, hash_b)
     assert (payload_digest(data_a, str(hash_a)) == payload_digest(data_b, str(hash_b))) is same
+
+
+def test_a_prepared_message_is_put_under_its_key_routed_by_its_routing_key() -> None:
+    # GIVEN a message with a routing key, prepared for sending
+    (item,), _ = prepare([Message("order-1", b"{}", routing_key="customer-7")], 1024)
+    # WHEN its PutRecords entry is built
+    entry = item.entry()
+    # THEN the message key is the partition key and the routing key's MD5 routes it
+    assert entry == {
+        "Data": b"{}",
+        "PartitionKey": "order-1",
+        "ExplicitHashKey": str(hash_key_of("customer-7")),
+    }
+
+
+def test_an_entry_without_an_explicit_hash_key_is_routed_by_its_partition_key() -> None:
+    # GIVEN no explicit hash key
+    # WHEN an entry is built
+    # THEN it carries none: Kinesis routes it by the MD5 of its partition key
+    assert put_entry("k", b"x") == {"Data": b"x", "PartitionKey": "k"}

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from dedupe_store.records import MAX_KEY_CHARS
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
-    MAX_KEY_CHARS,
     Message,
     explicit_hash_key,
     payload_digest,

@@ -1,0 +1,49 @@
+"""A stream's shards as plain data: hash ranges, lineage through reshards, and what the stream
+says of itself. No I/O: :class:`producer.kinesis.KinesisReader` reads them from Kinesis.
+
+A key's hash key routes it to the one open shard whose range covers it. After splits and
+merges, every shard, open or closed, whose range covers the hash key is in the key's lineage:
+a record of that key may sit in any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    shard_id: str
+    starting_hash_key: int
+    ending_hash_key: int
+    parent_shard_id: str | None
+    adjacent_parent_shard_id: str | None
+    starting_sequence_number: str
+    ending_sequence_number: str | None
+
+    @property
+    def closed(self) -> bool:
+        return self.ending_sequence_number is not None
+
+    def covers(self, hash_key: int) -> bool:
+        return self.starting_hash_key <= hash_key <= self.ending_hash_key
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    name: str
+    retention_hours: int
+    max_record_bytes: int
+    open_shard_count: int
+
+
+def open_shards(shards: Iterable[Shard]) -> list[Shard]:
+    """The shards that take writes now."""
+    return [shard for shard in shards if not shard.closed]
+
+
+def lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:
+    """Every shard, open or closed, whose hash range covers ``hash_key``: the key's lineage
+    through splits and merges (each parent and child covering it)."""
+    return [shard for shard in shards if shard.covers(hash_key)]
