@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.input_lines import BadLine, DataEncoding, decode_line, numbered_lines, parse_line
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -19,6 +20,7 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from producer.protocol import MAX_KEY_CHARS, Message
 
 if TYPE_CHECKING:
     from producer.audit import AuditReport
@@ -26,20 +28,31 @@ if TYPE_CHECKING:
 
 def read_expected(path: Path) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
-    "key" of every row that 'keo send' would accept (rows it rejects are not expected)."""
-    from cli.send import DataEncoding, parse_line
-    from producer.protocol import MAX_KEY_CHARS
+    "key" of every row that 'keo send' would accept (rows it rejects are not expected).
 
-    with path.open(encoding="utf-8") as source:
-        lines = [line.rstrip("\n") for line in source if line.strip()]
-    if not lines or not lines[0].lstrip().startswith("{"):
-        return lines
+    A line that is not UTF-8, or a row 'keo send' would reject, is skipped with a warning on
+    stderr naming its line: it cannot have been delivered.
+    """
     keys: list[str] = []
-    for line in lines:
-        parsed = parse_line(line, DataEncoding.TEXT)
-        if isinstance(parsed, str) or not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
-            continue
-        keys.append(parsed.key)
+    json_lines: bool | None = None  # decided by the first readable line
+    with path.open("rb") as source:
+        for number, raw in numbered_lines(source):
+            line = raw if isinstance(raw, BadLine) else decode_line(raw)
+            if json_lines is None and isinstance(line, str):
+                json_lines = line.lstrip().startswith("{")
+            if isinstance(line, str) and not json_lines:
+                keys.append(line.rstrip("\r\n"))
+                continue
+            parsed = line if isinstance(line, BadLine) else parse_line(line, DataEncoding.TEXT)
+            if isinstance(parsed, Message) and not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
+                parsed = BadLine(f"key has {len(parsed.key)} characters")
+            if isinstance(parsed, BadLine):
+                typer.echo(
+                    f"keo audit: --expected {path} line {number} skipped: {parsed.reason}",
+                    err=True,
+                )
+                continue
+            keys.append(parsed.key)
     return keys
 
 

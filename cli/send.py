@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, Annotated, Any
 
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.input_lines import BadLine, DataEncoding, numbered_lines, parse_line
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -25,11 +25,6 @@ from cli.options import (
 from cli.progress import Progress
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
-
-
-class DataEncoding(StrEnum):
-    TEXT = "text"
-    BASE64 = "base64"
 
 
 def send(
@@ -68,10 +63,12 @@ def send(
 ) -> None:
     """Send messages exactly once: each key is claimed in the ledger, put once, and marked.
 
-    Prints one JSON outcome per input line on stdout (index = line number from 0): SENT,
-    DUPLICATE (already delivered, nothing sent), CONFLICT (key used for other data),
-    REJECTED (bad input, with the reason), IN_FLIGHT (unresolved: run 'keo reconcile'),
-    TAKEN_OVER, UNVERIFIABLE or FAILED. A summary goes to stderr.
+    Prints one JSON outcome per non-blank input line on stdout, in input order (index = line
+    number from 0; every reason starts with 'line N:', counting from 1): SENT, DUPLICATE
+    (already delivered, nothing sent), CONFLICT (key used for other data), REJECTED (bad
+    input: not UTF-8, not JSON, a missing field, ...; the rest is still sent), IN_FLIGHT
+    (unresolved: run 'keo reconcile'), TAKEN_OVER, UNVERIFIABLE or FAILED. Blank lines are
+    skipped. A summary goes to stderr.
 
     Exit 0 when every message is SENT or DUPLICATE, 1 otherwise.
 
@@ -96,22 +93,16 @@ def send(
             for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
                 messages = [m for _, m in chunk if isinstance(m, Message)]
                 sent = iter(producer.send(messages))
-                for index, parsed in chunk:
+                for number, parsed in chunk:
                     if isinstance(parsed, Message):
-                        outcome = next(sent)
-                        outcome = Outcome(
-                            index,
-                            outcome.key,
-                            outcome.status,
-                            outcome.position,
-                            outcome.reason,
-                            outcome.attempt,
-                            outcome.ledger_marked,
-                        )
+                        outcome = _for_line(number, next(sent))
                     else:
-                        outcome = Outcome(index, None, OutcomeStatus.REJECTED, reason=parsed)
+                        outcome = _for_line(
+                            number,
+                            Outcome(0, parsed.key, OutcomeStatus.REJECTED, reason=parsed.reason),
+                        )
                     counts[outcome.status.value] += 1
-                    sys.stdout.write(json.dumps(outcome.as_json(), ensure_ascii=False) + "\n")
+                    sys.stdout.write(outcome_line(outcome.as_json(), sys.stdout.encoding))
                 sys.stdout.flush()
                 advance(len(chunk))
     total = sum(counts.values())
@@ -122,44 +113,40 @@ def send(
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _open_input(path: str) -> IO[str]:
+def _open_input(path: str) -> IO[bytes]:
     if path == "-":
-        return sys.stdin
+        return sys.stdin.buffer
     try:
-        return Path(path).open(encoding="utf-8")
+        return Path(path).open("rb")
     except OSError as exc:
         typer.echo(f"keo send: cannot read --input {path}: {exc.strerror}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
 
 
-def _parse_lines(source: IO[str], encoding: DataEncoding) -> Iterator[tuple[int, Message | str]]:
-    """Each line as a Message, or the reason it is not one (the line is then REJECTED)."""
-    for index, line in enumerate(source):
-        yield index, parse_line(line, encoding)
+def _parse_lines(
+    source: IO[bytes], encoding: DataEncoding
+) -> Iterator[tuple[int, Message | BadLine]]:
+    for number, raw in numbered_lines(source):
+        yield number, raw if isinstance(raw, BadLine) else parse_line(raw, encoding)
 
 
-def parse_line(line: str, encoding: DataEncoding) -> Message | str:
+def _for_line(number: int, outcome: Outcome) -> Outcome:
+    """The outcome of input line ``number`` (from 1): its index is the line's from 0, and its
+    reason starts with the line number."""
+    reason = None if outcome.reason is None else f"line {number}: {outcome.reason}"
+    return dataclasses.replace(outcome, index=number - 1, reason=reason)
+
+
+def outcome_line(body: dict[str, Any], encoding: str | None) -> str:
+    """One outcome as a JSON line that a stream in ``encoding`` can always carry.
+
+    Keys are shown as they are where the stream can hold them; a key it cannot (a lone
+    surrogate written as an escape in the input, or any non-ASCII text on an ASCII stream)
+    is written as JSON escapes, which read back as the same key.
+    """
+    text = json.dumps(body, ensure_ascii=False)
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"line is not JSON: {exc.msg} at column {exc.colno}"
-    if not isinstance(row, dict):
-        return "line must be a JSON object with 'key' and 'data'"
-    key, data, routing = row.get("key"), row.get("data"), row.get("routing_key")
-    if not isinstance(key, str):
-        return "'key' is missing or not a string"
-    if not isinstance(data, str):
-        return "'data' is missing or not a string (use --data-encoding base64 for bytes)"
-    if routing is not None and not isinstance(routing, str):
-        return "'routing_key' must be a string when given"
-    if encoding is DataEncoding.BASE64:
-        try:
-            payload = base64.b64decode(data, validate=True)
-        except ValueError:  # binascii.Error, or non-ASCII text
-            return "'data' is not valid base64"
-    else:
-        try:
-            payload = data.encode("utf-8")
-        except UnicodeEncodeError:
-            return "'data' contains an unpaired surrogate; send it as base64"
-    return Message(key, payload, routing)
+        text.encode(encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        text = json.dumps(body)  # every non-ASCII character as a \u escape
+    return text + "\n"
