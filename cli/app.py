@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
+from typing import Annotated
 
 import typer
+
+from cli import logs
+from cli.exit_codes import ExitCode
+from cli.logs import LogFormat
 
 app = typer.Typer(
     name="keo",
@@ -24,20 +29,33 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    verbose: int = typer.Option(
-        0, "--verbose", "-v", count=True, help="more logs on stderr (-v info, -vv debug)"
-    ),
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="more logs on stderr (-v info, -vv debug); wins over KEO_LOG_LEVEL",
+        ),
+    ] = 0,
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            "--log-format",
+            help="logs on stderr as text (rich on a terminal, plain lines otherwise) or JSON "
+            "lines (fields time, level, logger, message, exception) "
+            "\\[env KEO_LOG_FORMAT; default text]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    level = os.environ.get("KEO_LOG_LEVEL") or (
-        "DEBUG" if verbose >= 2 else "INFO" if verbose == 1 else "WARNING"
-    )
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        force=True,
-    )
-    # botocore's own chatter is noise at info level
-    logging.getLogger("botocore").setLevel(max(logging.getLogger().level, logging.WARNING))
+    try:
+        level = logs.log_level(verbose, os.environ.get("KEO_LOG_LEVEL"))
+        fmt = logs.log_format(log_format, os.environ.get("KEO_LOG_FORMAT"))
+    except logs.LogSettingError as exc:
+        typer.echo(f"keo: invalid setting {exc.setting}: {exc}", err=True)
+        raise typer.Exit(ExitCode.CONFIG) from None
+    logs.configure(level, fmt, terminal=sys.stderr.isatty())
 
 
 def _register() -> None:

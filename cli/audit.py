@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from cli.stdout import write_json_line
+from producer.kinesis import KinesisReader, Shard
+from producer.kpl import UserRecord
 from producer.protocol import MAX_KEY_CHARS, Message
 
 if TYPE_CHECKING:
@@ -70,8 +73,17 @@ def audit(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="the full report as JSON on stdout")
+        bool,
+        typer.Option(
+            "--json", help="the full report as JSON on stdout (the summary goes to stderr)"
+        ),
     ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress", help="progress on stderr (default: on a terminal)"
+        ),
+    ] = None,
     show_keys: Annotated[int, typer.Option(help="keys listed per anomaly in the summary")] = 10,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
@@ -92,24 +104,50 @@ def audit(
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
     from producer.audit import audit_stream
-    from producer.kinesis import KinesisReader
     from producer.wiring import kinesis_client, ledger_from
 
     wanted = read_expected(expected) if expected is not None else None
-    with exit_on_errors():
-        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+    show = progress if progress is not None else sys.stderr.isatty()
+    with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
+        reader = ReaderWithProgress(kinesis_client(settings, for_put=False), settings.stream, bar)
         ledger = ledger_from(settings)
         ledger.ensure_ready()
-        with Progress(sys.stderr.isatty(), "auditing shards") as advance:
-            report = audit_stream(reader, ledger, expected=wanted, progress=advance)
+        report = audit_stream(reader, ledger, expected=wanted, progress=bar.advance)
     if as_json:
-        sys.stdout.write(json.dumps(report.as_json(), ensure_ascii=False) + "\n")
-    _summary(report, show_keys)
+        write_json_line(report.as_json())
+    _summary(report, show_keys, to_stderr=as_json)
     if not report.clean:
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _summary(report: AuditReport, show: int) -> None:
+class ReaderWithProgress(KinesisReader):
+    """A reader that sets the progress total to the shard count and notes records read."""
+
+    def __init__(self, client: Any, stream: str, progress: Progress) -> None:
+        super().__init__(client, stream)
+        self._progress = progress
+        self._shards = 0
+        self._shards_read = 0
+        self._records = 0
+
+    def shards(self) -> list[Shard]:
+        found = super().shards()
+        self._shards = len(found)
+        self._progress.set_total(self._shards)
+        return found
+
+    def read_all(self, shard_id: str) -> Iterator[UserRecord]:
+        for record in super().read_all(shard_id):
+            self._records += 1
+            if self._records % 1000 == 0:
+                self._progress.note(f"{self._records:,} records")
+            yield record
+        self._shards_read += 1
+        if self._shards_read == self._shards:  # the audit reads the ledger next
+            self._progress.note(f"{self._records:,} records; comparing with the ledger")
+
+
+def _summary(report: AuditReport, show: int, *, to_stderr: bool) -> None:
     lines = [
         f"keo audit: stream {report.stream}: {report.shards} shards, "
         f"{report.user_records} records, {report.distinct_keys} keys",
@@ -133,4 +171,4 @@ def _summary(report: AuditReport, show: int) -> None:
         if keys:
             lines.append(f"  {name}: {', '.join(map(repr, keys[:show]))}")
     lines.append("  verdict: " + ("CLEAN" if report.clean else f"{report.anomalies} ANOMALIES"))
-    typer.echo("\n".join(lines), err=True)
+    typer.echo("\n".join(lines), err=to_stderr)

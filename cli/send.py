@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import itertools
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated
 
 import typer
 
@@ -23,6 +23,8 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from cli.stdout import write_json_line
+from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
 
@@ -86,10 +88,16 @@ def send(
 
     source = _open_input(input_path)
     show_progress = progress if progress is not None else sys.stderr.isatty()
+    lines = _count_lines(input_path) if show_progress else None
     counts: Counter[str] = Counter()
-    with exit_on_errors():
-        stack = build_stack(settings, hooks=failpoints.from_env())
-        with stack.producer() as producer, Progress(show_progress, "sending") as advance:
+    with (
+        exit_on_errors(),
+        Progress(show_progress, "sending", unit="lines", total=lines) as bar,
+    ):
+        puts = itertools.count(1)
+        hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
+        stack = build_stack(settings, hooks=hooks)
+        with stack.producer() as producer:
             for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
                 messages = [m for _, m in chunk if isinstance(m, Message)]
                 sent = iter(producer.send(messages))
@@ -102,9 +110,9 @@ def send(
                             Outcome(0, parsed.key, OutcomeStatus.REJECTED, reason=parsed.reason),
                         )
                     counts[outcome.status.value] += 1
-                    sys.stdout.write(outcome_line(outcome.as_json(), sys.stdout.encoding))
+                    write_json_line(outcome.as_json())
                 sys.stdout.flush()
-                advance(len(chunk))
+                bar.advance(len(chunk))
     total = sum(counts.values())
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
     typer.echo(f"keo send: {total} messages: {summary or 'none'}", err=True)
@@ -123,6 +131,27 @@ def _open_input(path: str) -> IO[bytes]:
         raise typer.Exit(ExitCode.USAGE) from None
 
 
+def _count_lines(path: str) -> int | None:
+    """Non-blank lines of a regular file (the progress total); None for stdin or a pipe."""
+    if path == "-" or not Path(path).is_file():
+        return None
+    with Path(path).open("rb") as source:
+        return sum(1 for _ in numbered_lines(source))
+
+
+class PutCounter:
+    """Hooks that call ``on_put`` after each PutRecords request, then the wrapped hooks'."""
+
+    def __init__(self, inner: Hooks, on_put: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_put = on_put
+
+    def at(self, step: Step) -> None:
+        if step is Step.AFTER_PUT:
+            self._on_put()
+        self._inner.at(step)
+
+
 def _parse_lines(
     source: IO[bytes], encoding: DataEncoding
 ) -> Iterator[tuple[int, Message | BadLine]]:
@@ -135,18 +164,3 @@ def _for_line(number: int, outcome: Outcome) -> Outcome:
     reason starts with the line number."""
     reason = None if outcome.reason is None else f"line {number}: {outcome.reason}"
     return dataclasses.replace(outcome, index=number - 1, reason=reason)
-
-
-def outcome_line(body: dict[str, Any], encoding: str | None) -> str:
-    """One outcome as a JSON line that a stream in ``encoding`` can always carry.
-
-    Keys are shown as they are where the stream can hold them; a key it cannot (a lone
-    surrogate written as an escape in the input, or any non-ASCII text on an ASCII stream)
-    is written as JSON escapes, which read back as the same key.
-    """
-    text = json.dumps(body, ensure_ascii=False)
-    try:
-        text.encode(encoding or "utf-8")
-    except (UnicodeEncodeError, LookupError):
-        text = json.dumps(body)  # every non-ASCII character as a \u escape
-    return text + "\n"

@@ -8,6 +8,8 @@ non-blank input line in order, and the stream holds every good line exactly once
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -171,3 +173,112 @@ def assert_stream_holds_exactly(
     contents = streamcheck.read_stream(kinesis, settings.stream)
     streamcheck.assert_exactly_once(contents, keys, ledger_from(settings))
     streamcheck.assert_only(contents, keys)
+
+
+# --- stdout carries results; progress and logs go to stderr -------------------------------------
+
+
+def keo_on_a_terminal(
+    *args: str, env: dict[str, str], stdout: Path, timeout_s: float = 120
+) -> tuple[int, str]:
+    """Run ``keo`` with stdout redirected to a file and stderr on a pseudo-terminal, as in
+    ``keo send ... > out.jsonl`` typed at a terminal. Returns the exit code and the terminal's
+    output."""
+    master, slave = pty.openpty()
+    with stdout.open("wb") as out:
+        process = subprocess.Popen(
+            [KEO, *args], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=slave
+        )
+    os.close(slave)
+    seen = bytearray()
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every end of the terminal is closed, the process is done
+                break
+            if not data:
+                break
+            seen += data
+    finally:
+        os.close(master)
+    return process.wait(timeout=timeout_s), seen.decode("utf-8", "replace")
+
+
+def test_send_to_a_file_from_a_terminal_writes_every_outcome_to_the_file(
+    settings: ProducerSettings, env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN 30 messages, and stderr on a terminal (so the progress display is on)
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(b"".join(good(n) + b"\n" for n in range(30)))
+    out = tmp_path / "out.jsonl"
+    # WHEN `keo send ... > out.jsonl` runs
+    code, terminal = keo_on_a_terminal(
+        "send", "--input", str(source), *where(settings), env=env, stdout=out
+    )
+    # THEN the progress and the summary went to the terminal, every outcome to the file
+    assert code == 0, terminal
+    assert "sending" in terminal
+    assert "keo send: 30 messages: SENT 30" in terminal
+    outcomes = outcomes_of(out.read_bytes())
+    assert [(o["index"], o["status"]) for o in outcomes] == [(n, "SENT") for n in range(30)]
+    assert '"status"' not in terminal
+
+
+def test_audit_to_a_file_without_json_writes_the_report_to_the_file(
+    settings: ProducerSettings, env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a stream with 3 messages delivered
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(b"".join(good(n) + b"\n" for n in range(3)))
+    sent = keo("send", "--input", str(source), *where(settings), env=env)
+    assert sent.returncode == 0, sent.stderr.decode()
+    report = tmp_path / "report.txt"
+    # WHEN `keo audit > report.txt` runs on a terminal
+    code, terminal = keo_on_a_terminal("audit", *where(settings), env=env, stdout=report)
+    # THEN the human report is in the file, with its verdict; the progress was on the terminal
+    assert code == 0, terminal
+    text = report.read_text()
+    assert f"keo audit: stream {settings.stream}: 2 shards, 3 records, 3 keys" in text
+    assert "verdict: CLEAN" in text
+    assert "auditing" in terminal
+    assert "verdict" not in terminal
+
+
+def test_logs_as_json_lines_keep_their_field_names(
+    settings: ProducerSettings, env: dict[str, str]
+) -> None:
+    # GIVEN KEO_LOG_FORMAT=json and -v (the reconciler logs its pass at info level)
+    # WHEN `keo reconcile --once --json` runs
+    result = keo(
+        "-v",
+        "reconcile",
+        "--once",
+        "--json",
+        *where(settings),
+        env={**env, "KEO_LOG_FORMAT": "json"},
+    )
+    # THEN stdout is the JSON summary alone, and every log line on stderr is a JSON object
+    # with the documented fields
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert json.loads(result.stdout)["stream"] == settings.stream
+    logged = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert any(entry["logger"] == "producer.reconciler" for entry in logged), stderr
+    for entry in logged:
+        assert {"time", "level", "logger", "message"} <= set(entry), entry
+        assert entry["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+    others = [line for line in stderr.splitlines() if not line.startswith("{")]
+    assert len(others) == 1
+    assert others[0].startswith("keo reconcile: stream ")
+
+
+def test_reconcile_without_json_prints_its_summary_on_stdout(
+    settings: ProducerSettings, env: dict[str, str]
+) -> None:
+    # GIVEN nothing in flight
+    # WHEN `keo reconcile --once` runs without --json
+    result = keo("reconcile", "--once", *where(settings), env=env)
+    # THEN its summary is on stdout
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().startswith(f"keo reconcile: stream {settings.stream}: 0 stale")

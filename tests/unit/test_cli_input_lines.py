@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli.input_lines import BadLine, DataEncoding, numbered_lines, parse_line
-from cli.send import outcome_line
+from cli.stdout import json_line
 from producer.protocol import Message
 
 TEXT = DataEncoding.TEXT
@@ -292,7 +292,7 @@ def test_a_line_of_exactly_the_limit_is_read() -> None:
 def test_an_outcome_line_is_json_the_stream_can_encode(key: str, encoding: str, shown: str) -> None:
     # GIVEN an outcome whose key the output stream may not be able to hold
     # WHEN written as a line for that stream
-    text = outcome_line({"key": key, "status": "REJECTED"}, encoding)
+    text = json_line({"key": key, "status": "REJECTED"}, encoding)
     # THEN it encodes, reads back as the same key, and is escaped only where needed
     text.encode(encoding)
     assert json.loads(text)["key"] == key
@@ -346,7 +346,7 @@ def test_every_line_is_a_message_or_a_bad_line_with_its_number(
             assert parsed[number] == Message(row["key"], row["data"].encode())
     # and every outcome can be written as a JSON line that reads back with its key
     for number, result in parsed.items():
-        text = outcome_line({"index": number - 1, "key": result.key}, "utf-8")
+        text = json_line({"index": number - 1, "key": result.key}, "utf-8")
         assert json.loads(text)["key"] == result.key
 
 
