@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from typing import Annotated
@@ -10,6 +11,7 @@ import typer
 
 from cli import logs
 from cli.exit_codes import ExitCode
+from cli.help_format import KeoGroup
 from cli.logs import LogFormat
 
 app = typer.Typer(
@@ -22,9 +24,18 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     add_completion=False,
+    # help text is rich markup: a literal '[' is written '\\[' (the env hints)
+    rich_markup_mode="rich",
+    cls=KeoGroup,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"keo {importlib.metadata.version('kinesis-exactly-once')}")
+        raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()
@@ -36,6 +47,7 @@ def _root(
             "-v",
             count=True,
             help="more logs on stderr (-v info, -vv debug); wins over KEO_LOG_LEVEL",
+            show_default=False,
         ),
     ] = 0,
     log_format: Annotated[
@@ -48,6 +60,16 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    version: Annotated[  # noqa: ARG001 - handled by its callback, which exits
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            expose_value=True,
+            help="print keo's version and exit",
+        ),
+    ] = False,
 ) -> None:
     try:
         level = logs.log_level(verbose, os.environ.get("KEO_LOG_LEVEL"))

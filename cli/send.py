@@ -57,7 +57,7 @@ def send(
         typer.Option(
             "--aggregate/--no-aggregate",
             help="pack user records per shard into KPL aggregates (KCL deaggregates them) "
-            "[env KEO_AGGREGATE]",
+            "\\[env KEO_AGGREGATE]",
         ),
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,

@@ -799,3 +799,36 @@ def test_keo_serve_refuses_a_short_token(serve_env: dict[str, str]) -> None:
     assert process.returncode == 3
     assert "at least 16 characters" in stderr
     assert "tooShortTok" not in stderr  # a secret, even a bad one, is never echoed
+
+
+def test_keo_serve_announces_its_url_only_once_it_listens(serve_env: dict[str, str]) -> None:
+    # GIVEN keo serve starting on a free port
+    port = _free_port()
+    process = _keo_serve(["--port", str(port)], {**serve_env, "KEO_API_TOKEN": TOKEN})
+    try:
+        # WHEN it announces its URL
+        assert process.stderr is not None
+        announced = process.stderr.readline()
+        assert f"delivery-state API on http://127.0.0.1:{port}" in announced, announced
+        # THEN the port already accepts connections
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def test_keo_serve_on_a_port_in_use_says_so_and_exits_3(serve_env: dict[str, str]) -> None:
+    # GIVEN a port something else listens on
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # WHEN keo serve is asked to use it
+        process = _keo_serve(["--port", str(port)], {**serve_env, "KEO_API_TOKEN": TOKEN})
+        _, stderr = process.communicate(timeout=60)
+    # THEN it exits 3 (configuration) with one clear line, and never announced a URL
+    assert process.returncode == 3, stderr
+    assert stderr == (
+        f"keo serve: cannot listen on 127.0.0.1:{port} (--host, --port): the port is in use\n"
+    )

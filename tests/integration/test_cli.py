@@ -282,3 +282,36 @@ def test_reconcile_without_json_prints_its_summary_on_stdout(
     # THEN its summary is on stdout
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode().startswith(f"keo reconcile: stream {settings.stream}: 0 stale")
+
+
+# --- configuration errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["init"], ["send", "--input", "-", "--no-progress"], ["audit"], ["reconcile", "--once"]],
+    ids=lambda command: command[0],
+)
+def test_missing_credentials_are_one_clear_configuration_error_everywhere(
+    command: list[str], tmp_path: Path
+) -> None:
+    # GIVEN real AWS (no endpoint overrides) and no credentials anywhere; botocore refuses
+    # to sign, so no request leaves the machine
+    nowhere = str(tmp_path / "absent")
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": nowhere,
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        **{key: value for key, value in os.environ.items() if key == "PYTHONPATH"},
+    }
+    # WHEN the command runs
+    result = keo(*command, env=env, stdin=good(1) + b"\n")
+    # THEN it exits 3 (configuration) with the same line, saying what to do
+    assert result.returncode == 3, result.stderr.decode()
+    assert result.stderr.decode().startswith(
+        "keo: no AWS credentials found: configure them the standard way"
+    )
+    assert "keo emulators up" in result.stderr.decode()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
+from typing import Any
 
 import pytest
+import typer
+import typer.main
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -73,3 +77,63 @@ def test_a_json_log_line_has_stable_field_names() -> None:
         "logger": "producer.x",
         "message": "put failed n=3",
     }
+
+
+# --- help and version ---------------------------------------------------------------------------
+
+
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path under ``group`` (groups have ``commands``), the group first."""
+    found = [path]
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            found += _commands(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+def _command_at(path: tuple[str, ...]) -> Any:
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+ALL_COMMANDS = _commands(typer.main.get_command(app))
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=lambda path: " ".join(("keo", *path)))
+def test_help_shows_every_option_help_whole_and_no_type_for_flags(path: tuple[str, ...]) -> None:
+    # GIVEN a command of keo
+    # WHEN its --help is drawn on a wide terminal
+    result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    # THEN each option's help text is shown whole: '[env KEO_...]' hints are not eaten
+    for param in _command_at(path).params:
+        help_text = getattr(param, "help", None)
+        if help_text:
+            assert help_text.replace("\\[", "[") in result.output, param.name
+    # and flags, which take no value, show no value type
+    assert "<bool>" not in result.output
+
+
+def test_stream_and_table_help_show_their_env_and_default() -> None:
+    result = runner.invoke(app, ["send", "--help"], env={"COLUMNS": "400"})
+    assert "Kinesis stream [env KEO_STREAM; default keo-stream]" in result.output
+    assert "DynamoDB ledger table [env KEO_TABLE; default keo-ledger]" in result.output
+    assert "[env KEO_AGGREGATE]" in result.output
+
+
+def test_a_flag_refuses_a_value_as_its_help_says() -> None:
+    # GIVEN a flag shown without a value type
+    # WHEN given a value
+    result = runner.invoke(app, ["audit", "--json", "true"])
+    # THEN it is a usage error
+    assert result.exit_code == 2
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"keo {importlib.metadata.version('kinesis-exactly-once')}\n"
