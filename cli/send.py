@@ -8,12 +8,13 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.exit_codes import ExitCode
 from cli.input_lines import BadLine, DataEncoding, numbered_lines, parse_line
+from cli.interrupt import GracefulStop, StopReadingError
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -27,6 +28,9 @@ from cli.stdout import write_json_line
 from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
+
+if TYPE_CHECKING:
+    from producer.producer import ExactlyOnceProducer
 
 
 def send(
@@ -72,7 +76,9 @@ def send(
     (unresolved: run 'keo reconcile'), TAKEN_OVER, UNVERIFIABLE or FAILED. Blank lines are
     skipped. A summary goes to stderr.
 
-    Exit 0 when every message is SENT or DUPLICATE, 1 otherwise.
+    Exit 0 when every message is SENT or DUPLICATE, 1 otherwise. Ctrl-C (or SIGTERM) stops
+    reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
+    second Ctrl-C exits at once.
 
     Example: keo send --stream orders --table orders-ledger --input events.jsonl
     """
@@ -90,6 +96,7 @@ def send(
     show_progress = progress if progress is not None else sys.stderr.isatty()
     lines = _count_lines(input_path) if show_progress else None
     counts: Counter[str] = Counter()
+    last_line = 0  # the last input line with an outcome printed
     with (
         exit_on_errors(),
         Progress(show_progress, "sending", unit="lines", total=lines) as bar,
@@ -97,28 +104,52 @@ def send(
         puts = itertools.count(1)
         hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
         stack = build_stack(settings, hooks=hooks)
-        with stack.producer() as producer:
-            for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
-                messages = [m for _, m in chunk if isinstance(m, Message)]
-                sent = iter(producer.send(messages))
-                for number, parsed in chunk:
-                    if isinstance(parsed, Message):
-                        outcome = _for_line(number, next(sent))
-                    else:
-                        outcome = _for_line(
-                            number,
-                            Outcome(0, parsed.key, OutcomeStatus.REJECTED, reason=parsed.reason),
-                        )
-                    counts[outcome.status.value] += 1
-                    write_json_line(outcome.as_json())
-                sys.stdout.flush()
-                bar.advance(len(chunk))
+        with stack.producer() as producer, GracefulStop(_say) as stop:
+            chunks = chunked(_parse_lines(source, data_encoding), chunk_size)
+            try:
+                while not stop.requested:
+                    with stop.reading():
+                        chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    for outcome in _outcomes(producer, chunk):
+                        counts[outcome.status.value] += 1
+                        write_json_line(outcome.as_json())
+                    sys.stdout.flush()
+                    last_line = chunk[-1][0]
+                    bar.advance(len(chunk))
+            except StopReadingError:
+                pass  # the lines read since the last chunk were never sent
     total = sum(counts.values())
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+    if stop.requested:
+        typer.echo(
+            f"keo send: interrupted: {total} messages: {summary or 'none'}; input after line "
+            f"{last_line} was not sent (send it again from line {last_line + 1})",
+            err=True,
+        )
+        raise typer.Exit(ExitCode.INTERRUPTED)
     typer.echo(f"keo send: {total} messages: {summary or 'none'}", err=True)
     ok = counts[OutcomeStatus.SENT.value] + counts[OutcomeStatus.DUPLICATE.value]
     if ok != total:
         raise typer.Exit(ExitCode.FAILED)
+
+
+def _outcomes(
+    producer: ExactlyOnceProducer, chunk: list[tuple[int, Message | BadLine]]
+) -> Iterator[Outcome]:
+    """One outcome per line of ``chunk``, in order: the producer's, or REJECTED."""
+    sent = iter(producer.send([m for _, m in chunk if isinstance(m, Message)]))
+    for number, parsed in chunk:
+        if isinstance(parsed, Message):
+            yield _for_line(number, next(sent))
+        else:
+            rejected = Outcome(0, parsed.key, OutcomeStatus.REJECTED, reason=parsed.reason)
+            yield _for_line(number, rejected)
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
 
 
 def _open_input(path: str) -> IO[bytes]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -315,3 +317,132 @@ def test_missing_credentials_are_one_clear_configuration_error_everywhere(
         "keo: no AWS credentials found: configure them the standard way"
     )
     assert "keo emulators up" in result.stderr.decode()
+
+
+# --- Ctrl-C and SIGTERM -------------------------------------------------------------------------
+
+CHUNK = 5
+
+
+def start_send(
+    settings: ProducerSettings, env: dict[str, str], failpoints: str = ""
+) -> subprocess.Popen[bytes]:
+    """``keo send --input -`` in chunks of 5, stdin left open for the test to feed."""
+    return subprocess.Popen(
+        [
+            KEO,
+            "send",
+            "--input",
+            "-",
+            *where(settings),
+            "--no-progress",
+            "--chunk-size",
+            str(CHUNK),
+        ],
+        env={**env, "KEO_FAILPOINTS": failpoints},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def feed(process: subprocess.Popen[bytes], numbers: range) -> None:
+    assert process.stdin is not None
+    process.stdin.write(b"".join(good(n) + b"\n" for n in numbers))
+    process.stdin.flush()
+
+
+def read_outcomes(process: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]]:
+    """The next ``count`` outcome lines, waiting for each."""
+    assert process.stdout is not None
+    return [json.loads(process.stdout.readline()) for _ in range(count)]
+
+
+def wait_for_line(process: subprocess.Popen[bytes], text: str) -> None:
+    """Read stderr up to the line that contains ``text``."""
+    assert process.stderr is not None
+    seen = []
+    while text not in (line := process.stderr.readline().decode()):
+        assert line, f"stderr ended before {text!r}: {''.join(seen)}"
+        seen.append(line)
+
+
+def wait_until_claimed(settings: ProducerSettings, keys: list[str]) -> None:
+    ledger = ledger_from(settings)
+    while not all(ledger.get(settings.stream, key) is not None for key in keys):
+        time.sleep(0.05)
+
+
+def finish(process: subprocess.Popen[bytes]) -> tuple[int, bytes, str]:
+    """Exit code, the rest of stdout, all of the rest of stderr (stdin is never closed: a
+    process that reads it again hangs, and the test fails on its timeout)."""
+    stdout, stderr = process.communicate(timeout=120)
+    return process.returncode, stdout, stderr.decode()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_waiting_for_input_stops_reading_and_exits_130(
+    signum: signal.Signals,
+    settings: ProducerSettings,
+    env: dict[str, str],
+    kinesis: Any,
+) -> None:
+    # GIVEN keo send reading stdin: one chunk sent, and two lines of the next one read
+    process = start_send(settings, env)
+    feed(process, range(CHUNK + 2))
+    assert [o["status"] for o in read_outcomes(process, CHUNK)] == ["SENT"] * CHUNK
+    # WHEN it is signalled while it waits for the rest of the chunk
+    process.send_signal(signum)
+    # THEN it stops reading, prints the summary naming where to resume, and exits 130
+    code, stdout, stderr = finish(process)
+    assert code == 130, stderr
+    assert stdout == b""
+    assert "Traceback" not in stderr
+    assert (
+        f"keo send: interrupted: {CHUNK} messages: SENT {CHUNK}; input after line {CHUNK} "
+        f"was not sent (send it again from line {CHUNK + 1})"
+    ) in stderr
+    assert_stream_holds_exactly(kinesis, settings, [f"good-{n}" for n in range(CHUNK)])
+
+
+def test_ctrl_c_during_a_chunk_finishes_it_prints_its_outcomes_and_exits_130(
+    settings: ProducerSettings, env: dict[str, str], kinesis: Any
+) -> None:
+    # GIVEN keo send pausing before each put, with a second chunk claimed and not yet put
+    process = start_send(settings, env, failpoints="before_put=sleep:3")
+    feed(process, range(CHUNK))
+    read_outcomes(process, CHUNK)
+    feed(process, range(CHUNK, 2 * CHUNK))
+    wait_until_claimed(settings, [f"good-{n}" for n in range(CHUNK, 2 * CHUNK)])
+    # WHEN Ctrl-C comes
+    process.send_signal(signal.SIGINT)
+    # THEN the chunk is finished and its outcomes printed; nothing more is read; exit 130
+    code, stdout, stderr = finish(process)
+    assert code == 130, stderr
+    outcomes = outcomes_of(stdout)
+    assert [(o["index"], o["status"]) for o in outcomes] == [
+        (n, "SENT") for n in range(CHUNK, 2 * CHUNK)
+    ]
+    assert f"interrupted: {2 * CHUNK} messages: SENT {2 * CHUNK}" in stderr
+    assert_stream_holds_exactly(kinesis, settings, [f"good-{n}" for n in range(2 * CHUNK)])
+
+
+def test_a_second_ctrl_c_exits_at_once_leaving_the_claims_to_the_reconciler(
+    settings: ProducerSettings, env: dict[str, str]
+) -> None:
+    # GIVEN keo send holding a claimed chunk for a long time before its put
+    process = start_send(settings, env, failpoints="before_put=sleep:600")
+    feed(process, range(CHUNK))
+    keys = [f"good-{n}" for n in range(CHUNK)]
+    wait_until_claimed(settings, keys)
+    # WHEN Ctrl-C comes, is acknowledged, and comes again
+    process.send_signal(signal.SIGINT)
+    wait_for_line(process, "finishing the chunk in flight (again to exit at once)")
+    process.send_signal(signal.SIGINT)
+    # THEN it exits 130 at once, saying the claims are left for 'keo reconcile'
+    code, stdout, stderr = finish(process)
+    assert code == 130, stderr
+    assert stdout == b""
+    assert "SIGINT again: exiting now; claims of the chunk in flight are left" in stderr
+    ledger = ledger_from(settings)
+    assert all(ledger.get(settings.stream, key) is not None for key in keys)
