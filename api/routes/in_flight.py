@@ -16,7 +16,13 @@ from fastapi import APIRouter, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.cursor import MAX_CURSOR_CHARS, InFlightCursor, InvalidCursorError, decode_cursor
+from api.cursor import (
+    CURSOR_PATTERN,
+    MAX_CURSOR_CHARS,
+    InFlightCursor,
+    InvalidCursorError,
+    decode_cursor,
+)
 from api.deps import ClockDep, LedgerDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
@@ -57,7 +63,12 @@ class InFlightQuery(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_CURSOR_CHARS,
-        description="next_cursor of the previous page; omit for the first page",
+        pattern=CURSOR_PATTERN,
+        description=(
+            "next_cursor of the previous page; omit for the first page. Opaque: URL-safe "
+            "base64 without padding, as the API returned it; a cursor it did not issue for "
+            "this listing (another stream, another stale value, altered) is refused with 422"
+        ),
     )
 
 
