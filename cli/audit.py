@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.input_lines import BadLine, DataEncoding, decode_line, numbered_lines, parse_line
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -19,6 +20,12 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from cli.stdout import write_json_line
+from dedupe_store.records import MAX_KEY_CHARS
+from producer.kinesis import KinesisReader
+from producer.kpl import UserRecord
+from producer.protocol import Message
+from producer.shards import Shard
 
 if TYPE_CHECKING:
     from producer.audit import AuditReport
@@ -26,20 +33,31 @@ if TYPE_CHECKING:
 
 def read_expected(path: Path) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
-    "key" of every row that 'keo send' would accept (rows it rejects are not expected)."""
-    from cli.send import DataEncoding, parse_line
-    from dedupe_store.records import MAX_KEY_CHARS
+    "key" of every row that 'keo send' would accept (rows it rejects are not expected).
 
-    with path.open(encoding="utf-8") as source:
-        lines = [line.rstrip("\n") for line in source if line.strip()]
-    if not lines or not lines[0].lstrip().startswith("{"):
-        return lines
+    A line that is not UTF-8, or a row 'keo send' would reject, is skipped with a warning on
+    stderr naming its line: it cannot have been delivered.
+    """
     keys: list[str] = []
-    for line in lines:
-        parsed = parse_line(line, DataEncoding.TEXT)
-        if isinstance(parsed, str) or not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
-            continue
-        keys.append(parsed.key)
+    json_lines: bool | None = None  # decided by the first readable line
+    with path.open("rb") as source:
+        for number, raw in numbered_lines(source):
+            line = raw if isinstance(raw, BadLine) else decode_line(raw)
+            if json_lines is None and isinstance(line, str):
+                json_lines = line.lstrip().startswith("{")
+            if isinstance(line, str) and not json_lines:
+                keys.append(line.rstrip("\r\n"))
+                continue
+            parsed = line if isinstance(line, BadLine) else parse_line(line, DataEncoding.TEXT)
+            if isinstance(parsed, Message) and not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
+                parsed = BadLine(f"key has {len(parsed.key)} characters")
+            if isinstance(parsed, BadLine):
+                typer.echo(
+                    f"keo audit: --expected {path} line {number} skipped: {parsed.reason}",
+                    err=True,
+                )
+                continue
+            keys.append(parsed.key)
     return keys
 
 
@@ -57,8 +75,17 @@ def audit(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="the full report as JSON on stdout")
+        bool,
+        typer.Option(
+            "--json", help="the full report as JSON on stdout (the summary goes to stderr)"
+        ),
     ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress", help="progress on stderr (default: on a terminal)"
+        ),
+    ] = None,
     show_keys: Annotated[int, typer.Option(help="keys listed per anomaly in the summary")] = 10,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
@@ -79,24 +106,50 @@ def audit(
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
     from producer.audit import audit_stream
-    from producer.kinesis import KinesisReader
     from producer.wiring import kinesis_client, ledger_from
 
     wanted = read_expected(expected) if expected is not None else None
-    with exit_on_errors():
-        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+    show = progress if progress is not None else sys.stderr.isatty()
+    with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
+        reader = ReaderWithProgress(kinesis_client(settings, for_put=False), settings.stream, bar)
         ledger = ledger_from(settings)
         ledger.ensure_ready()
-        with Progress(sys.stderr.isatty(), "auditing shards") as advance:
-            report = audit_stream(reader, ledger, expected=wanted, progress=advance)
+        report = audit_stream(reader, ledger, expected=wanted, progress=bar.advance)
     if as_json:
-        sys.stdout.write(json.dumps(report.as_json(), ensure_ascii=False) + "\n")
-    _summary(report, show_keys)
+        write_json_line(report.as_json())
+    _summary(report, show_keys, to_stderr=as_json)
     if not report.clean:
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _summary(report: AuditReport, show: int) -> None:
+class ReaderWithProgress(KinesisReader):
+    """A reader that sets the progress total to the shard count and notes records read."""
+
+    def __init__(self, client: Any, stream: str, progress: Progress) -> None:
+        super().__init__(client, stream)
+        self._progress = progress
+        self._shards = 0
+        self._shards_read = 0
+        self._records = 0
+
+    def shards(self) -> list[Shard]:
+        found = super().shards()
+        self._shards = len(found)
+        self._progress.set_total(self._shards)
+        return found
+
+    def read_all(self, shard_id: str) -> Iterator[UserRecord]:
+        for record in super().read_all(shard_id):
+            self._records += 1
+            if self._records % 1000 == 0:
+                self._progress.note(f"{self._records:,} records")
+            yield record
+        self._shards_read += 1
+        if self._shards_read == self._shards:  # the audit reads the ledger next
+            self._progress.note(f"{self._records:,} records; comparing with the ledger")
+
+
+def _summary(report: AuditReport, show: int, *, to_stderr: bool) -> None:
     lines = [
         f"keo audit: stream {report.stream}: {report.shards} shards, "
         f"{report.user_records} records, {report.distinct_keys} keys",
@@ -120,4 +173,4 @@ def _summary(report: AuditReport, show: int) -> None:
         if keys:
             lines.append(f"  {name}: {', '.join(map(repr, keys[:show]))}")
     lines.append("  verdict: " + ("CLEAN" if report.clean else f"{report.anomalies} ANOMALIES"))
-    typer.echo("\n".join(lines), err=True)
+    typer.echo("\n".join(lines), err=to_stderr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from cli.help_format import KeoCommand
+
 
 def register(app: typer.Typer) -> None:
     from cli.audit import audit
@@ -14,10 +16,10 @@ def register(app: typer.Typer) -> None:
     from cli.send import send
     from cli.serve import register as register_serve
 
-    app.command("init")(init)
-    app.command("send")(send)
-    app.command("reconcile")(reconcile)
-    app.command("audit")(audit)
-    app.command("demo")(demo)
-    app.command("bench")(bench)
+    app.command("init", cls=KeoCommand)(init)
+    app.command("send", cls=KeoCommand)(send)
+    app.command("reconcile", cls=KeoCommand)(reconcile)
+    app.command("audit", cls=KeoCommand)(audit)
+    app.command("demo", cls=KeoCommand)(demo)
+    app.command("bench", cls=KeoCommand)(bench)
     register_serve(app)

@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.help_format import KeoCommand, KeoGroup
 
 app = typer.Typer(
     help=(
@@ -15,6 +16,7 @@ app = typer.Typer(
         "bound to 127.0.0.1 only. Needs Node.js and 'npm ci' (or 'make setup')."
     ),
     no_args_is_help=True,
+    cls=KeoGroup,
 )
 
 StateDir = Annotated[
@@ -29,7 +31,7 @@ StateDir = Annotated[
 DEFAULT_STATE_DIR = Path(".keo")
 
 
-@app.command()
+@app.command(cls=KeoCommand)
 def up(
     *,
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -84,7 +86,7 @@ def up(
     typer.echo(f"\nsource {state_dir / emulators.ENV_FILE}")
 
 
-@app.command()
+@app.command(cls=KeoCommand)
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Stop every emulator started from STATE_DIR (SIGTERM, then SIGKILL). Data and logs stay."""
     from devstack import emulators
@@ -96,7 +98,7 @@ def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
-@app.command()
+@app.command(cls=KeoCommand)
 def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Show each emulator started from STATE_DIR. Exit 1 if none is recorded or one is down."""
     from rich.console import Console

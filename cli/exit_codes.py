@@ -9,5 +9,6 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1  # the command ran, and something is wrong or left undone
     USAGE = 2  # unknown flag, bad value (typer/click's own code for usage errors)
-    CONFIG = 3  # invalid settings or a missing dependency
+    CONFIG = 3  # invalid settings, no AWS credentials, a port in use, a missing dependency
     UNAVAILABLE = 4  # a backend could not be reached
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM (keo send: after finishing the chunk in flight)

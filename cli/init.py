@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
-import botocore.exceptions
 import typer
 
-from cli.exit_codes import ExitCode
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -17,6 +14,7 @@ from cli.options import (
     exit_on_errors,
     load_settings,
 )
+from producer.kinesis import create_stream
 from producer.wiring import kinesis_client, ledger_from
 
 
@@ -47,7 +45,7 @@ def init(
     )
     with exit_on_errors():
         client = kinesis_client(settings, for_put=False)
-        created_stream = _create_stream(client, settings.stream, shards, timeout_s)
+        created_stream = create_stream(client, settings.stream, shards, timeout_s=timeout_s)
         ledger = ledger_from(settings)
         created_table = ledger.create_table(wait=True)
         ttl = ledger.enable_ttl()
@@ -56,22 +54,3 @@ def init(
         f"table {settings.table}: {'created' if created_table else 'exists'}, ACTIVE, "
         f"TTL {'on (expires_at)' if ttl else 'not supported by this backend'}"
     )
-
-
-def _create_stream(client: object, stream: str, shards: int, timeout_s: float) -> bool:
-    created = True
-    try:
-        client.create_stream(StreamName=stream, ShardCount=shards)  # type: ignore[attr-defined]
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-        created = False
-    deadline = time.monotonic() + timeout_s
-    while True:
-        summary = client.describe_stream_summary(StreamName=stream)  # type: ignore[attr-defined]
-        if summary["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE":
-            return created
-        if time.monotonic() > deadline:
-            typer.echo(f"keo: stream {stream} is not ACTIVE after {timeout_s:g} s", err=True)
-            raise typer.Exit(ExitCode.UNAVAILABLE)
-        time.sleep(0.1)

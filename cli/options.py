@@ -21,26 +21,42 @@ from producer.settings import ProducerSettings
 
 log = logging.getLogger(__name__)
 
+_DEFAULTS = ProducerSettings.model_fields
 StreamOpt = Annotated[
-    str | None, typer.Option("--stream", "-s", help="Kinesis stream [env KEO_STREAM]")
+    str | None,
+    typer.Option(
+        "--stream",
+        "-s",
+        help=f"Kinesis stream \\[env KEO_STREAM; default {_DEFAULTS['stream'].default}]",
+    ),
 ]
 TableOpt = Annotated[
-    str | None, typer.Option("--table", "-t", help="DynamoDB ledger table [env KEO_TABLE]")
+    str | None,
+    typer.Option(
+        "--table",
+        "-t",
+        help=f"DynamoDB ledger table \\[env KEO_TABLE; default {_DEFAULTS['table'].default}]",
+    ),
 ]
 KinesisEndpointOpt = Annotated[
     str | None,
     typer.Option(
         "--kinesis-endpoint-url",
-        help="Kinesis endpoint [env KEO_KINESIS_ENDPOINT_URL; unset: real AWS]",
+        help="Kinesis endpoint \\[env KEO_KINESIS_ENDPOINT_URL; unset: real AWS]",
     ),
 ]
 DynamoEndpointOpt = Annotated[
     str | None,
     typer.Option(
         "--dynamodb-endpoint-url",
-        help="DynamoDB endpoint [env KEO_DYNAMODB_ENDPOINT_URL; unset: real AWS]",
+        help="DynamoDB endpoint \\[env KEO_DYNAMODB_ENDPOINT_URL; unset: real AWS]",
     ),
 ]
+NO_CREDENTIALS = (
+    "no AWS credentials found: configure them the standard way (AWS_PROFILE, "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, 'aws configure' or 'aws sso login'), or "
+    "use the local stack ('keo emulators up' and source .keo/endpoints.env)"
+)
 
 
 def load_settings(**overrides: Any) -> ProducerSettings:
@@ -62,23 +78,47 @@ def exit_on_errors() -> Iterator[None]:
     """Turn the errors a user can act on into one line on stderr and a documented exit code."""
     try:
         yield
-    except (StreamNotFoundError, LedgerSchemaError) as exc:
-        typer.echo(f"keo: {exc}", err=True)
-        raise typer.Exit(ExitCode.CONFIG) from None
-    except (KeoError, LedgerError) as exc:
+    except Exception as exc:
+        explained = _explain(exc)
+        if explained is None:
+            raise
+        code, message = explained
         log.debug("failed", exc_info=True)
-        typer.echo(f"keo: {exc}", err=True)
-        code = ExitCode.UNAVAILABLE if getattr(exc, "retriable", False) else ExitCode.FAILED
+        typer.echo(f"keo: {message}", err=True)
         raise typer.Exit(code) from None
-    except botocore.exceptions.NoCredentialsError as exc:
-        typer.echo(f"keo: {exc}: configure AWS credentials the standard way", err=True)
-        raise typer.Exit(ExitCode.CONFIG) from None
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-        typer.echo(f"keo: AWS call failed: {exc}", err=True)
-        raise typer.Exit(ExitCode.UNAVAILABLE) from None
-    except ValueError as exc:
-        typer.echo(f"keo: {exc}", err=True)
-        raise typer.Exit(ExitCode.CONFIG) from None
+
+
+def _explain(exc: Exception) -> tuple[ExitCode, str] | None:
+    """The exit code and message for ``exc``; None for a bug (its traceback is the report)."""
+    if _caused_by_missing_credentials(exc):
+        # every command, whichever call met it first and however it was wrapped
+        return ExitCode.CONFIG, NO_CREDENTIALS
+    if isinstance(exc, StreamNotFoundError | LedgerSchemaError):
+        return ExitCode.CONFIG, str(exc)
+    if isinstance(exc, KeoError | LedgerError):
+        retriable = getattr(exc, "retriable", False)
+        return (ExitCode.UNAVAILABLE if retriable else ExitCode.FAILED), str(exc)
+    if isinstance(exc, botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError):
+        return ExitCode.UNAVAILABLE, f"AWS call failed: {exc}"
+    if isinstance(exc, ValueError):
+        return ExitCode.CONFIG, str(exc)
+    return None
+
+
+def _caused_by_missing_credentials(exc: BaseException) -> bool:
+    """Whether botocore's NoCredentialsError is in ``exc``'s chain (causes, contexts, and
+    pynamodb's ``cause``)."""
+    pending: list[object] = [exc]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        if isinstance(current, botocore.exceptions.NoCredentialsError):
+            return True
+        seen.add(id(current))
+        pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return False
 
 
 def use_local_stack(state_dir: Path, command: str) -> bool:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +18,11 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from cli.stdout import write_json_line
+from dedupe_store.inflight import bucket_share
+
+if TYPE_CHECKING:
+    from producer.wiring import Stack
 
 
 def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
@@ -32,7 +36,7 @@ def parse_bucket_share(value: str | None, buckets: int) -> list[int] | None:
         raise typer.BadParameter("use i/N, e.g. 0/2 and 1/2 for two reconcilers") from None
     if count < 1 or not 0 <= index < count:
         raise typer.BadParameter(f"need 0 <= i < N, got {value}")
-    return [b for b in range(buckets) if b % count == index]
+    return bucket_share(index, count, buckets)
 
 
 def reconcile(
@@ -50,9 +54,15 @@ def reconcile(
             help="i/N: take a share of the in-flight index, so N reconcilers split the work",
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="the summary as JSON on stdout")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="the summary as JSON on stdout (the text one on stderr)"),
+    ] = False,
     progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="progress bar on stderr")
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress", help="progress on stderr (default: on a terminal)"
+        ),
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
@@ -87,10 +97,12 @@ def reconcile(
         stack = build_stack(settings, hooks=failpoints.from_env())
         reconciler = stack.reconciler(owner=f"reconciler:{default_owner()}", buckets=buckets)
         while True:
-            with Progress(show, "reconciling") as advance:
-                report = reconciler.run_once(advance)
+            with Progress(show, "reconciling", unit="groups") as bar:
+                if show:
+                    bar.set_total(_count_stale(stack, buckets))
+                report = reconciler.run_once(bar.advance)
             if as_json:
-                sys.stdout.write(json.dumps(report.as_json()) + "\n")
+                write_json_line(report.as_json())
                 sys.stdout.flush()
             typer.echo(
                 f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
@@ -99,10 +111,18 @@ def reconcile(
                 f"{len(report.conflicts)} conflicts, {report.pending} pending, "
                 f"{report.lost_races} taken by others, {report.errors} errors "
                 f"({report.get_records_calls} GetRecords calls)",
-                err=True,
+                err=as_json,
             )
             if once:
                 break
             time.sleep(interval_s)
     if report.unresolved:
         raise typer.Exit(ExitCode.FAILED)
+
+
+def _count_stale(stack: Stack, buckets: list[int] | None) -> int:
+    """About how many claim groups the pass will look at (the progress total): one keys-only
+    read of the in-flight index, with the pass's own cut-off (lease + skew passed)."""
+    cutoff_ms = stack.clock.now_ms() - stack.settings.lease_policy().skew_ms
+    stale = stack.ledger.stale_groups(stack.settings.stream, now_ms=cutoff_ms, buckets=buckets)
+    return sum(1 for _ in stale)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import base64
-import json
+import dataclasses
+import itertools
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from enum import StrEnum
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.input_lines import BadLine, DataEncoding, numbered_lines, parse_line
+from cli.interrupt import GracefulStop, StopReadingError
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -23,13 +24,13 @@ from cli.options import (
     load_settings,
 )
 from cli.progress import Progress
+from cli.stdout import write_json_line
+from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
 
-
-class DataEncoding(StrEnum):
-    TEXT = "text"
-    BASE64 = "base64"
+if TYPE_CHECKING:
+    from producer.producer import ExactlyOnceProducer
 
 
 def send(
@@ -60,7 +61,7 @@ def send(
         typer.Option(
             "--aggregate/--no-aggregate",
             help="pack user records per shard into KPL aggregates (KCL deaggregates them) "
-            "[env KEO_AGGREGATE]",
+            "\\[env KEO_AGGREGATE]",
         ),
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
@@ -68,12 +69,16 @@ def send(
 ) -> None:
     """Send messages exactly once: each key is claimed in the ledger, put once, and marked.
 
-    Prints one JSON outcome per input line on stdout (index = line number from 0): SENT,
-    DUPLICATE (already delivered, nothing sent), CONFLICT (key used for other data),
-    REJECTED (bad input, with the reason), IN_FLIGHT (unresolved: run 'keo reconcile'),
-    TAKEN_OVER, UNVERIFIABLE or FAILED. A summary goes to stderr.
+    Prints one JSON outcome per non-blank input line on stdout, in input order (index = line
+    number from 0; every reason starts with 'line N:', counting from 1): SENT, DUPLICATE
+    (already delivered, nothing sent), CONFLICT (key used for other data), REJECTED (bad
+    input: not UTF-8, not JSON, a missing field, ...; the rest is still sent), IN_FLIGHT
+    (unresolved: run 'keo reconcile'), TAKEN_OVER, UNVERIFIABLE or FAILED. Blank lines are
+    skipped. A summary goes to stderr.
 
-    Exit 0 when every message is SENT or DUPLICATE, 1 otherwise.
+    Exit 0 when every message is SENT or DUPLICATE, 1 otherwise. Ctrl-C (or SIGTERM) stops
+    reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
+    second Ctrl-C exits at once.
 
     Example: keo send --stream orders --table orders-ledger --input events.jsonl
     """
@@ -89,77 +94,104 @@ def send(
 
     source = _open_input(input_path)
     show_progress = progress if progress is not None else sys.stderr.isatty()
+    lines = _count_lines(input_path) if show_progress else None
     counts: Counter[str] = Counter()
-    with exit_on_errors():
-        stack = build_stack(settings, hooks=failpoints.from_env())
-        with stack.producer() as producer, Progress(show_progress, "sending") as advance:
-            for chunk in chunked(_parse_lines(source, data_encoding), chunk_size):
-                messages = [m for _, m in chunk if isinstance(m, Message)]
-                sent = iter(producer.send(messages))
-                for index, parsed in chunk:
-                    if isinstance(parsed, Message):
-                        outcome = next(sent)
-                        outcome = Outcome(
-                            index,
-                            outcome.key,
-                            outcome.status,
-                            outcome.position,
-                            outcome.reason,
-                            outcome.attempt,
-                            outcome.ledger_marked,
-                        )
-                    else:
-                        outcome = Outcome(index, None, OutcomeStatus.REJECTED, reason=parsed)
-                    counts[outcome.status.value] += 1
-                    sys.stdout.write(json.dumps(outcome.as_json(), ensure_ascii=False) + "\n")
-                sys.stdout.flush()
-                advance(len(chunk))
+    last_line = 0  # the last input line with an outcome printed
+    with (
+        exit_on_errors(),
+        Progress(show_progress, "sending", unit="lines", total=lines) as bar,
+    ):
+        puts = itertools.count(1)
+        hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
+        stack = build_stack(settings, hooks=hooks)
+        with stack.producer() as producer, GracefulStop(_say) as stop:
+            chunks = chunked(_parse_lines(source, data_encoding), chunk_size)
+            try:
+                while not stop.requested:
+                    with stop.reading():
+                        chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    for outcome in _outcomes(producer, chunk):
+                        counts[outcome.status.value] += 1
+                        write_json_line(outcome.as_json())
+                    sys.stdout.flush()
+                    last_line = chunk[-1][0]
+                    bar.advance(len(chunk))
+            except StopReadingError:
+                pass  # the lines read since the last chunk were never sent
     total = sum(counts.values())
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+    if stop.requested:
+        typer.echo(
+            f"keo send: interrupted: {total} messages: {summary or 'none'}; input after line "
+            f"{last_line} was not sent (send it again from line {last_line + 1})",
+            err=True,
+        )
+        raise typer.Exit(ExitCode.INTERRUPTED)
     typer.echo(f"keo send: {total} messages: {summary or 'none'}", err=True)
     ok = counts[OutcomeStatus.SENT.value] + counts[OutcomeStatus.DUPLICATE.value]
     if ok != total:
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _open_input(path: str) -> IO[str]:
+def _outcomes(
+    producer: ExactlyOnceProducer, chunk: list[tuple[int, Message | BadLine]]
+) -> Iterator[Outcome]:
+    """One outcome per line of ``chunk``, in order: the producer's, or REJECTED."""
+    sent = iter(producer.send([m for _, m in chunk if isinstance(m, Message)]))
+    for number, parsed in chunk:
+        if isinstance(parsed, Message):
+            yield _for_line(number, next(sent))
+        else:
+            rejected = Outcome(0, parsed.key, OutcomeStatus.REJECTED, reason=parsed.reason)
+            yield _for_line(number, rejected)
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _open_input(path: str) -> IO[bytes]:
     if path == "-":
-        return sys.stdin
+        return sys.stdin.buffer
     try:
-        return Path(path).open(encoding="utf-8")
+        return Path(path).open("rb")
     except OSError as exc:
         typer.echo(f"keo send: cannot read --input {path}: {exc.strerror}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
 
 
-def _parse_lines(source: IO[str], encoding: DataEncoding) -> Iterator[tuple[int, Message | str]]:
-    """Each line as a Message, or the reason it is not one (the line is then REJECTED)."""
-    for index, line in enumerate(source):
-        yield index, parse_line(line, encoding)
+def _count_lines(path: str) -> int | None:
+    """Non-blank lines of a regular file (the progress total); None for stdin or a pipe."""
+    if path == "-" or not Path(path).is_file():
+        return None
+    with Path(path).open("rb") as source:
+        return sum(1 for _ in numbered_lines(source))
 
 
-def parse_line(line: str, encoding: DataEncoding) -> Message | str:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"line is not JSON: {exc.msg} at column {exc.colno}"
-    if not isinstance(row, dict):
-        return "line must be a JSON object with 'key' and 'data'"
-    key, data, routing = row.get("key"), row.get("data"), row.get("routing_key")
-    if not isinstance(key, str):
-        return "'key' is missing or not a string"
-    if not isinstance(data, str):
-        return "'data' is missing or not a string (use --data-encoding base64 for bytes)"
-    if routing is not None and not isinstance(routing, str):
-        return "'routing_key' must be a string when given"
-    if encoding is DataEncoding.BASE64:
-        try:
-            payload = base64.b64decode(data, validate=True)
-        except ValueError:  # binascii.Error, or non-ASCII text
-            return "'data' is not valid base64"
-    else:
-        try:
-            payload = data.encode("utf-8")
-        except UnicodeEncodeError:
-            return "'data' contains an unpaired surrogate; send it as base64"
-    return Message(key, payload, routing)
+class PutCounter:
+    """Hooks that call ``on_put`` after each PutRecords request, then the wrapped hooks'."""
+
+    def __init__(self, inner: Hooks, on_put: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_put = on_put
+
+    def at(self, step: Step) -> None:
+        if step is Step.AFTER_PUT:
+            self._on_put()
+        self._inner.at(step)
+
+
+def _parse_lines(
+    source: IO[bytes], encoding: DataEncoding
+) -> Iterator[tuple[int, Message | BadLine]]:
+    for number, raw in numbered_lines(source):
+        yield number, raw if isinstance(raw, BadLine) else parse_line(raw, encoding)
+
+
+def _for_line(number: int, outcome: Outcome) -> Outcome:
+    """The outcome of input line ``number`` (from 1): its index is the line's from 0, and its
+    reason starts with the line number."""
+    reason = None if outcome.reason is None else f"line {number}: {outcome.reason}"
+    return dataclasses.replace(outcome, index=number - 1, reason=reason)

@@ -7,17 +7,20 @@ open API explicitly, and that is allowed on a loopback address only.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.help_format import KeoCommand
 
 
 def register(app: typer.Typer) -> None:
     """Add ``serve`` to the ``keo`` app."""
-    app.command("serve")(serve)
+    app.command("serve", cls=KeoCommand)(serve)
 
 
 def serve(
@@ -103,13 +106,38 @@ def serve(
 
     import uvicorn
 
+    # Listen first, announce after: the URL printed is one that answers, and a port in use is
+    # reported as such before anything claims to be serving.
+    listening = _listen(host, port)
+    bound_port = listening.getsockname()[1]
     typer.echo(
-        f"keo serve: delivery-state API on http://{_url_host(host)}:{port} "
+        f"keo serve: delivery-state API on http://{_url_host(host)}:{bound_port} "
         f"(table {settings.table}, auth {'off' if no_auth else 'bearer'})",
         err=True,
     )
     # log_config=None: uvicorn logs through keo's logging setup (-v for access logs)
-    uvicorn.run(app, host=host, port=port, log_config=None, server_header=False)
+    config = uvicorn.Config(app, log_config=None, server_header=False)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``; exit 3 naming --host/--port when it cannot."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listening = socket.socket(family, kind, proto)
+    except OSError as exc:
+        _fail_config(f"cannot listen on --host {host!r}: {exc.strerror or exc}")
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(2048)
+    except OSError as exc:
+        listening.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        _fail_config(f"cannot listen on {host}:{port} (--host, --port): {reason}")
+    return listening
 
 
 def _is_loopback(host: str) -> bool:

@@ -28,7 +28,6 @@ import base64
 import json
 import logging
 import secrets
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
+from dedupe_store.inflight import Cursor, bucket_of, bucket_partition, walk_index
 from dedupe_store.model import (
     INFLIGHT_INDEX_NAME,
     TTL_ATTRIBUTE,
@@ -113,8 +113,8 @@ def group_pk(stream: str, group_id: str) -> str:
 
 
 def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
-    """The in-flight index partition of a group: stable across processes (not Python's hash)."""
-    return f"{stream}#{zlib.crc32(group_id.encode('utf-8')) % buckets}"
+    """The in-flight index partition of an open group."""
+    return bucket_partition(stream, bucket_of(group_id, buckets))
 
 
 def new_group_id() -> str:
@@ -320,15 +320,22 @@ class DynamoDBLedger:
 
         The index is eventually consistent: re-read each group consistently before acting.
         """
-        for bucket in buckets if buckets is not None else range(self.inflight_buckets):
-            after: tuple[int, str] | None = None
-            while True:
-                page, after = self._query_bucket(
-                    stream, bucket, before_ms=now_ms, limit=page_size, after=after
-                )
-                yield from (group_id for _, group_id in page)
-                if after is None:
-                    break
+
+        def read_page(
+            bucket: int, limit: int, after: Cursor | None
+        ) -> tuple[list[str], Cursor | None]:
+            page, cursor = self._query_bucket(
+                stream, bucket, before_ms=now_ms, limit=limit, after=after
+            )
+            return [group_id for _, group_id in page], cursor
+
+        every = range(self.inflight_buckets)
+        for group_ids, _ in walk_index(
+            read_page,
+            buckets=list(buckets) if buckets is not None else every,
+            page_limit=lambda: page_size,
+        ):
+            yield from group_ids
 
     def in_flight_page(
         self,
@@ -369,7 +376,7 @@ class DynamoDBLedger:
         after: tuple[int, str] | None,
     ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
         """One page of the index: ``[(lease, group id)]`` and the cursor after it, if any."""
-        bucket_value = f"{stream}#{bucket}"
+        bucket_value = bucket_partition(stream, bucket)
         condition = "#bucket = :bucket"
         names = {"#bucket": "inflight_bucket"}
         values: dict[str, Any] = {":bucket": x.s(bucket_value)}

@@ -25,7 +25,7 @@ from botocore.config import Config
 from devstack.cost_meter import BillingMeter, ledger_table_spec
 from devstack.failpoints import FailpointError, Failpoints
 from producer.hooks import Step
-from producer.kinesis import KinesisReader
+from producer.kinesis import KinesisReader, create_stream
 from producer.producer import ExactlyOnceProducer
 from producer.protocol import Message, explicit_hash_key, put_entry
 from producer.settings import ProducerSettings
@@ -90,11 +90,7 @@ class Bench:
         self._n += 1
         name = f"bench-{label}-{os.getpid()}-{self._n}"
         settings = self._base.model_copy(update={"stream": name, "table": name, **overrides})
-        client = kinesis_client(settings, for_put=False)
-        client.create_stream(StreamName=name, ShardCount=shards)
-        client.get_waiter("stream_exists").wait(
-            StreamName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 150}
-        )
+        create_stream(kinesis_client(settings, for_put=False), name, shards, timeout_s=30)
         ledger_from(settings).create_table()
         return settings
 

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import botocore.exceptions
+from tenacity import stop_after_attempt, wait_exponential, wait_random_exponential
 
 from producer.audit import AuditReport, audit_stream
-from producer.kinesis import KinesisReader
+from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
-from producer.protocol import Message, explicit_hash_key, put_entry
+from producer.protocol import MAX_RECORDS_PER_PUT, Message, explicit_hash_key, put_entry
 from producer.reconciler import ReconcileReport
+from producer.retries import repeat_while
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 
@@ -35,6 +37,8 @@ LOST_RESPONSES: Final = "responses lost after the write"
 THROTTLED_PUTS: Final = "PutRecords with throttled records"
 DRIVER_KILLS: Final = "driver killed mid-batch"
 SHARD_SPLITS: Final = "shards split mid-run"
+# the plain producer keeps resending, as users' retry loops do; bounded so a dead endpoint ends
+PLAIN_MAX_ATTEMPTS: Final = 20
 
 
 @dataclass
@@ -90,25 +94,71 @@ def messages(count: int) -> list[Message]:
     ]
 
 
+class PutGaveUpError(RuntimeError):
+    """The plain producer gave up resending a request."""
+
+    def __init__(self, stream: str, records: int, attempts: int) -> None:
+        super().__init__(f"{records} records not written to {stream} after {attempts} attempts")
+        self.stream = stream
+        self.records = records
+        self.attempts = attempts
+
+
+def put_at_least_once(client: Any, stream: str, entries: list[dict[str, Any]]) -> None:
+    """What users have today: resend until every record has a sequence number, the whole
+    request when its outcome is unknown (a timeout may hide a write: that resend is the
+    duplicate keo exists to prevent), the failed records after a per-record error.
+
+    Deliberately blind, like the SDK's retries and users' loops; waits 0.05..0.1 s doubling
+    to 0.5..1 s between tries, at most ``PLAIN_MAX_ATTEMPTS`` of them.
+    """
+    pending = entries
+    attempts = 0
+
+    def put() -> list[dict[str, Any]]:
+        nonlocal pending, attempts
+        attempts += 1
+        try:
+            response = client.put_records(StreamName=stream, Records=pending)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            log.info(
+                "plain put failed, resending the request stream=%s records=%d attempt=%d error=%s",
+                stream,
+                len(pending),
+                attempts,
+                type(exc).__name__,
+            )
+            return pending
+        pending = [
+            entry
+            for entry, result in zip(pending, response["Records"], strict=True)
+            if result.get("ErrorCode")
+        ]
+        return pending
+
+    left = repeat_while(
+        put,
+        more=bool,
+        # half the cap, plus up to half again at random: 0.05..0.1 s, doubling to 0.5..1 s
+        wait=wait_exponential(multiplier=0.05, max=0.5)
+        + wait_random_exponential(multiplier=0.05, max=0.5),
+        stop=stop_after_attempt(PLAIN_MAX_ATTEMPTS),
+    )
+    if left:
+        raise PutGaveUpError(stream, len(left), PLAIN_MAX_ATTEMPTS)
+
+
 def run_at_least_once(
     settings: ProducerSettings, batch: Sequence[Message], lose_every: int
 ) -> tuple[int, int]:
     """What users have today: put_records, resend the batch when the response is lost."""
     client = kinesis_client(settings, for_put=True)
     faults = LostResponses(client, lose_every)
-    for start in range(0, len(batch), 500):
-        chunk = batch[start : start + 500]
-        entries = [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
-        while entries:
-            try:
-                response = client.put_records(StreamName=settings.stream, Records=entries)
-            except botocore.exceptions.ReadTimeoutError:
-                continue  # the SDK's default: a timed-out request is sent again
-            entries = [
-                entry
-                for entry, result in zip(entries, response["Records"], strict=True)
-                if result.get("ErrorCode")
-            ]
+    for start in range(0, len(batch), MAX_RECORDS_PER_PUT):
+        chunk = batch[start : start + MAX_RECORDS_PER_PUT]
+        put_at_least_once(
+            client, settings.stream, [put_entry(m.key, m.data, explicit_hash_key(m)) for m in chunk]
+        )
     return faults.injected, 0
 
 
@@ -166,13 +216,5 @@ def run_demo(
 
 
 def _create(settings: ProducerSettings) -> None:
-    client = kinesis_client(settings, for_put=False)
-    try:
-        client.create_stream(StreamName=settings.stream, ShardCount=4)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-    client.get_waiter("stream_exists").wait(
-        StreamName=settings.stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
-    )
+    create_stream(kinesis_client(settings, for_put=False), settings.stream, 4, timeout_s=20)
     ledger_from(settings).create_table()

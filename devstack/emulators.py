@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from producer.retries import poll_until
+
 __all__ = [
     "DUMMY_ACCESS_KEY_ID",
     "DUMMY_SECRET_ACCESS_KEY",
@@ -453,11 +455,12 @@ def _wait_until_answering(
     launcher: _Launcher, starting: list[_Starting], timeout_s: float
 ) -> dict[str, _Record]:
     """Wait until every emulator in ``starting`` answers; ``starting`` gains any replacement."""
-    deadline = time.monotonic() + timeout_s
     started: dict[str, _Record] = {}
     pending = list(starting)
-    while pending:
-        for index, item in enumerate(pending):
+
+    def look() -> bool:
+        """Look once at each emulator still starting; True when none is left."""
+        for item in list(pending):
             returncode = item.process.poll()
             if returncode is None:
                 if _answers(item.port, item.spec):
@@ -469,8 +472,7 @@ def _wait_until_answering(
                         data_dir=str(item.data_dir),
                         log_path=str(item.log_path),
                     )
-                    pending.pop(index)
-                    break
+                    pending.remove(item)
                 continue
             if returncode != _EXIT_ADDRESS_IN_USE:
                 raise EmulatorStartError(
@@ -486,15 +488,14 @@ def _wait_until_answering(
             log.info("emulator port race name=%s port=%d", item.spec.name, item.port)
             replacement = launcher.spawn(item.spec, None, item.attempt + 1)
             starting.append(replacement)
-            pending[index] = replacement
-            break
-        else:
-            if time.monotonic() > deadline:
-                item = pending[0]
-                raise EmulatorTimeoutError(
-                    item.spec.name, item.log_path, timeout_s, _log_tail(item.log_path)
-                )
-            time.sleep(_POLL_INTERVAL_S)
+            pending[pending.index(item)] = replacement
+        return not pending
+
+    if not poll_until(look, timeout_s=timeout_s, interval_s=_POLL_INTERVAL_S):
+        item = pending[0]
+        raise EmulatorTimeoutError(
+            item.spec.name, item.log_path, timeout_s, _log_tail(item.log_path)
+        )
     return started
 
 
@@ -599,12 +600,14 @@ def _stop_pids(pids: Mapping[str, int], stop_timeout_s: float) -> None:
     """SIGTERM each process group, then SIGKILL what outlives ``stop_timeout_s``."""
     for name, pid in pids.items():
         _signal_group(name, pid, signal.SIGTERM)
-    deadline = time.monotonic() + stop_timeout_s
     alive = dict(pids)
-    while alive and time.monotonic() < deadline:
+
+    def all_gone() -> bool:
+        nonlocal alive
         alive = {name: pid for name, pid in alive.items() if _is_alive(pid)}
-        if alive:
-            time.sleep(_POLL_INTERVAL_S)
+        return not alive
+
+    poll_until(all_gone, timeout_s=stop_timeout_s, interval_s=_POLL_INTERVAL_S)
     for name, pid in alive.items():
         log.warning("emulator killed name=%s pid=%d after_s=%g", name, pid, stop_timeout_s)
         _signal_group(name, pid, signal.SIGKILL)

@@ -60,6 +60,13 @@ OTHER_VARIABLES: Final = (
         "log level of every `keo` command; wins over `-v`",
     ),
     OtherVariable(
+        "KEO_LOG_FORMAT",
+        "`keo` (cli/logs.py)",
+        "`text`",
+        "`text` (rich on a terminal, plain lines otherwise) or `json` lines on stderr; "
+        "`--log-format` wins",
+    ),
+    OtherVariable(
         "KEO_STATE_DIR",
         "`keo emulators` (cli/emulators.py)",
         "`.keo`",

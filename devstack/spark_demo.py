@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,15 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import botocore.exceptions
-
-from devstack.demo import DRIVER_KILLS, LOST_RESPONSES, SHARD_SPLITS, THROTTLED_PUTS, DemoResult
+from devstack.demo import (
+    DRIVER_KILLS,
+    LOST_RESPONSES,
+    SHARD_SPLITS,
+    THROTTLED_PUTS,
+    DemoResult,
+    put_at_least_once,
+)
 from devstack.failpoints import FailpointError, Failpoints
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
 from producer.hooks import NO_HOOKS, Step
+from producer.kinesis import create_stream, wait_active
 from producer.producer import default_owner
-from producer.protocol import put_entry
+from producer.protocol import MAX_RECORDS_PER_PUT, put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import EVENT_SCHEMA
@@ -52,12 +57,10 @@ log = logging.getLogger(__name__)
 
 AT_LEAST_ONCE: Final = "at-least-once"
 EXACTLY_ONCE: Final = "exactly-once"
-MAX_RECORDS_PER_PUT: Final = 500
 DEFAULT_SHARDS: Final = 2
 DEFAULT_EVENT_FILES: Final = 5
-# the plain sink keeps resending, as users' retry loops do; bounded so a dead endpoint ends
-PLAIN_MAX_ATTEMPTS: Final = 20
 QUERY_TIMEOUT_S: Final = 600
+_ACTIVE_TIMEOUT_S: Final = 60
 
 Say = Callable[[str], None]
 
@@ -68,16 +71,6 @@ class DriverKilledError(RuntimeError):
     def __init__(self, batch_id: int) -> None:
         super().__init__(f"driver killed after the puts of batch {batch_id}")
         self.batch_id = batch_id
-
-
-class PutGaveUpError(RuntimeError):
-    """The plain sink gave up resending a request."""
-
-    def __init__(self, stream: str, records: int, attempts: int) -> None:
-        super().__init__(f"{records} records not written to {stream} after {attempts} attempts")
-        self.stream = stream
-        self.records = records
-        self.attempts = attempts
 
 
 @dataclass(frozen=True)
@@ -146,33 +139,6 @@ def _put_client(values: Mapping[str, str]) -> Any:
             client = kinesis_client(producer_settings(values), for_put=True)
             _CLIENTS[cache_key] = client
         return client
-
-
-def put_at_least_once(client: Any, stream: str, entries: list[dict[str, Any]]) -> None:
-    """Resend until every record has a sequence number: the whole request when its outcome
-    is unknown (a timeout may hide a write), the failed records after a per-record error."""
-    pending = entries
-    for attempt in range(1, PLAIN_MAX_ATTEMPTS + 1):
-        try:
-            response = client.put_records(StreamName=stream, Records=pending)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            log.info(
-                "plain put failed, resending the request stream=%s records=%d attempt=%d error=%s",
-                stream,
-                len(pending),
-                attempt,
-                type(exc).__name__,
-            )
-        else:
-            pending = [
-                entry
-                for entry, result in zip(pending, response["Records"], strict=True)
-                if result.get("ErrorCode")
-            ]
-            if not pending:
-                return
-        time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
-    raise PutGaveUpError(stream, len(pending), PLAIN_MAX_ATTEMPTS)
 
 
 @dataclass(frozen=True)
@@ -285,7 +251,7 @@ def split_a_shard(admin: Any, stream: str) -> None:
         ShardToSplit=widest["ShardId"],
         NewStartingHashKey=str((start + end) // 2),
     )
-    _wait_active(admin, stream)
+    wait_active(admin, stream, timeout_s=_ACTIVE_TIMEOUT_S)
     log.info("shard split stream=%s shard=%s", stream, widest["ShardId"])
 
 
@@ -382,7 +348,7 @@ def _run_side(
     say: Say,
 ) -> DemoResult:
     admin = kinesis_client(settings, for_put=False)
-    _create_stream(admin, settings.stream, shards)
+    create_stream(admin, settings.stream, shards, timeout_s=_ACTIVE_TIMEOUT_S)
     upstream = settings.kinesis_endpoint_url
     if upstream is None:
         raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
@@ -469,18 +435,3 @@ def _why(exc: Exception) -> str:
             return "killed after a batch's puts, before its commit"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:160]
-
-
-def _create_stream(admin: Any, stream: str, shards: int) -> None:
-    try:
-        admin.create_stream(StreamName=stream, ShardCount=shards)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-    _wait_active(admin, stream)
-
-
-def _wait_active(admin: Any, stream: str) -> None:
-    admin.get_waiter("stream_exists").wait(
-        StreamName=stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
-    )

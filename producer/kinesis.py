@@ -1,8 +1,10 @@
-"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back.
+"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back, and
+``create_stream`` / ``wait_active`` administer a stream (``keo init``, demos, bench, tests).
 
-They translate botocore's errors into ours (keeping the cause) and classify every put result
-with :mod:`producer.protocol`. The put client must be built with SDK retries off: a retried
-PutRecords is exactly the duplicate this project exists to prevent.
+They translate each botocore error once, into ours (keeping the cause) or into put results
+classified with :mod:`producer.protocol`, which carry whether to resend; nothing past this
+module looks at botocore's exception classes. The put client must be built with SDK retries
+off: a retried PutRecords is exactly the duplicate this project exists to prevent.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from producer.protocol import (
     classify_response,
     classify_transport_failure,
 )
+from producer.retries import poll_until
 from producer.shards import Shard, StreamInfo
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ _TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
     (botocore.exceptions.ConnectionError, TransportFailure.CONNECTION_LOST),
 )
 _TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
+_ACTIVE_POLL_S = 0.1
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
@@ -295,6 +299,54 @@ class KinesisReader:
             )
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
+        )
+
+
+# --- administration: for `keo init`, the demos, the bench and the tests --------------------------
+
+
+def create_stream(
+    client: Any,
+    stream: str,
+    shards: int,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Create ``stream`` with ``shards`` shards unless it exists (an existing stream keeps its
+    shard count), then wait until it is ACTIVE. True when this call created it.
+
+    Other botocore errors reach the caller as they are (``keo init`` reports them as AWS
+    errors); not ACTIVE in time is :class:`StreamUnavailableError`.
+    """
+    created = True
+    try:
+        client.create_stream(StreamName=stream, ShardCount=shards)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise
+        created = False
+    wait_active(client, stream, timeout_s=timeout_s, sleep=sleep)
+    return created
+
+
+def wait_active(
+    client: Any,
+    stream: str,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait until ``stream`` is ACTIVE (after a create, a split or a merge), polling every
+    0.1 s; :class:`StreamUnavailableError` when it is not within ``timeout_s``."""
+
+    def active() -> bool:
+        summary = client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        return bool(summary["StreamStatus"] == "ACTIVE")
+
+    if not poll_until(active, timeout_s=timeout_s, interval_s=_ACTIVE_POLL_S, sleep=sleep):
+        raise StreamUnavailableError(
+            f"stream {stream} is not ACTIVE after {timeout_s:g} s", stream=stream
         )
 
 

@@ -27,4 +27,3 @@ READ_BACKS = Counter(
     "Claims resolved by reading the stream back, by resolution",
     ["stream", "resolution"],
 )
-GET_RECORDS = Counter("keo_get_records_total", "GetRecords calls made by read-back", ["stream"])

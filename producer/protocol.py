@@ -1,5 +1,7 @@
-"""The protocol's pure decisions: validation, routing, digests, lease arithmetic, batching,
-classification of PutRecords results. No I/O; every function here is unit-tested without sockets.
+"""The protocol's pure decisions: validation, routing, digests, PutRecords entries, lease
+arithmetic, batching, and the classification of PutRecords results (written, not written,
+ambiguous; and for those not written, whether to resend). No I/O; every function here is
+unit-tested without sockets.
 """
 
 from __future__ import annotations

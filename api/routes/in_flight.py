@@ -25,12 +25,19 @@ from fastapi import APIRouter, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.cursor import MAX_CURSOR_CHARS, InFlightCursor, InvalidCursorError, decode_cursor
+from api.cursor import (
+    CURSOR_PATTERN,
+    MAX_CURSOR_CHARS,
+    InFlightCursor,
+    InvalidCursorError,
+    decode_cursor,
+)
 from api.deps import ClockDep, LedgerDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import InFlightPage, MessageState, from_epoch_ms
 from dedupe_store.contract import LedgerReader
+from dedupe_store.inflight import IndexPosition, walk_in_flight
 from dedupe_store.ledger import group_pk
 from dedupe_store.states import LedgerState
 
@@ -69,7 +76,12 @@ class InFlightQuery(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_CURSOR_CHARS,
-        description="next_cursor of the previous page; omit for the first page",
+        pattern=CURSOR_PATTERN,
+        description=(
+            "next_cursor of the previous page; omit for the first page. Opaque: URL-safe "
+            "base64 without padding, as the API returned it; a cursor it did not issue for "
+            "this listing (another stream, another stale value, altered) is refused with 422"
+        ),
     )
 
 
@@ -146,37 +158,32 @@ def read_in_flight_groups(
     returned as one list of keys) and names the group each key was listed by."""
     groups: list[ListedGroup] = []
     listed = 0
-    bucket = start.bucket
-    after_lease_ms, after_pk = start.after_lease_ms, start.after_pk
-    while True:
-        keys, last = ledger.in_flight_page(
-            start.stream,
-            bucket,
-            before_ms=start.before_ms,
-            limit=1,
-            after_lease_ms=after_lease_ms,
-            after_pk=after_pk,
-        )
+    after = (
+        (start.after_lease_ms, start.after_pk)
+        if start.after_lease_ms is not None and start.after_pk is not None
+        else None
+    )
+    for keys, position in walk_in_flight(
+        ledger,
+        start.stream,
+        before_ms=start.before_ms,
+        page_limit=lambda: 1,
+        start=IndexPosition(start.bucket, after),
+    ):
         listed += len(keys)
-        if last is not None:
-            # the bucket may hold more: DynamoDB names the last item of a full page
-            after_lease_ms, after_pk = last
-            groups.append(ListedGroup(_group_id(start.stream, after_pk), keys))
-            if listed >= limit:
-                return groups, dataclasses.replace(
-                    start, bucket=bucket, after_lease_ms=after_lease_ms, after_pk=after_pk
-                )
-            continue
-        if keys:
-            groups.append(ListedGroup(None, keys))
-        bucket += 1
-        after_lease_ms = after_pk = None
-        if bucket >= ledger.inflight_buckets:
+        # a page that ends a bucket does not say which group it read: its keys are listed
+        # under no group (each is shown only while a group holds it)
+        last = position.after if position is not None else None
+        if keys or last is not None:
+            groups.append(ListedGroup(_group_id(start.stream, last[1]) if last else None, keys))
+        if position is None:
             return groups, None
         if listed >= limit:
+            after_lease_ms, after_pk = position.after or (None, None)
             return groups, dataclasses.replace(
-                start, bucket=bucket, after_lease_ms=None, after_pk=None
+                start, bucket=position.bucket, after_lease_ms=after_lease_ms, after_pk=after_pk
             )
+    return groups, None  # the index has no bucket at all
 
 
 def _group_id(stream: str, pk: str) -> str | None:

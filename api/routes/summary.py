@@ -9,6 +9,7 @@ from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import ReconcileRun, StreamSummary, exactly_once_window, from_epoch_ms
 from dedupe_store.contract import LedgerReader
+from dedupe_store.inflight import walk_in_flight
 
 router = APIRouter(prefix="/v1/streams/{stream}", tags=["summary"])
 
@@ -67,20 +68,10 @@ def count_in_flight(
     """Keys listed by the open groups of the in-flight index (leases expired before
     ``before_ms``), up to ``cap``."""
     count = 0
-    for bucket in range(ledger.inflight_buckets):
-        after: tuple[int, str] | None = None
-        while True:
-            keys, after = ledger.in_flight_page(
-                stream,
-                bucket,
-                before_ms=before_ms,
-                limit=_COUNT_PAGE,
-                after_lease_ms=after[0] if after else None,
-                after_pk=after[1] if after else None,
-            )
-            count += len(keys)
-            if count > cap:
-                return cap, False
-            if after is None:
-                break
+    for keys, _ in walk_in_flight(
+        ledger, stream, before_ms=before_ms, page_limit=lambda: _COUNT_PAGE
+    ):
+        count += len(keys)
+        if count > cap:
+            return cap, False
     return count, True

@@ -25,6 +25,7 @@ from devstack.failpoints import Failpoints
 from producer.audit import audit_stream
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS
+from producer.kinesis import create_stream
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
 from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import start_query
@@ -83,11 +84,7 @@ def settings(emulators: Any, names: Any) -> dict[str, str]:
 def stack(settings: dict[str, str]) -> Stack:
     """A fresh stream of two shards and a fresh ledger table, both ACTIVE."""
     parsed = producer_settings(settings)
-    client = kinesis_client(parsed, for_put=False)
-    client.create_stream(StreamName=parsed.stream, ShardCount=SHARDS)
-    client.get_waiter("stream_exists").wait(
-        StreamName=parsed.stream, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300}
-    )
+    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
     ledger_from(parsed).create_table(wait=True)
     return build_stack(parsed)
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import TypeVar
 
 from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
+from dedupe_store.inflight import Cursor, bucket_of, walk_index
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
@@ -79,11 +79,6 @@ class LedgerFault(StrEnum):
     UNAVAILABLE = "unavailable"
     APPLY_THEN_RAISE = "apply_then_raise"
     APPLY_THEN_RETRY = "apply_then_retry"
-
-
-def inflight_bucket_of(group_id: str, buckets: int) -> int:
-    """The in-flight bucket of a group, as :func:`dedupe_store.ledger.inflight_bucket` numbers it."""
-    return zlib.crc32(group_id.encode("utf-8")) % buckets
 
 
 class InMemoryLedger:
@@ -218,17 +213,25 @@ class InMemoryLedger:
         *,
         now_ms: int,
         buckets: Sequence[int] | None = None,
-        page_size: int = 500,  # noqa: ARG002 - one page
+        page_size: int = 500,
     ) -> Iterator[str]:
         """Groups whose lease ended before ``now_ms`` (strictly), bucket by bucket."""
         with self._lock:
             self._read_fault("stale_groups")
-            index = self._index(stream)
-        wanted = buckets if buckets is not None else range(self.inflight_buckets)
-        ids: list[str] = []
-        for bucket in wanted:
-            ids.extend(g for b, lease_ms, g in index if b == bucket and lease_ms < now_ms)
-        return iter(ids)
+
+        def read_page(
+            bucket: int, limit: int, after: Cursor | None
+        ) -> tuple[list[str], Cursor | None]:
+            page, cursor = self._index_page(stream, bucket, now_ms, limit, after)
+            return [pk.rsplit("/", 1)[1] for _, pk in page], cursor
+
+        every = range(self.inflight_buckets)
+        pages = walk_index(
+            read_page,
+            buckets=list(buckets) if buckets is not None else every,
+            page_limit=lambda: page_size,
+        )
+        return iter([group_id for group_ids, _ in pages for group_id in group_ids])
 
     def in_flight_page(
         self,
@@ -241,28 +244,37 @@ class InMemoryLedger:
         after_pk: str | None = None,
     ) -> tuple[list[str], tuple[int, str] | None]:
         """One page of a bucket's OPEN groups in index order, expanded into their members."""
+        after = (after_lease_ms, after_pk) if after_lease_ms is not None and after_pk else None
+        with self._lock:
+            page, cursor = self._index_page(stream, bucket, before_ms, limit, after)
+            keys = [
+                key
+                for _, pk in page
+                for key in self._groups[(stream, pk.rsplit("/", 1)[1])].members
+            ]
+        return keys, cursor
+
+    def _index_page(
+        self, stream: str, bucket: int, before_ms: int | None, limit: int, after: Cursor | None
+    ) -> tuple[list[Cursor], Cursor | None]:
+        """``(lease, group pk)`` of one page of a bucket, and DynamoDB's cursor: a full page
+        has a last key, even when nothing follows."""
         with self._lock:
             index = [
                 (lease_ms, group_pk(stream, group_id))
                 for b, lease_ms, group_id in self._index(stream)
                 if b == bucket and (before_ms is None or lease_ms < before_ms)
             ]
-            if after_lease_ms is not None and after_pk is not None:
-                index = [entry for entry in index if entry > (after_lease_ms, after_pk)]
-            page = index[:limit]
-            keys = [
-                key
-                for _, pk in page
-                for key in self._groups[(stream, pk.rsplit("/", 1)[1])].members
-            ]
-        # like DynamoDB: a full page has a last key, even when nothing follows
-        return keys, (page[-1] if len(page) == limit and page else None)
+        if after is not None:
+            index = [entry for entry in index if entry > after]
+        page = index[:limit]
+        return page, (page[-1] if len(page) == limit and page else None)
 
     def _index(self, stream: str) -> list[tuple[int, int, str]]:
         """The sparse GSI: (bucket, lease expiry, group id) of the OPEN groups, sorted."""
         return sorted(
             (
-                inflight_bucket_of(group_id, self.inflight_buckets),
+                bucket_of(group_id, self.inflight_buckets),
                 group.lease_expires_at_ms,
                 group_id,
             )

@@ -4,14 +4,15 @@ ready in 50 ms. Imported by path, like ``streamcheck``."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from cli.init import _create_stream
+from dedupe_store.ledger import DynamoDBLedger
 from devstack import emulators as local_stack
+from producer.kinesis import create_stream
+from producer.retries import poll_until
 from producer.settings import ProducerSettings
 from producer.wiring import kinesis_client, ledger_from
 
@@ -38,16 +39,26 @@ def settings_for(
 
 
 def create_stream_and_table(settings: ProducerSettings, shards: int) -> None:
-    _create_stream(kinesis_client(settings, for_put=False), settings.stream, shards, 30.0)
+    create_stream(kinesis_client(settings, for_put=False), settings.stream, shards, timeout_s=30)
+    create_table(settings)
+
+
+def create_table(settings: ProducerSettings) -> None:
+    """The ledger table, ACTIVE with its index."""
     ledger = ledger_from(settings)
     ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    wait_table_active(ledger)
+
+
+def wait_table_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
+    """Polled every 50 ms: pynamodb's own wait polls every 2 s, the emulators take 50 ms."""
+
+    def active() -> bool:
         table = ledger.model.describe_table()
         indexes = table.get("GlobalSecondaryIndexes", [])
-        if table["TableStatus"] == "ACTIVE" and all(
+        return bool(table["TableStatus"] == "ACTIVE") and all(
             i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"table {settings.table} not ACTIVE")
+        )
+
+    if not poll_until(active, timeout_s=timeout_s, interval_s=0.05):
+        pytest.fail(f"table {ledger.table_name} not ACTIVE after {timeout_s:g} s")

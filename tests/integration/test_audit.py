@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import planting
 import pytest
+import stacks
 import streamcheck
 
-from cli.init import _create_stream
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import Group, Position
 from devstack import emulators as local_stack
@@ -30,7 +29,7 @@ from producer.audit import audit_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -54,13 +53,7 @@ def stack(emulators: local_stack.Endpoints, names: Names) -> Stack:
         dynamodb_endpoint_url=emulators.dynamodb,
         region=local_stack.REGION,
     )
-    _create_stream(kinesis_client(settings, for_put=False), settings.stream, SHARDS, 30.0)
-    ledger = ledger_from(settings)
-    ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while ledger.model.describe_table()["TableStatus"] != "ACTIVE":
-        assert time.monotonic() < deadline, f"table {settings.table} not ACTIVE"
-        time.sleep(0.05)
+    stacks.create_stream_and_table(settings, SHARDS)
     return build_stack(settings)
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,9 @@ from typer.testing import CliRunner
 from cli.emulators import app as emulators_cli
 from cli.exit_codes import ExitCode
 from devstack import emulators as local_stack
+from producer.errors import StreamUnavailableError
+from producer.kinesis import wait_active
+from producer.retries import poll_until
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -50,13 +52,10 @@ def dynamodb_client(endpoint: str) -> DynamoDBClient:
 
 def wait_stream_active(kinesis: KinesisClient, stream: str, timeout_s: float = 10) -> None:
     # boto3's waiter sleeps 10 s between polls; the emulators switch state in 50 ms
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
-        if summary["StreamStatus"] == "ACTIVE":
-            return
-        time.sleep(0.05)
-    pytest.fail(f"stream {stream} not ACTIVE after {timeout_s} s")
+    try:
+        wait_active(kinesis, stream, timeout_s=timeout_s)
+    except StreamUnavailableError as exc:
+        pytest.fail(str(exc))
 
 
 def create_table(dynamodb: DynamoDBClient, table: str) -> None:
@@ -320,8 +319,5 @@ def by_name(statuses: list[local_stack.EmulatorStatus]) -> dict[str, local_stack
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met after {timeout_s} s")
-        time.sleep(0.05)
+    if not poll_until(condition, timeout_s=timeout_s, interval_s=0.05):
+        pytest.fail(f"condition not met after {timeout_s} s")

@@ -7,18 +7,17 @@ ends with the stream read back and audited.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import streamcheck
 
-from cli.init import _create_stream
 from dedupe_store.clock import SkewedClock, SystemClock
 from devstack import emulators as local_stack
 from devstack.failpoints import FailpointError, Failpoints
 from producer.audit import audit_stream
+from producer.kinesis import create_stream, wait_active
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -46,7 +45,7 @@ def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings
         dynamodb_endpoint_url=emulators.dynamodb,
         **FAST,
     )
-    _create_stream(kinesis_client(settings, for_put=False), settings.stream, 2, 30)
+    create_stream(kinesis_client(settings, for_put=False), settings.stream, 2, timeout_s=30)
     ledger_from(settings).create_table()
     return settings
 
@@ -107,15 +106,7 @@ def _split_first_shard(client: Any, stream: str) -> None:
     client.split_shard(
         StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2)
     )
-    deadline = time.monotonic() + 30
-    while (
-        client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"][
-            "StreamStatus"
-        ]
-        != "ACTIVE"
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_active(client, stream, timeout_s=30)
 
 
 def test_a_reshard_under_an_aggregating_producer_with_a_stale_shard_map(

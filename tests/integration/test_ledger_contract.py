@@ -12,11 +12,11 @@ the cases only DynamoDB can stage (a response lost on the wire, items written in
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import stacks
 from moto.server import ThreadedMotoServer
 
 from dedupe_store.errors import LedgerSchemaError
@@ -73,7 +73,7 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
     )
     ledger = DynamoDBLedger(options, dedupe_ttl_s=TTL_S, inflight_buckets=4)
     assert ledger.create_table(wait=False)
-    wait_until_active(ledger)
+    stacks.wait_table_active(ledger)
     if request.param == "dynalite-read-back":
         ledger.client.meta.events.register("provide-client-params.dynamodb.*", _no_old_item)
     return ledger
@@ -82,20 +82,6 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
 def _no_old_item(params: dict[str, Any], **_: Any) -> None:
     # as a DynamoDB that never returns the item a failed condition saw
     params.pop("ReturnValuesOnConditionCheckFailure", None)
-
-
-def wait_until_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
-    # pynamodb's own wait polls every 2 s; the emulators are ACTIVE within 50 ms
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        table = ledger.model.describe_table()
-        indexes = table.get("GlobalSecondaryIndexes", [])
-        if table["TableStatus"] == "ACTIVE" and all(
-            index.get("IndexStatus", "ACTIVE") == "ACTIVE" for index in indexes
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"table {ledger.table_name} not ACTIVE after {timeout_s} s")
 
 
 # --- a request retried by the SDK after its first try applied -----------------------------------

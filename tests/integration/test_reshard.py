@@ -12,24 +12,26 @@ claimed, their records put, the group never settled); the reconciler's injected 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import planting
 import pytest
+import stacks
 import streamcheck
 
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
+from producer import kinesis as kinesis_admin
 from producer.audit import audit_stream
+from producer.errors import StreamUnavailableError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, prepare
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.shards import Shard
-from producer.wiring import Stack, build_stack, ledger_from
+from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:
     from conftest import Names
@@ -70,14 +72,10 @@ def settings_for(emulators: local_stack.Endpoints, names: Names, endpoint: str) 
 
 
 def wait_active(kinesis: Any, stream: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        summary = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
-        if summary["StreamStatus"] == "ACTIVE":
-            return
-        if time.monotonic() > deadline:
-            pytest.skip(f"kinesis-local: stream {stream} not ACTIVE after {timeout_s:g} s")
-        time.sleep(0.1)
+    try:
+        kinesis_admin.wait_active(kinesis, stream, timeout_s=timeout_s)
+    except StreamUnavailableError as exc:
+        pytest.skip(f"kinesis-local: {exc}")
 
 
 @pytest.fixture
@@ -85,12 +83,7 @@ def settings(
     emulators: local_stack.Endpoints, names: Names, kinesis_local: str
 ) -> ProducerSettings:
     settings = settings_for(emulators, names, kinesis_local)
-    ledger = ledger_from(settings)
-    ledger.create_table(wait=False)
-    deadline = time.monotonic() + 10
-    while ledger.model.describe_table()["TableStatus"] != "ACTIVE":
-        assert time.monotonic() < deadline, f"table {settings.table} not ACTIVE"
-        time.sleep(0.05)
+    stacks.create_table(settings)
     return settings
 
 

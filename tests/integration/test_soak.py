@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import streamcheck
 
-from cli.init import _create_stream
 from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from producer.kinesis import create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -101,7 +101,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
         dynamodb_endpoint_url=emulators.dynamodb,
         **TIMING,
     )
-    _create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, 30)
+    create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, timeout_s=30)
     ledger_from(direct).create_table()
     faulty = direct.model_copy(
         update={

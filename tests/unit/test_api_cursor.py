@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,7 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.cursor import InFlightCursor, InvalidCursorError, decode_cursor
+from api.cursor import (
+    CURSOR_PATTERN,
+    MAX_EPOCH_MS,
+    InFlightCursor,
+    InvalidCursorError,
+    decode_cursor,
+)
 from api.routes.in_flight import ListedGroup, read_in_flight_groups
 from dedupe_store.ledger import group_pk
 from dedupe_store.records import LedgerRecord
@@ -22,6 +29,18 @@ OTHER_GROUP = group_pk("other", "g1")
 NO_GROUP = group_pk(STREAM, "")
 
 
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**60), 10**60)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=300)
+    | st.sampled_from([f"{STREAM}#", f"{STREAM}#k", 0, 1, 15, 16, MAX_EPOCH_MS]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=5,
+)
+
+
 def _token(body: dict[str, Any]) -> str:
     raw = json.dumps(body).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -29,8 +48,8 @@ def _token(body: dict[str, Any]) -> str:
 
 @given(
     bucket=st.integers(0, 15),
-    before_ms=st.one_of(st.none(), st.integers(1, 2**62)),
-    group_id=st.text(min_size=1, max_size=64),
+    before_ms=st.one_of(st.none(), st.integers(1, MAX_EPOCH_MS)),
+    group_id=st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True),
     data=st.data(),
 )
 def test_a_cursor_decodes_to_what_was_encoded(
@@ -39,7 +58,7 @@ def test_a_cursor_decodes_to_what_was_encoded(
     after_lease_ms = None
     after_pk = None
     if data.draw(st.booleans()):
-        upper = before_ms - 1 if before_ms is not None else 2**62
+        upper = before_ms - 1 if before_ms is not None else MAX_EPOCH_MS
         after_lease_ms = data.draw(st.integers(0, upper))
         after_pk = group_pk(STREAM, group_id)  # the index holds groups (ledger schema v2)
     cursor = InFlightCursor(STREAM, bucket, before_ms, after_lease_ms, after_pk)
@@ -77,6 +96,74 @@ def test_a_cursor_not_issued_for_this_listing_is_refused_with_a_reason(
 ) -> None:
     with pytest.raises(InvalidCursorError, match=reason):
         decode_cursor(token, stream=STREAM, buckets=16, stale=False)
+
+
+def _body(**fields: object) -> dict[str, object]:
+    return {"v": 1, "s": STREAM, "b": 0, "t": None, "l": None, "k": None, **fields}
+
+
+@pytest.mark.parametrize(
+    ("body", "stale"),
+    [
+        (_body(t=10**15), True),
+        (_body(t=10**50), True),
+        (_body(t=-(10**50)), True),
+        (_body(t=-1), True),
+        (_body(t=MAX_EPOCH_MS + 1), True),
+        (_body(t=1.5), True),
+        (_body(l=10**50, k="orders#k"), False),
+        (_body(l=-1, k="orders#k"), False),
+        (_body(l=True, k="orders#k"), False),
+        (_body(l=5, k="orders#"), False),
+        (_body(l=5, k="orders#" + "k" * 257), False),
+        (_body(l=5, k="orders#b\ud800"), False),
+        (_body(l=5), False),
+        (_body(k="orders#k"), False),
+        (_body(b=10**50), False),
+        (_body(v=True), False),
+        (_body(v=1.0), False),
+    ],
+    ids=repr,
+)
+def test_a_forged_cursor_with_a_field_out_of_range_is_refused(
+    body: dict[str, object], stale: bool
+) -> None:
+    # GIVEN a cursor with one field of the right name but outside what the API issues
+    token = _token(body)
+    # WHEN decoded, THEN it is refused as a cursor (a 422), never passed on
+    with pytest.raises(InvalidCursorError):
+        decode_cursor(token, stream=STREAM, buckets=16, stale=stale)
+
+
+def test_a_cursor_nested_deeper_than_the_parser_goes_is_refused() -> None:
+    with pytest.raises(InvalidCursorError):
+        decode_cursor(_raw_token("[" * 1500), stream=STREAM, buckets=16, stale=False)
+
+
+@given(body=st.dictionaries(st.sampled_from("vsbtlkx"), _JSON_VALUES))
+def test_any_cursor_body_decodes_in_range_or_is_refused(body: dict[str, object]) -> None:
+    # GIVEN any JSON object with the cursor's field names and any values
+    token = _token({"v": 1, "s": STREAM, **body})
+    # WHEN decoded
+    try:
+        cursor = decode_cursor(token, stream=STREAM, buckets=16, stale=body.get("t") is not None)
+    except InvalidCursorError:
+        return
+    # THEN what is accepted is in range: a time a datetime holds, a key Kinesis could take
+    for ms in (cursor.before_ms, cursor.after_lease_ms):
+        assert ms is None or 0 <= ms <= MAX_EPOCH_MS
+    if cursor.after_pk is not None:
+        assert 1 <= len(cursor.after_pk.removeprefix(f"{STREAM}#")) <= 256
+
+
+def test_every_issued_cursor_matches_the_published_pattern() -> None:
+    cursor = InFlightCursor(STREAM, 3, MAX_EPOCH_MS, 0, f"{STREAM}#\N{GRINNING FACE}")
+    assert re.fullmatch(CURSOR_PATTERN, cursor.encode())
+    assert not re.fullmatch(CURSOR_PATTERN, "0")
+
+
+def _raw_token(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def test_a_stale_cursor_past_its_own_cut_off_is_refused() -> None:

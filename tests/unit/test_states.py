@@ -75,9 +75,7 @@ def test_an_allowed_key_transition_gives_the_designed_state(
     assert next_key_state(*pair) is expected
 
 
-@pytest.mark.parametrize(
-    ("pair", "expected"), list(GROUP_EDGES.items()), ids=map(_id, GROUP_EDGES)
-)
+@pytest.mark.parametrize(("pair", "expected"), list(GROUP_EDGES.items()), ids=map(_id, GROUP_EDGES))
 def test_an_allowed_group_transition_gives_the_designed_state(
     pair: tuple[GroupState | None, GroupTransition], expected: GroupState
 ) -> None:

@@ -1,0 +1,139 @@
+"""``keo`` itself, without a backend: logging settings, help, version, exit codes."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+from typing import Any
+
+import pytest
+import typer
+import typer.main
+from typer.testing import CliRunner
+
+from cli.app import app
+from cli.logs import JsonFormatter, LogFormat, LogSettingError, log_format, log_level
+
+runner = CliRunner()
+
+
+# --- logging settings ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verbose", "env", "level"),
+    [(0, None, "WARNING"), (0, "error", "ERROR"), (1, "ERROR", "INFO"), (2, "bogus", "DEBUG")],
+)
+def test_v_wins_over_the_environment_which_wins_over_warning(
+    verbose: int, env: str | None, level: str
+) -> None:
+    assert log_level(verbose, env) == level
+
+
+def test_an_unknown_level_names_the_setting() -> None:
+    with pytest.raises(LogSettingError, match="'bogus' is not one of DEBUG") as caught:
+        log_level(0, "bogus")
+    assert caught.value.setting == "KEO_LOG_LEVEL"
+
+
+def test_the_log_format_flag_wins_over_the_environment() -> None:
+    assert log_format(None, None) is LogFormat.TEXT
+    assert log_format(None, "JSON") is LogFormat.JSON
+    assert log_format(LogFormat.TEXT, "json") is LogFormat.TEXT
+    with pytest.raises(LogSettingError) as caught:
+        log_format(None, "xml")
+    assert caught.value.setting == "KEO_LOG_FORMAT"
+
+
+@pytest.mark.parametrize("setting", ["KEO_LOG_LEVEL", "KEO_LOG_FORMAT"])
+def test_a_bad_logging_setting_exits_3_naming_it_without_a_traceback(setting: str) -> None:
+    # GIVEN a logging setting keo does not know
+    # WHEN any command runs
+    result = runner.invoke(app, ["send", "--input", "-"], env={setting: "bogus"})
+    # THEN it exits 3 (configuration) with one line naming the setting
+    assert result.exit_code == 3, result.output
+    assert result.stderr == f"keo: invalid setting {setting}: 'bogus' is not one of " + (
+        "DEBUG, INFO, WARNING, ERROR, CRITICAL\n" if setting == "KEO_LOG_LEVEL" else "text, json\n"
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_json_log_line_has_stable_field_names() -> None:
+    # GIVEN a log record with arguments and an exception
+    error = ValueError("boom")
+    exc_info = (ValueError, error, None)
+    record = logging.LogRecord(
+        "producer.x", logging.WARNING, __file__, 1, "put failed n=%d", (3,), exc_info
+    )
+    record.created = 1_700_000_000.123
+    # WHEN formatted as JSON
+    body = json.loads(JsonFormatter().format(record))
+    # THEN the fields are the documented ones, the message formatted
+    assert body.pop("exception").endswith("ValueError: boom")
+    assert body == {
+        "time": "2023-11-14T22:13:20.123+00:00",
+        "level": "WARNING",
+        "logger": "producer.x",
+        "message": "put failed n=3",
+    }
+
+
+# --- help and version ---------------------------------------------------------------------------
+
+
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path under ``group`` (groups have ``commands``), the group first."""
+    found = [path]
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            found += _commands(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+def _command_at(path: tuple[str, ...]) -> Any:
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+ALL_COMMANDS = _commands(typer.main.get_command(app))
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=lambda path: " ".join(("keo", *path)))
+def test_help_shows_every_option_help_whole_and_no_type_for_flags(path: tuple[str, ...]) -> None:
+    # GIVEN a command of keo
+    # WHEN its --help is drawn on a wide terminal
+    result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    # THEN each option's help text is shown whole: '[env KEO_...]' hints are not eaten
+    for param in _command_at(path).params:
+        help_text = getattr(param, "help", None)
+        if help_text:
+            assert help_text.replace("\\[", "[") in result.output, param.name
+    # and flags, which take no value, show no value type
+    assert "<bool>" not in result.output
+
+
+def test_stream_and_table_help_show_their_env_and_default() -> None:
+    result = runner.invoke(app, ["send", "--help"], env={"COLUMNS": "400"})
+    assert "Kinesis stream [env KEO_STREAM; default keo-stream]" in result.output
+    assert "DynamoDB ledger table [env KEO_TABLE; default keo-ledger]" in result.output
+    assert "[env KEO_AGGREGATE]" in result.output
+
+
+def test_a_flag_refuses_a_value_as_its_help_says() -> None:
+    # GIVEN a flag shown without a value type
+    # WHEN given a value
+    result = runner.invoke(app, ["audit", "--json", "true"])
+    # THEN it is a usage error
+    assert result.exit_code == 2
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"keo {importlib.metadata.version('kinesis-exactly-once')}\n"
