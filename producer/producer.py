@@ -344,13 +344,7 @@ class ExactlyOnceProducer:
             # released again between our claim and our read: a later call claims it
             outcomes[item.index] = _failed(item, "claim raced a release; send again")
         elif position is not None:
-            outcomes[item.index] = Outcome(
-                item.index,
-                item.key,
-                OutcomeStatus.DUPLICATE,
-                position=position,
-                attempt=current.attempt,
-            )
+            outcomes[item.index] = _duplicate(item, position, current.attempt)
         else:
             # held by another party, or by an earlier call of ours: its put is not this call's
             to_wait.append(_Held(item, current, group, mine=False))
@@ -571,13 +565,7 @@ class ExactlyOnceProducer:
             if position is None:
                 keep.append(entry)
                 continue
-            outcomes[entry.item.index] = Outcome(
-                entry.item.index,
-                entry.item.key,
-                OutcomeStatus.DUPLICATE,
-                position=position,
-                attempt=entry.claim.attempt,
-            )
+            outcomes[entry.item.index] = _duplicate(entry.item, position, entry.claim.attempt)
         return keep
 
     def _move_to_fresh_group(
@@ -791,12 +779,8 @@ class ExactlyOnceProducer:
                 if not (entry.mine and self._resolved(entry, ours, result.position)):
                     # another's put landed: the key is in the stream once; its group's owner
                     # or the reconciler records the position
-                    outcomes[entry.item.index] = Outcome(
-                        entry.item.index,
-                        entry.item.key,
-                        OutcomeStatus.DUPLICATE,
-                        position=result.position,
-                        attempt=entry.claim.attempt,
+                    outcomes[entry.item.index] = _duplicate(
+                        entry.item, result.position, entry.claim.attempt
                     )
             elif result.resolution is Resolution.PENDING:
                 still.append(entry)
@@ -836,6 +820,13 @@ class ExactlyOnceProducer:
 
 def _item_of(entry: _Held) -> PreparedMessage:
     return entry.item
+
+
+def _duplicate(item: PreparedMessage, position: Position, attempt: int) -> Outcome:
+    """Already in the stream once, at ``position``: nothing sent."""
+    return Outcome(
+        item.index, item.key, OutcomeStatus.DUPLICATE, position=position, attempt=attempt
+    )
 
 
 def _failed(item: PreparedMessage, reason: str) -> Outcome:
