@@ -1,10 +1,12 @@
 """How ``keo send`` stops on Ctrl-C or SIGTERM without leaving the user guessing.
 
-The first signal stops reading input; the chunk in flight (claimed, maybe put) is finished,
-its outcomes printed with the summary, and the command exits 130. If the signal comes while
-the next chunk is being read (a blocking read of stdin, say), that read is abandoned: those
-lines were never sent. A second signal exits at once: claims of the chunk in flight are then
-left IN_FLIGHT for ``keo reconcile``, like after a crash.
+The first signal stops reading input and interrupts the producer: the requests in flight
+finish, nothing more is sent, claims not yet sent are released (their outcome is FAILED:
+send them again), waits on other producers' claims end (those keys are IN_FLIGHT), what was
+written is settled; the outcomes are printed with the summary, and the command exits 130.
+If the signal comes while the next chunk is being read (a blocking read of stdin, say), that
+read is abandoned: those lines were never sent. A second signal exits at once: claims of the
+chunk in flight are then left for ``keo reconcile``, like after a crash.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ class GracefulStop:
     ``stop.requested``. Handlers are installed only in the main thread (the only one that
     receives signals), and the previous ones are put back on exit."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, say: Callable[[str], None], on_stop: Callable[[], None] | None = None
+    ) -> None:
         self._say = say
+        self._on_stop = on_stop
         self.requested = False
         self._reading = False
         self._previous: dict[int, Any] = {}
@@ -69,10 +74,12 @@ class GracefulStop:
             sys.stderr.flush()
             os._exit(ExitCode.INTERRUPTED)
         self.requested = True
+        if self._on_stop is not None:
+            self._on_stop()
         if self._reading:
             self._say(f"keo send: {name}: stopped reading input")
             raise StopReadingError
         self._say(
-            f"keo send: {name}: stopped reading input; finishing the chunk in flight "
-            "(again to exit at once)"
+            f"keo send: {name}: stopped reading input; finishing the requests in flight, "
+            "releasing claims not sent yet (again to exit at once)"
         )

@@ -73,8 +73,13 @@ def reconcile(
 
     Safe to run several at once: every write is conditional on the attempt seen.
 
+    A bucket of the in-flight index that cannot be read (after retries) does not stop the
+    pass: the others are settled, the report names the failed buckets ("failed_buckets"),
+    and the run is recorded all the same.
+
     Exit codes with --once: 0 nothing left unresolved, 1 something is (conflicts, pending
-    claims, errors), 3 configuration, 4 a backend is unreachable.
+    claims, errors), 3 configuration, 4 a backend is unreachable (also: a bucket could not be
+    read, or the run could not be recorded; what could be settled was).
 
     Example (cron, every minute): keo reconcile --stream orders --table orders-ledger --once
     """
@@ -113,9 +118,15 @@ def reconcile(
                 f"({report.get_records_calls} GetRecords calls)",
                 err=as_json,
             )
+            for failed, why in report.failed_buckets.items():
+                typer.echo(f"keo reconcile: bucket {failed} not read: {why}", err=True)
+            if not report.run_recorded:
+                typer.echo("keo reconcile: the run could not be recorded in the ledger", err=True)
             if once:
                 break
             time.sleep(interval_s)
+    if not report.complete:
+        raise typer.Exit(ExitCode.UNAVAILABLE)
     if report.unresolved:
         raise typer.Exit(ExitCode.FAILED)
 

@@ -104,7 +104,7 @@ def send(
         puts = itertools.count(1)
         hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
         stack = build_stack(settings, hooks=hooks)
-        with stack.producer() as producer, GracefulStop(_say) as stop:
+        with stack.producer() as producer, GracefulStop(_say, producer.interrupt) as stop:
             chunks = chunked(_parse_lines(source, data_encoding), chunk_size)
             try:
                 while not stop.requested:

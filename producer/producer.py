@@ -25,6 +25,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +33,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tenacity import RetryCallState, stop_after_attempt, stop_never, wait_exponential
+from tenacity import RetryCallState, stop_after_attempt, stop_when_event_set, wait_exponential
 
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
@@ -172,6 +173,7 @@ class ExactlyOnceProducer:
         self._shard_map = shard_map
         self._open_shards: list[Shard] | None = None
         self._hooks = hooks
+        self._interrupted = threading.Event()
 
     def close(self) -> None:
         if self._own_executor and isinstance(self._executor, ThreadPoolExecutor):
@@ -184,6 +186,12 @@ class ExactlyOnceProducer:
         self.close()
 
     # --- public API -------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Finish the call in flight early (Ctrl-C): send nothing more, stop waiting on other
+        producers' claims (their keys are reported IN_FLIGHT), release our claims not yet sent
+        (they are FAILED: send them again), and settle what was written. Thread-safe."""
+        self._interrupted.set()
 
     def send(self, messages: Sequence[Message]) -> list[Outcome]:
         """Deliver ``messages``; one outcome per message, in order."""
@@ -242,6 +250,9 @@ class ExactlyOnceProducer:
         to_wait = self._judge_lost_claims(lost, outcomes)
 
         for _ in range(_MAX_ROUNDS):
+            if self._interrupted.is_set():
+                self._release_unsent(to_send, ours, outcomes)
+                to_send = []
             ambiguous = self._send(to_send, ours, outcomes) if to_send else []
             to_send = []
             held = ambiguous + to_wait
@@ -254,6 +265,19 @@ class ExactlyOnceProducer:
                 entry, "claim changed hands repeatedly; run 'keo reconcile'"
             )
         self._settle_groups(ours, items, outcomes)
+
+    def _release_unsent(
+        self, entries: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
+    ) -> None:
+        """Claims of ours never sent (interrupted): released, conditional on the attempt."""
+        for entry in entries:
+            reason = "interrupted before it was sent; send it again"
+            try:
+                if self._ledger.release(entry.claim).applied:
+                    self._resolved(entry, ours, None)
+            except LedgerError as exc:
+                reason += f" (release failed, the reconciler will release it: {exc})"
+            outcomes[entry.item.index] = _failed(entry.item, reason)
 
     def _open(self, keys: list[str], ours: dict[str, _Ours]) -> Group | LedgerError:
         started = time.perf_counter()
@@ -372,7 +396,8 @@ class ExactlyOnceProducer:
             put_round,
             more=bool,
             wait=self._resend_wait,
-            stop=stop_after_attempt(self._policy.put_max_attempts),
+            stop=stop_after_attempt(self._policy.put_max_attempts)
+            | stop_when_event_set(self._interrupted),
             sleep=self._sleep,
             before_sleep=self._log_resend,
         )
@@ -723,9 +748,33 @@ class ExactlyOnceProducer:
             waiting = still
             return still
 
+        self._say_waiting(held)
         # every claim waited on settles once its lease has expired for everyone: no stop rule
-        repeat_while(look, more=bool, wait=self._claim_wait, stop=stop_never, sleep=self._sleep)
+        # but an interrupt
+        repeat_while(
+            look,
+            more=bool,
+            wait=self._claim_wait,
+            stop=stop_when_event_set(self._interrupted),
+            sleep=self._sleep,
+        )
+        for entry in waiting:  # interrupted: what was still awaited is left as it is
+            outcomes[entry.item.index] = _in_flight(
+                entry, "interrupted while waiting on its claim; run 'keo reconcile' or send again"
+            )
         return to_send
+
+    def _say_waiting(self, held: list[_Held]) -> None:
+        others = [h for h in held if not h.mine]
+        if not others:
+            return
+        left_ms = max(h.lease_expires_at_ms for h in others) - self._clock.now_ms()
+        log.warning(
+            "waiting on claims held by other producers stream=%s keys=%d lease_left_s=%.0f",
+            self.stream,
+            len(others),
+            max(left_ms + self._policy.lease.skew_ms, 0) / 1000,
+        )
 
     def _refresh(self, waiting: list[_Held], outcomes: dict[int, Outcome]) -> list[_Held]:
         """Re-read waited-on claims and their groups: the holder may have settled, released,

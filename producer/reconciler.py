@@ -19,22 +19,28 @@ and a producer) racing over the same group never both act.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from tenacity import wait_exponential
+
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimStatus, Group, KeyClaim, LedgerRecord, Position
+from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, LedgerRecord, Position
 from dedupe_store.states import GroupState, KeyState
 from producer import metrics
+from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
 from producer.protocol import LeasePolicy, PutResultKind, chunked, put_entry
 from producer.readback import ReadBackResolver, Resolution
+from producer.retries import call_retrying
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +62,19 @@ class ReconcileReport:
     errors: int = 0
     groups: int = 0  # stale groups taken over and resolved
     get_records_calls: int = 0
+    # buckets of the in-flight index that could not be read, with why (their groups wait
+    # for the next run); the others were settled all the same
+    failed_buckets: dict[str, str] = field(default_factory=dict)
+    run_recorded: bool = True  # the run's record in the ledger (the API's summary reads it)
 
     @property
     def unresolved(self) -> int:
         return len(self.conflicts) + self.pending + self.errors
+
+    @property
+    def complete(self) -> bool:
+        """Every bucket was read and the run was recorded."""
+        return not self.failed_buckets and self.run_recorded
 
     def as_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -82,9 +97,12 @@ class Reconciler:
         chunk_size: int = 40,  # groups resolved together (up to 20,000 claims): one read per shard window
         concurrency: int = 32,
         hooks: Hooks = NO_HOOKS,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._concurrency = concurrency
         self._hooks = hooks
+        self._sleep = sleep
+        self._read_wait = wait_exponential(multiplier=0.2, max=2.0)
         self.stream = stream
         self._ledger = ledger
         self._resolver = resolver
@@ -101,28 +119,62 @@ class Reconciler:
         calls_before = self._resolver.get_records_calls
         # stale for everyone: lease + skew has passed by our clock
         cutoff_ms = self._clock.now_ms() - self._lease.skew_ms
-        group_ids = self._ledger.stale_groups(self.stream, now_ms=cutoff_ms, buckets=self._buckets)
+        buckets = (
+            list(self._buckets)
+            if self._buckets is not None
+            else list(range(self._ledger.inflight_buckets))
+        )
+        group_ids: list[str] = []
+        for bucket in buckets:
+            # one bucket that cannot be read does not stop the others
+            try:
+                group_ids.extend(self._retrying(functools.partial(self._stale, bucket, cutoff_ms)))
+            except LedgerError as exc:
+                log.warning(
+                    "reconcile bucket failed stream=%s bucket=%d error=%s", self.stream, bucket, exc
+                )
+                report.failed_buckets[str(bucket)] = str(exc)
+        # groups of every bucket resolved together: each shard window is read once per chunk
         for chunk in chunked(group_ids, self._chunk_size):
-            self._reconcile_chunk(chunk, report)
+            try:
+                self._reconcile_chunk(chunk, report)
+            except (LedgerError, StreamError) as exc:
+                # taken-over groups keep our lease: the next run settles them
+                log.warning(
+                    "reconcile chunk failed stream=%s groups=%d error=%s",
+                    self.stream,
+                    len(chunk),
+                    exc,
+                )
+                report.errors += len(chunk)
             if progress is not None:
                 progress(len(chunk))
         report.get_records_calls = self._resolver.get_records_calls - calls_before
-        self._ledger.record_run(
-            self.stream,
-            started_ms=started_ms,
-            finished_ms=self._clock.now_ms(),
-            outcomes={
-                "scanned": report.scanned,
-                "delivered": report.delivered,
-                "resent": report.resent,
-                "released": report.released,
-                "unverifiable": report.unverifiable,
-                "conflicts": len(report.conflicts),
-                "pending": report.pending,
-                "lost_races": report.lost_races,
-                "errors": report.errors,
-            },
-        )
+        outcomes = {
+            "scanned": report.scanned,
+            "delivered": report.delivered,
+            "resent": report.resent,
+            "released": report.released,
+            "unverifiable": report.unverifiable,
+            "conflicts": len(report.conflicts),
+            "pending": report.pending,
+            "lost_races": report.lost_races,
+            "errors": report.errors,
+            "failed_buckets": len(report.failed_buckets),
+        }
+        try:
+            self._retrying(
+                lambda: self._ledger.record_run(
+                    self.stream,
+                    started_ms=started_ms,
+                    finished_ms=self._clock.now_ms(),
+                    outcomes=outcomes,
+                )
+            )
+        except LedgerError as exc:
+            # what was settled stays settled; the report still says what the run did
+            log.warning("reconcile run not recorded stream=%s error=%s", self.stream, exc)
+            report.run_recorded = False
         log.info(
             "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
             "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",
@@ -144,7 +196,9 @@ class Reconciler:
         # the index is eventually consistent: act only on what a consistent read shows
         seen = [
             group
-            for group in self._ledger.batch_get_groups(self.stream, group_ids).values()
+            for group in self._retrying(
+                lambda: self._ledger.batch_get_groups(self.stream, group_ids)
+            ).values()
             if group.state is GroupState.OPEN
             and self._lease.expired_for_everyone(group.lease_expires_at_ms, now_ms)
         ]
@@ -160,7 +214,7 @@ class Reconciler:
             return
         report.groups += len(taken)
         members = {key for group, _ in taken for key in group.members}
-        claims = self._ledger.batch_get_claims(self.stream, members)
+        claims = self._retrying(lambda: self._ledger.batch_get_claims(self.stream, members))
         # the members each group still holds, unresolved: the others moved on or are done
         held_claims: dict[str, list[KeyClaim]] = {}
         targets: list[LedgerRecord] = []
@@ -205,6 +259,35 @@ class Reconciler:
             self._settle(
                 held, positions, open_left=open_left or bool(resending - moved), report=report
             )
+
+    def _stale(self, bucket: int, cutoff_ms: int) -> list[str]:
+        return list(self._ledger.stale_groups(self.stream, now_ms=cutoff_ms, buckets=[bucket]))
+
+    def _retrying(self, call: Callable[[], _T]) -> _T:
+        """Reads of the ledger, and the run record: a retriable error is tried again."""
+        return call_retrying(call, attempts=3, wait=self._read_wait, sleep=self._sleep)
+
+    def _take_over_key(self, group: Group) -> Callable[[KeyClaim], ClaimResult | LedgerError]:
+        def take(claim: KeyClaim) -> ClaimResult | LedgerError:
+            try:
+                return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
+            except LedgerError as exc:
+                return exc
+
+        return take
+
+    def _lease_to_send(self, group: Group) -> Group | None:
+        """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
+        now_ms = self._clock.now_ms()
+        if self._lease.safe_to_send(group.lease_expires_at_ms, now_ms):
+            return group
+        try:
+            renewed = self._ledger.renew_lease(
+                group, now_ms=now_ms, lease_ms=self._lease.lease_ms, skew_ms=self._lease.skew_ms
+            )
+        except LedgerError:
+            return None
+        return renewed.current if renewed.applied else None
 
     def _take_over_group(self, group: Group) -> Group | LedgerError | None:
         try:
@@ -289,10 +372,8 @@ class Reconciler:
         held: list[KeyClaim] = []
         moved: set[str] = set()
         unknown = False  # a take-over whose answer was lost may have applied: keep the group open
-        for claim in claims:
-            try:
-                taken = self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
-            except LedgerError:
+        for claim, taken in zip(claims, self._map(self._take_over_key(group), claims), strict=True):
+            if isinstance(taken, LedgerError):
                 report.errors += 1
                 unknown = True
                 continue
@@ -308,9 +389,11 @@ class Reconciler:
             with contextlib.suppress(LedgerError):
                 self._ledger.record_positions(group, {}, settle=True, now_ms=self._clock.now_ms())
             return moved
-        if not self._lease.safe_to_send(group.lease_expires_at_ms, self._clock.now_ms()):
+        sendable = self._lease_to_send(group)
+        if sendable is None:
             report.pending += len(held)
             return moved
+        group = sendable
         results = self._writer.put_entries(
             [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held]
         )

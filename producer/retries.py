@@ -17,7 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+)
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_exponential
 
@@ -80,6 +88,32 @@ def poll_until(
         stop=stop_after_delay(timeout_s),
         sleep=sleep,
     )
+
+
+def call_retrying(
+    call: Callable[[], _T],
+    *,
+    attempts: int,
+    wait: wait_base,
+    sleep: Sleep = time.sleep,
+    before_sleep: BeforeSleep | None = None,
+) -> _T:
+    """``call()``, tried again while it raises an error whose ``retriable`` says so, at most
+    ``attempts`` times; the last error reaches the caller. Only for idempotent calls (reads,
+    or writes conditional on what the caller holds)."""
+    retrying = Retrying(
+        retry=retry_if_exception(_is_retriable),
+        wait=wait,
+        stop=stop_after_attempt(attempts),
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    return retrying(call)
+
+
+def _is_retriable(error: BaseException) -> bool:
+    return bool(getattr(error, "retriable", False))
 
 
 def _is_false(answer: object) -> bool:

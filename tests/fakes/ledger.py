@@ -61,6 +61,7 @@ GROUP_WRITES = frozenset({"open_group", "renew_lease", "take_over_group", "recor
 WRITE_OPERATIONS = KEY_WRITES | GROUP_WRITES
 READ_OPERATIONS = frozenset(
     {
+        "record_run",
         "get",
         "batch_get",
         "scan",
@@ -288,6 +289,7 @@ class InMemoryLedger:
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
     ) -> None:
         with self._lock:
+            self._read_fault("record_run")
             self._runs[stream] = RunRecord(stream, started_ms, finished_ms, dict(outcomes))
 
     def last_run(self, stream: str) -> RunRecord | None:

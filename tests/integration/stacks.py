@@ -44,10 +44,12 @@ def create_stream_and_table(settings: ProducerSettings, shards: int) -> None:
 
 
 def create_table(settings: ProducerSettings) -> None:
-    """The ledger table, ACTIVE with its index."""
+    """The ledger table, ACTIVE with its index, stamped with this ledger's schema version
+    (as 'keo init' leaves it: a table with items and no stamp would read as version 1)."""
     ledger = ledger_from(settings)
     ledger.create_table(wait=False)
     wait_table_active(ledger)
+    ledger.ensure_ready()
 
 
 def wait_table_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:

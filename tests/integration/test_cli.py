@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import stacks
 import streamcheck
+from planting import plant_claims
 
+from dedupe_store.clock import SystemClock
 from devstack import emulators as local_stack
+from producer.protocol import Message
 from producer.settings import ProducerSettings
 from producer.wiring import ledger_from
 
@@ -62,7 +65,11 @@ def outcomes_of(stdout: bytes) -> list[dict[str, Any]]:
 
 
 def good(n: int) -> bytes:
-    return json.dumps({"key": f"good-{n}", "data": f"payload {n}"}).encode()
+    return json.dumps({"key": f"good-{n}", "data": good_data(n).decode()}).encode()
+
+
+def good_data(n: int) -> bytes:
+    return f"payload {n}".encode()
 
 
 # line number (from 1) -> (the line, what its REJECTED reason says after "line N: ", its key)
@@ -437,7 +444,7 @@ def test_a_second_ctrl_c_exits_at_once_leaving_the_claims_to_the_reconciler(
     wait_until_claimed(settings, keys)
     # WHEN Ctrl-C comes, is acknowledged, and comes again
     process.send_signal(signal.SIGINT)
-    wait_for_line(process, "finishing the chunk in flight (again to exit at once)")
+    wait_for_line(process, "(again to exit at once)")
     process.send_signal(signal.SIGINT)
     # THEN it exits 130 at once, saying the claims are left for 'keo reconcile'
     code, stdout, stderr = finish(process)
@@ -446,3 +453,64 @@ def test_a_second_ctrl_c_exits_at_once_leaving_the_claims_to_the_reconciler(
     assert "SIGINT again: exiting now; claims of the chunk in flight are left" in stderr
     ledger = ledger_from(settings)
     assert all(ledger.get(settings.stream, key) is not None for key in keys)
+
+
+def test_ctrl_c_before_the_put_releases_the_claims_not_sent(
+    settings: ProducerSettings, env: dict[str, str], kinesis: Any
+) -> None:
+    # GIVEN keo send pausing after each claim of a chunk, before anything is put
+    process = start_send(settings, env, failpoints="after_claim=sleep:1")
+    feed(process, range(CHUNK))
+    keys = [f"good-{n}" for n in range(CHUNK)]
+    wait_until_claimed(settings, keys[:1])
+    # WHEN Ctrl-C comes while it claims
+    process.send_signal(signal.SIGINT)
+    # THEN nothing is put: every claim is released and reported FAILED, to be sent again
+    code, stdout, stderr = finish(process)
+    assert code == 130, stderr
+    outcomes = outcomes_of(stdout)
+    assert [o["status"] for o in outcomes] == ["FAILED"] * CHUNK, outcomes
+    assert all("interrupted before it was sent" in o["reason"] for o in outcomes)
+    ledger = ledger_from(settings)
+    released = ledger.batch_get(settings.stream, keys)
+    assert {r.state.value for r in released.values()} == {"RELEASED"}, released
+    assert_stream_holds_exactly(kinesis, settings, [])
+    # AND sending them again delivers them, once
+    again = subprocess.run(
+        [KEO, "send", "--input", "-", *where(settings), "--no-progress"],
+        input=b"".join(good(n) + b"\n" for n in range(CHUNK)),
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    assert [o["status"] for o in outcomes_of(again.stdout)] == ["SENT"] * CHUNK, again.stderr
+    assert_stream_holds_exactly(kinesis, settings, keys)
+
+
+def test_ctrl_c_while_waiting_on_another_producers_claim_stops_waiting(
+    settings: ProducerSettings, env: dict[str, str], kinesis: Any
+) -> None:
+    # GIVEN the keys claimed by another producer whose lease runs for ten minutes
+    keys = [f"good-{n}" for n in range(CHUNK)]
+    messages = [Message(key, good_data(n)) for n, key in enumerate(keys)]
+    plant_claims(
+        ledger_from(settings),
+        settings.stream,
+        messages,
+        owner="another-producer",
+        now_ms=SystemClock().now_ms(),
+        lease_ms=600_000,
+    )
+    # WHEN keo send is given those keys, says it waits, and Ctrl-C comes
+    process = start_send(settings, env)
+    feed(process, range(CHUNK))
+    wait_for_line(process, "waiting on claims held by other producers")
+    process.send_signal(signal.SIGINT)
+    # THEN it stops waiting at once (not after the lease): those keys are IN_FLIGHT, exit 130
+    code, stdout, stderr = finish(process)
+    assert code == 130, stderr
+    outcomes = outcomes_of(stdout)
+    assert [o["status"] for o in outcomes] == ["IN_FLIGHT"] * CHUNK, outcomes
+    assert all("interrupted while waiting" in o["reason"] for o in outcomes)
+    assert_stream_holds_exactly(kinesis, settings, [])

@@ -130,6 +130,7 @@ class ProtocolModel(RuleBasedStateMachine):
             clock=clock,
             lease=LEASE,
             owner="reconciler",
+            sleep=self.kinesis.sleep,
         )
 
     def _resolver(self, clock: Clock) -> ReadBackResolver:
