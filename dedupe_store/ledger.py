@@ -167,23 +167,29 @@ class DynamoDBLedger:
                 self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
         except (TableError, PynamoDBException) as exc:
             raise _translate(exc, self.table_name, None, "create table") from exc
-        if wait:
+        if wait and created:
             self._stamp_schema()
+        elif wait:
+            # a table that existed may hold another version's items: stamped only if empty
+            self._check_schema()
         return created
 
     def schema_version(self) -> int | None:
         """The ledger schema version the table is stamped with: None for an empty table
         without a stamp, 1 for a table with items but no stamp (stamps came with version 2)."""
+        stamp = self._stamp()
+        if stamp is not None:
+            return stamp
         try:
-            item = self.client.get_item(
-                TableName=self.table_name, Key={"pk": {"S": SCHEMA_PK}}, ConsistentRead=True
-            ).get("Item")
-            if item:
-                return int(item["schema_version"]["N"])
             anything = self.client.scan(TableName=self.table_name, Limit=1).get("Items")
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translate(exc, self.table_name, None, "read the schema version") from exc
         return 1 if anything else None
+
+    def _stamp(self) -> int | None:
+        """The schema version the table is stamped with, None without a stamp."""
+        item = self._get_item(SCHEMA_PK, None, "read the schema version", consistent=True)
+        return None if item is None else int(item["schema_version"]["N"])
 
     def _stamp_schema(self) -> None:
         try:
@@ -223,8 +229,15 @@ class DynamoDBLedger:
             raise _translate(exc, self.table_name, None, "enable TTL") from exc
         return True
 
-    def ensure_ready(self) -> None:
-        """Fail fast with a schema error when the table is missing or of another version."""
+    def ensure_ready(self, *, stamp_new: bool = False) -> None:
+        """Fail fast with a schema error when the table is missing or of another version.
+
+        Readers (the API, the audit) call it as it is: it only reads (DescribeTable, and
+        GetItem of the stamp), and a table without a stamp is refused, since reading alone
+        cannot tell a new table from one written by version 1. Writers pass ``stamp_new``: an
+        empty table without a stamp (made by other tools than 'keo init') becomes this
+        version's, which costs one Scan of one item to make sure it is empty.
+        """
         try:
             exists = self._model.exists()
         except PynamoDBException as exc:
@@ -234,7 +247,20 @@ class DynamoDBLedger:
                 f"ledger table {self.table_name!r} does not exist: run 'keo init'",
                 table=self.table_name,
             )
-        self._check_schema()
+        if stamp_new:
+            self._check_schema()
+            return
+        found = self._stamp()
+        if found is None:
+            raise LedgerSchemaError(
+                f"ledger table {self.table_name!r} has no ledger schema stamp: it was never "
+                "used by this keo (run 'keo init --table "
+                f"{self.table_name}'), or it was written by ledger schema version 1 (see "
+                "'Upgrading' in the README)",
+                table=self.table_name,
+            )
+        if found != LEDGER_SCHEMA_VERSION:
+            raise _another_version(self.table_name, found)
 
     # --- reads ------------------------------------------------------------------------------
 

@@ -127,7 +127,7 @@ def build_stack(
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
     info = reader.describe()
     ledger = ledger_from(settings)
-    ledger.ensure_ready()
+    ledger.ensure_ready(stamp_new=True)  # a writer: a new, empty table becomes this version's
     return Stack(
         settings=settings,
         ledger=ledger,

@@ -214,6 +214,8 @@ def test_a_table_stamped_by_another_ledger_version_is_refused_not_misread(
         LedgerSchemaError, match=f"schema version {newer}; this keo reads version {ours}"
     ):
         ledger.ensure_ready()
+    with pytest.raises(LedgerSchemaError, match=f"schema version {newer}"):
+        ledger.ensure_ready(stamp_new=True)
     with pytest.raises(LedgerSchemaError):
         ledger.create_table(wait=True)
 
@@ -226,8 +228,30 @@ def test_a_table_written_before_stamps_is_read_as_version_1_and_refused(
         TableName=ledger.table_name,
         Item={"pk": {"S": f"{STREAM}#k-old"}, "stream": {"S": STREAM}, "state": {"S": "DELIVERED"}},
     )
-    # WHEN a process checks the table
-    # THEN it is refused as version 1
+    # WHEN a process checks the table, or keo init runs on it
+    # THEN it is refused as version 1, and never stamped as this version's
     assert ledger.schema_version() == 1
     with pytest.raises(LedgerSchemaError, match="schema version 1"):
         ledger.ensure_ready()
+    with pytest.raises(LedgerSchemaError, match="schema version 1"):
+        ledger.ensure_ready(stamp_new=True)
+    with pytest.raises(LedgerSchemaError, match="schema version 1"):
+        ledger.create_table(wait=True)
+    assert ledger.schema_version() == 1
+
+
+def test_a_reader_never_stamps_a_table_and_a_writer_stamps_an_empty_one(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN an empty table without a stamp, as tools other than keo init create it
+    assert ledger.schema_version() is None
+    # WHEN a reader (the API, the audit) checks it
+    # THEN it is refused with what to do, and left as it was (readers only read)
+    with pytest.raises(LedgerSchemaError, match=r"no ledger schema stamp.*keo init"):
+        ledger.ensure_ready()
+    assert ledger.schema_version() is None
+    # WHEN a writer (a producer, a reconciler) checks it
+    # THEN it becomes this version's, and readers accept it from then on
+    ledger.ensure_ready(stamp_new=True)
+    assert ledger.schema_version() == LEDGER_SCHEMA_VERSION
+    ledger.ensure_ready()
