@@ -9,6 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.exit_codes import ExitCode
+from cli.metrics_export import (
+    MetricsFileOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
+    exporting,
+    write_file,
+)
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -66,6 +73,9 @@ def reconcile(
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Resolve claims whose lease expired: found in the stream -> DELIVERED; not found ->
     resent (when the claim stored its payload) or RELEASED for the next producer; older
@@ -75,6 +85,9 @@ def reconcile(
 
     Exit codes with --once: 0 nothing left unresolved, 1 something is (conflicts, pending
     claims, errors), 3 configuration, 4 a backend is unreachable.
+
+    Metrics: --metrics-port serves them while it runs (with --loop); --metrics-file writes
+    them when it ends (with --loop, after every pass too).
 
     Example (cron, every minute): keo reconcile --stream orders --table orders-ledger --once
     """
@@ -93,7 +106,10 @@ def reconcile(
     from producer.wiring import build_stack
 
     show = progress if progress is not None else sys.stderr.isatty()
-    with exit_on_errors():
+    with (
+        exporting("reconcile", port=metrics_port, host=metrics_host, file=metrics_file),
+        exit_on_errors(),
+    ):
         stack = build_stack(settings, hooks=failpoints.from_env())
         reconciler = stack.reconciler(owner=f"reconciler:{default_owner()}", buckets=buckets)
         while True:
@@ -115,6 +131,8 @@ def reconcile(
             )
             if once:
                 break
+            if metrics_file is not None:
+                write_file(metrics_file, "reconcile")
             time.sleep(interval_s)
     if report.unresolved:
         raise typer.Exit(ExitCode.FAILED)

@@ -61,6 +61,20 @@ class ReconcileReport:
     def unresolved(self) -> int:
         return len(self.conflicts) + self.pending + self.errors
 
+    def counts(self) -> dict[str, int]:
+        """How many stale claims the pass looked at (``scanned``), and what became of them."""
+        return {
+            "scanned": self.scanned,
+            "delivered": self.delivered,
+            "resent": self.resent,
+            "released": self.released,
+            "unverifiable": self.unverifiable,
+            "conflicts": len(self.conflicts),
+            "pending": self.pending,
+            "lost_races": self.lost_races,
+            "errors": self.errors,
+        }
+
     def as_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["unresolved"] = self.unresolved
@@ -111,18 +125,9 @@ class Reconciler:
             self.stream,
             started_ms=started_ms,
             finished_ms=self._clock.now_ms(),
-            outcomes={
-                "scanned": report.scanned,
-                "delivered": report.delivered,
-                "resent": report.resent,
-                "released": report.released,
-                "unverifiable": report.unverifiable,
-                "conflicts": len(report.conflicts),
-                "pending": report.pending,
-                "lost_races": report.lost_races,
-                "errors": report.errors,
-            },
+            outcomes=report.counts(),
         )
+        _count(report, finished_s=self._clock.now_ms() / 1000)
         log.info(
             "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
             "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",
@@ -340,6 +345,17 @@ class Reconciler:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="keo-reconcile") as pool:
             return list(pool.map(fn, items))
+
+
+def _count(report: ReconcileReport, *, finished_s: float) -> None:
+    """A pass's outcomes in the process's metrics."""
+    stream = report.stream
+    metrics.RECONCILE_RUNS.labels(stream).inc()
+    metrics.STALE_GROUPS.labels(stream).set(report.groups)
+    metrics.LAST_RECONCILE.labels(stream).set(finished_s)
+    for outcome, count in report.counts().items():
+        if outcome != "scanned":
+            metrics.RECONCILE_CLAIMS.labels(stream, outcome).inc(count)
 
 
 def _counted(applied: bool, name: str) -> str:
