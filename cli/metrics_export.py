@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, star
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from cli import logs
 from cli.exit_codes import ExitCode
 
 PREFIX = "keo_"
@@ -103,7 +104,8 @@ def _serving(command: str, port: int | None, host: str) -> Iterator[None]:
         )
         raise typer.Exit(ExitCode.CONFIG) from None
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"keo {command}: metrics on http://{shown}:{server.server_port}/metrics", err=True)
+    url = f"http://{shown}:{server.server_port}/metrics"
+    logs.report(f"keo {command}: metrics on {url}", event="metrics_listening", url=url)
     try:
         yield
     finally:

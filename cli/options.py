@@ -13,6 +13,7 @@ import botocore.exceptions
 import typer
 from pydantic import ValidationError
 
+from cli import logs
 from cli.exit_codes import ExitCode
 from dedupe_store.errors import LedgerError, LedgerSchemaError
 from dedupe_store.settings import env_var
@@ -84,7 +85,7 @@ def exit_on_errors() -> Iterator[None]:
             raise
         code, message = explained
         log.debug("failed", exc_info=True)
-        typer.echo(f"keo: {message}", err=True)
+        logs.report(f"keo: {message}", event="command_failed", level=logging.ERROR)
         raise typer.Exit(code) from None
 
 

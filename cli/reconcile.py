@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli import logs
 from cli.exit_codes import ExitCode
 from cli.metrics_export import (
     MetricsFileOpt,
@@ -120,15 +121,24 @@ def reconcile(
             if as_json:
                 write_json_line(report.as_json())
                 sys.stdout.flush()
-            typer.echo(
+            summary = (
                 f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
                 f"{report.delivered} delivered, {report.resent} resent, "
                 f"{report.released} released, {report.unverifiable} unverifiable, "
                 f"{len(report.conflicts)} conflicts, {report.pending} pending, "
                 f"{report.lost_races} taken by others, {report.errors} errors "
-                f"({report.get_records_calls} GetRecords calls)",
-                err=as_json,
+                f"({report.get_records_calls} GetRecords calls)"
             )
+            if as_json:  # the JSON report is the result: the summary is a log line
+                logs.report(
+                    summary,
+                    event="reconcile_pass",
+                    stream=report.stream,
+                    table=settings.table,
+                    counts=report.counts(),
+                )
+            else:
+                typer.echo(summary)
             if once:
                 break
             if metrics_file is not None:

@@ -128,21 +128,18 @@ class Reconciler:
             outcomes=report.counts(),
         )
         _count(report, finished_s=self._clock.now_ms() / 1000)
+        counts = report.counts()
         log.info(
-            "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
-            "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",
+            "reconcile stream=%s %s",
             self.stream,
-            report.scanned,
-            report.delivered,
-            report.resent,
-            report.released,
-            report.unverifiable,
-            len(report.conflicts),
-            report.pending,
-            report.lost_races,
-            report.errors,
+            " ".join(f"{name}={count}" for name, count in counts.items()),
+            extra={**self._where(), "event": "reconcile_pass", "counts": counts},
         )
         return report
+
+    def _where(self) -> dict[str, str]:
+        """The fields of every log line of the reconciler (JSON logs show them as such)."""
+        return {"stream": self.stream, "table": self._ledger.table_name}
 
     def _reconcile_chunk(self, group_ids: list[str], report: ReconcileReport) -> None:
         now_ms = self._clock.now_ms()
@@ -221,7 +218,9 @@ class Reconciler:
                 skew_ms=self._lease.skew_ms,
             )
         except LedgerError as exc:
-            log.warning("group take over failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "group take over failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             return exc
         return taken.current if taken.applied else None
 
@@ -244,7 +243,9 @@ class Reconciler:
             if resolution is Resolution.UNVERIFIABLE:
                 return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
         except LedgerError as exc:
-            log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "reconcile action failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             return "errors"
         if resolution is Resolution.CONFLICT:
             return "conflicts"
@@ -266,7 +267,11 @@ class Reconciler:
             )
         except LedgerError as exc:
             log.warning(
-                "settle failed stream=%s group=%s error=%s", self.stream, group.group_id, exc
+                "settle failed stream=%s group=%s error=%s",
+                self.stream,
+                group.group_id,
+                exc,
+                extra={**self._where(), "group": group.group_id},
             )
             report.delivered -= len(positions)
             report.errors += len(positions)
@@ -288,7 +293,9 @@ class Reconciler:
                 lease_ms=self._lease.lease_ms,
             )
         except LedgerError as exc:
-            log.warning("resend group failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "resend group failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             report.errors += len(claims)
             return set()
         held: list[KeyClaim] = []
@@ -333,7 +340,13 @@ class Reconciler:
                 now_ms=self._clock.now_ms(),
             )
         except LedgerError as exc:
-            log.warning("resend settle failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "resend settle failed stream=%s group=%s error=%s",
+                self.stream,
+                group.group_id,
+                exc,
+                extra={**self._where(), "group": group.group_id},
+            )
             report.errors += len(positions)
             return moved
         report.resent += len(positions) if settled.applied else 0

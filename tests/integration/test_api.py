@@ -24,6 +24,7 @@ import httpx
 import planting
 import pytest
 import schemathesis
+import stacks
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -666,6 +667,23 @@ def test_missing_table_is_503_not_ready(api_settings: ApiSettings, names: Any) -
     body = assert_problem(client.get("/readyz"), 503, "ledger-not-ready")
     assert "keo init" in body["detail"]
     assert_problem(client.get("/v1/streams/s/messages/k", headers=AUTH), 503, "ledger-not-ready")
+
+
+def test_a_table_without_a_schema_stamp_is_503_not_ready_and_left_unstamped(
+    api_settings: ApiSettings, names: Any
+) -> None:
+    # GIVEN a table made by other tools than keo init: no ledger schema stamp
+    settings = api_settings.model_copy(update={"table": f"{names.prefix}-iac"})
+    ledger = DynamoDBLedger(settings.ledger_connection(), inflight_buckets=4)
+    ledger.create_table(wait=False)
+    stacks.wait_table_active(ledger)
+    client = AsgiClient(create_app(settings, ledger))
+    # WHEN the API is asked whether it is ready
+    body = assert_problem(client.get("/readyz"), 503, "ledger-not-ready")
+    # THEN it says what to do, and has not written the table (the API never writes)
+    assert "no ledger schema stamp" in body["detail"]
+    assert f"keo init --table {settings.table}" in body["detail"]
+    assert ledger.schema_version() is None
 
 
 # --- auth ------------------------------------------------------------------------------------

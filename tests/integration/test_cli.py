@@ -260,19 +260,23 @@ def test_logs_as_json_lines_keep_their_field_names(
         *where(settings),
         env={**env, "KEO_LOG_FORMAT": "json"},
     )
-    # THEN stdout is the JSON summary alone, and every log line on stderr is a JSON object
-    # with the documented fields
+    # THEN stdout is the JSON summary alone, and every line on stderr is a JSON object with
+    # the documented fields, its summary too
     stderr = result.stderr.decode()
     assert result.returncode == 0, stderr
     assert json.loads(result.stdout)["stream"] == settings.stream
-    logged = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-    assert any(entry["logger"] == "producer.reconciler" for entry in logged), stderr
+    logged = [json.loads(line) for line in stderr.splitlines()]
     for entry in logged:
         assert {"time", "level", "logger", "message"} <= set(entry), entry
         assert entry["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
-    others = [line for line in stderr.splitlines() if not line.startswith("{")]
-    assert len(others) == 1
-    assert others[0].startswith("keo reconcile: stream ")
+    # AND each pass is logged with stable fields: stream, table, counts
+    passes = [entry for entry in logged if entry.get("event") == "reconcile_pass"]
+    assert {entry["logger"] for entry in passes} == {"producer.reconciler", "keo"}, stderr
+    for entry in passes:
+        assert (entry["stream"], entry["table"]) == (settings.stream, settings.table)
+        assert entry["counts"]["scanned"] == 0
+    summary = next(entry for entry in passes if entry["logger"] == "keo")
+    assert summary["message"].startswith("keo reconcile: stream ")
 
 
 def test_reconcile_without_json_prints_its_summary_on_stdout(
