@@ -29,6 +29,7 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 import botocore.exceptions
@@ -77,6 +78,7 @@ __all__ = [
     "LEDGER_SCHEMA_VERSION",
     "SCHEMA_PK",
     "DynamoDBLedger",
+    "TtlStatus",
     "group_pk",
     "inflight_bucket",
     "ledger_pk",
@@ -115,6 +117,16 @@ def group_pk(stream: str, group_id: str) -> str:
 def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
     """The in-flight index partition of an open group."""
     return bucket_partition(stream, bucket_of(group_id, buckets))
+
+
+class TtlStatus(StrEnum):
+    """The ledger table's TTL after :meth:`DynamoDBLedger.enable_ttl`."""
+
+    ENABLED = "on (expires_at)"  # turned on by this call
+    ALREADY_ON = "on (expires_at), already"
+    OTHER_ATTRIBUTE = "on another attribute than expires_at: ledger items never expire"
+    UNSUPPORTED = "not supported by this backend"
+    OFF = "off"
 
 
 def new_group_id() -> str:
@@ -216,18 +228,42 @@ class DynamoDBLedger:
         if found != LEDGER_SCHEMA_VERSION:
             raise _another_version(self.table_name, found)
 
-    def enable_ttl(self) -> bool:
-        """Turn on TTL deletion of expired items. False where the backend lacks the API."""
+    def enable_ttl(self) -> TtlStatus:
+        """Turn on TTL deletion of expired items (on ``expires_at``), unless it is on already.
+
+        DynamoDB refuses to turn on a TTL that is on (a ValidationException): it is read first,
+        and read again after a refusal (another ``keo init`` may have turned it on meanwhile).
+        """
+        current = self._ttl_status()
+        if current is not TtlStatus.OFF:
+            return current
         try:
             self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
         except (TableError, PynamoDBException) as exc:
-            code = _code_of(exc)
-            if code in {"UnknownOperationException", "ValidationException"} or (
-                code is None and "UnknownOperation" in str(exc)
+            if _code_of(exc) == "UnknownOperationException" or (
+                _code_of(exc) is None and "UnknownOperation" in str(exc)
             ):
-                return False
+                return TtlStatus.UNSUPPORTED
+            after = self._ttl_status() if _code_of(exc) == "ValidationException" else None
+            if after in {TtlStatus.ALREADY_ON, TtlStatus.OTHER_ATTRIBUTE}:
+                return after
             raise _translate(exc, self.table_name, None, "enable TTL") from exc
-        return True
+        return TtlStatus.ENABLED
+
+    def _ttl_status(self) -> TtlStatus:
+        """The table's TTL as DescribeTimeToLive tells it; OFF when it is off (or going off)."""
+        try:
+            found = self.client.describe_time_to_live(TableName=self.table_name)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            if _code_of(exc) == "UnknownOperationException":
+                return TtlStatus.UNSUPPORTED
+            raise _translate(exc, self.table_name, None, "read the TTL") from exc
+        description = found.get("TimeToLiveDescription", {})
+        if description.get("TimeToLiveStatus") not in {"ENABLED", "ENABLING"}:
+            return TtlStatus.OFF
+        if description.get("AttributeName") != TTL_ATTRIBUTE:
+            return TtlStatus.OTHER_ATTRIBUTE
+        return TtlStatus.ALREADY_ON
 
     def ensure_ready(self, *, stamp_new: bool = False) -> None:
         """Fail fast with a schema error when the table is missing or of another version.

@@ -450,3 +450,54 @@ def test_a_second_ctrl_c_exits_at_once_leaving_the_claims_to_the_reconciler(
     assert "SIGINT again: exiting now; claims of the chunk in flight are left" in stderr
     ledger = ledger_from(settings)
     assert all(ledger.get(settings.stream, key) is not None for key in keys)
+
+
+# --- keo init -------------------------------------------------------------------------------------
+
+
+def test_init_creates_an_on_demand_stream_with_retention_and_kms_and_says_so_once_again(
+    kinesis_local_endpoint: str, env: dict[str, str], names: Names
+) -> None:
+    # GIVEN kinesis-local (kinesalite has no on-demand streams) and dynalite
+    local = {**env, "KEO_KINESIS_ENDPOINT_URL": kinesis_local_endpoint}
+    stream, table = ["--stream", names.stream], ["--table", names.table]
+    asked = ["--on-demand", "--retention-hours", "48", "--kms-key", "alias/aws/kinesis"]
+    # WHEN keo init asks for an on-demand stream kept 48 h and encrypted with KMS
+    first = keo("init", *stream, *table, *asked, env=local)
+    # THEN the stream is created as asked, and the table with it
+    assert first.returncode == 0, first.stderr.decode()
+    summary = streamcheck.kinesis_client(kinesis_local_endpoint).describe_stream_summary(
+        StreamName=names.stream
+    )["StreamDescriptionSummary"]
+    assert summary["StreamModeDetails"]["StreamMode"] == "ON_DEMAND"
+    assert summary["RetentionPeriodHours"] == 48
+    assert (summary["EncryptionType"], summary["KeyId"]) == ("KMS", "alias/aws/kinesis")
+    assert first.stdout.decode().startswith(
+        f"stream {names.stream}: created, ACTIVE, on demand, retention 48 h, "
+        "KMS alias/aws/kinesis\n"
+    )
+    # WHEN it runs again asking for something else
+    again = keo("init", *stream, *table, "--shards", "2", "--retention-hours", "24", env=local)
+    # THEN the stream is left as it is, each difference said on stderr, and it succeeds
+    assert again.returncode == 0, again.stderr.decode()
+    stderr = again.stderr.decode()
+    assert "it is on demand, not provisioned" in stderr
+    assert "its retention is 48 h, not 24 h" in stderr
+    assert f"stream {names.stream}: exists, ACTIVE" in again.stdout.decode()
+
+
+def test_init_on_demand_on_kinesalite_is_a_clear_configuration_error(
+    env: dict[str, str], names: Names
+) -> None:
+    result = keo("init", "--stream", names.stream, "--table", names.table, "--on-demand", env=env)
+    stderr = result.stderr.decode()
+    assert result.returncode == 3, stderr
+    assert "Kinesis refused the stream as asked" in stderr
+    assert "kinesalite has no on-demand streams" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_init_takes_shards_or_on_demand_not_both(env: dict[str, str], names: Names) -> None:
+    result = keo("init", "--stream", names.stream, "--shards", "2", "--on-demand", env=env)
+    assert result.returncode == 2
+    assert result.stderr.decode() == "keo init: give --shards or --on-demand, not both\n"

@@ -108,6 +108,7 @@ def test_the_policy_is_one_scoped_statement_per_role() -> None:
 
 def test_every_role_is_granted_exactly_the_calls_its_commands_make(
     emulators: local_stack.Endpoints,
+    kinesis_local_endpoint: str,
     names: Names,
     keo_env: dict[str, str],
     tmp_path: Path,
@@ -116,10 +117,10 @@ def test_every_role_is_granted_exactly_the_calls_its_commands_make(
     # GIVEN every botocore client the code creates is watched
     recorder = AwsCallRecorder()
     with recorder.installed():
-        # WHEN each role does its work once: keo init, keo send (with a duplicate, a conflict
+        # WHEN each role does its work once: keo init (on kinesis-local too), keo send (with a duplicate, a conflict
         # and an ambiguous put read back), the reconciler over stale groups (found, resent,
         # released), keo audit, and every route of the API
-        run_every_role(recorder, emulators, names, tmp_path)
+        run_every_role(recorder, emulators, kinesis_local_endpoint, names, tmp_path)
     capsys.readouterr()
     # THEN every call is allowed to its role, and every grant was used by its role
     policy = load_policy()
@@ -137,7 +138,11 @@ def test_every_role_is_granted_exactly_the_calls_its_commands_make(
 
 
 def run_every_role(
-    recorder: AwsCallRecorder, emulators: local_stack.Endpoints, names: Names, tmp_path: Path
+    recorder: AwsCallRecorder,
+    emulators: local_stack.Endpoints,
+    kinesis_local: str,
+    names: Names,
+    tmp_path: Path,
 ) -> None:
     where = {"stream": names.stream, "table": names.table}
     settings = stacks.settings_for(emulators, names, FAST)
@@ -146,6 +151,15 @@ def run_every_role(
     with recorder.acting_as("init"):
         init(**where, shards=2, timeout_s=60.0)  # creates both
         init(stream=names.stream, table=made_elsewhere.table, timeout_s=60.0)  # stamps it
+        init(  # kinesis-local: on demand, retention, KMS (kinesalite has none of them)
+            stream=f"{names.prefix}-on-demand",
+            table=names.table,
+            on_demand=True,
+            retention_hours=48,
+            kms_key="alias/aws/kinesis",
+            kinesis_endpoint_url=kinesis_local,
+            timeout_s=60.0,
+        )
 
     source = tmp_path / "input.jsonl"
     source.write_text(
