@@ -49,11 +49,19 @@ def serve(
             help="DynamoDB endpoint (default: KEO_DYNAMODB_ENDPOINT_URL, or AWS)",
         ),
     ] = None,
+    kinesis_endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--kinesis-endpoint-url",
+            help="Kinesis endpoint, where the streams' retention is read "
+            "(default: KEO_KINESIS_ENDPOINT_URL, or AWS)",
+        ),
+    ] = None,
     stream_retention_hours: Annotated[
         int | None,
         typer.Option(
-            help="the streams' retention, for the exactly-once window "
-            "(default: KEO_STREAM_RETENTION_HOURS, or unknown)",
+            help="the streams' retention, for the exactly-once window (default: "
+            "KEO_STREAM_RETENTION_HOURS, or each stream's own, read from Kinesis)",
             min=24,
             max=8760,
         ),
@@ -74,6 +82,7 @@ def serve(
         for name, value in {
             "table": table,
             "dynamodb_endpoint_url": dynamodb_endpoint_url,
+            "kinesis_endpoint_url": kinesis_endpoint_url,
             "stream_retention_hours": stream_retention_hours,
         }.items()
         if value is not None

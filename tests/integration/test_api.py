@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import boto3
 import httpx
 import planting
 import pytest
@@ -36,6 +37,7 @@ from api.cursor import CURSOR_PATTERN
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group, LedgerRecord, Position
+from producer.kinesis import create_stream, wait_active
 from producer.retries import poll_until
 
 TOKEN = "test-token-0123456789abcdef"
@@ -571,6 +573,40 @@ def test_summary_counts_in_flight_and_stale_and_reports_the_window(
         "limited_by": "stream_retention",
     }
     assert summary["last_reconcile"] is None
+
+
+def test_without_a_configured_retention_the_summary_reads_the_streams_own(
+    api_settings: ApiSettings, ledger: DynamoDBLedger, emulators: Any, stream: str
+) -> None:
+    # GIVEN an API told no retention, and a stream kept 48 hours
+    kinesis = boto3.session.Session().client(
+        "kinesis",
+        endpoint_url=emulators.kinesis,
+        region_name="us-east-1",
+        aws_access_key_id="keo-local",
+        aws_secret_access_key="keo-local",
+    )
+    create_stream(kinesis, stream, 1, timeout_s=30)
+    kinesis.increase_stream_retention_period(StreamName=stream, RetentionPeriodHours=48)
+    wait_active(kinesis, stream, timeout_s=30)
+    settings = api_settings.model_copy(
+        update={"stream_retention_hours": None, "kinesis_endpoint_url": emulators.kinesis}
+    )
+    client = AsgiClient(create_app(settings, ledger))
+    # WHEN the summaries of that stream and of a stream Kinesis does not know are asked for
+    known = client.get(f"/v1/streams/{stream}/summary", headers=AUTH)
+    unknown = client.get(f"/v1/streams/{stream}-missing/summary", headers=AUTH)
+    # THEN the window is the stream's retention, read from Kinesis
+    assert known.status_code == 200, known.text
+    assert known.json()["exactly_once_window"] == {
+        "dedupe_ttl_seconds": 7 * 24 * 3600,
+        "stream_retention_seconds": 48 * 3600,
+        "window_seconds": 48 * 3600,
+        "limited_by": "stream_retention",
+    }
+    # AND a stream Kinesis cannot describe still has a summary, its window unknown
+    assert unknown.status_code == 200, unknown.text
+    assert unknown.json()["exactly_once_window"]["window_seconds"] is None
 
 
 def test_summary_shows_the_last_run_the_reconciler_recorded(

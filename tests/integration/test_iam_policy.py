@@ -235,6 +235,8 @@ def drive_the_api(emulators: local_stack.Endpoints, names: Names) -> None:
         auth,
     )
     assert [r.status_code for r in responses] == [200] * 6, [r.text for r in responses]
+    window = responses[-1].json()["exactly_once_window"]  # read from the stream
+    assert window["stream_retention_seconds"] == 24 * 3600
 
 
 def asgi_requests(
