@@ -800,7 +800,7 @@ def _another_version(table: str, found: int | None) -> LedgerSchemaError:
     return LedgerSchemaError(
         f"ledger table {table!r} holds ledger schema version {found}; this keo "
         f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
-        "or a new table (docs/upgrading.md)",
+        "or a new table ('Upgrading' in the README)",
         table=table,
     )
 
