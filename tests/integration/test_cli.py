@@ -34,9 +34,7 @@ KEO = str(Path(sys.executable).with_name("keo"))
 
 @pytest.fixture
 def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings:
-    created = stacks.settings_for(emulators, names, {})
-    stacks.create_stream_and_table(created, shards=2)
-    return created
+    return stacks.fresh(emulators, names, shards=2)
 
 
 @pytest.fixture

@@ -53,14 +53,6 @@ ROLES = {
     "KeoInit": "init",
 }
 TOKEN = "iam-test-token-0123456789"
-FAST = {
-    "put_connect_timeout_s": 1.0,
-    "put_read_timeout_s": 1.0,
-    "clock_skew_s": 0.5,
-    "lease_s": 3.0,
-    "wait_initial_s": 0.05,
-    "wait_max_s": 0.5,
-}
 PLANTED_LEASE_MS = 15_000
 LATER_MS = 30_000  # the in-process reconciler's clock: every planted lease has expired
 
@@ -145,8 +137,8 @@ def run_every_role(
     tmp_path: Path,
 ) -> None:
     where = {"stream": names.stream, "table": names.table}
-    settings = stacks.settings_for(emulators, names, FAST)
-    made_elsewhere = stacks.settings_for(emulators, names, FAST, table=f"{names.prefix}-iac")
+    settings = stacks.settings_for(emulators, names, stacks.FAST)
+    made_elsewhere = stacks.settings_for(emulators, names, stacks.FAST, table=f"{names.prefix}-iac")
     stacks.create_table(made_elsewhere)  # as infrastructure as code leaves it: no schema stamp
     with recorder.acting_as("init"):
         init(**where, shards=2, timeout_s=60.0)  # creates both

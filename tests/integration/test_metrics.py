@@ -39,14 +39,20 @@ FAST_ENV = {
 
 @pytest.fixture
 def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings:
-    created = stacks.settings_for(emulators, names, {})
-    stacks.create_stream_and_table(created, shards=2)
-    return created
+    return stacks.fresh(emulators, names, shards=2)
 
 
 @pytest.fixture
 def cli_env(env: dict[str, str], settings: ProducerSettings) -> dict[str, str]:
     return {**env, **FAST_ENV, "KEO_STREAM": settings.stream, "KEO_TABLE": settings.table}
+
+
+def run_keo(
+    *args: str, env: dict[str, str], stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [KEO, *args], env=env, input=stdin, capture_output=True, timeout=120, check=False
+    )
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -73,13 +79,15 @@ def test_keo_send_writes_its_counters_to_the_metrics_file_at_the_end(
     collector.mkdir()
     prom = collector / "keo_send.prom"
     # WHEN keo send runs with --metrics-file
-    result = subprocess.run(
-        [KEO, "send", "--input", "-", "--no-progress", "--metrics-file", str(prom)],
-        input="\n".join(lines).encode(),
+    result = run_keo(
+        "send",
+        "--input",
+        "-",
+        "--no-progress",
+        "--metrics-file",
+        str(prom),
         env=cli_env,
-        capture_output=True,
-        timeout=120,
-        check=False,
+        stdin="\n".join(lines).encode(),
     )
     assert result.returncode == 0, result.stderr.decode()
     # THEN the file holds the producer's counters, labelled with the command
@@ -125,12 +133,8 @@ def test_keo_reconcile_once_writes_what_it_did_with_stale_claims(
     )
     prom = tmp_path / "keo_reconcile.prom"
     # WHEN keo reconcile --once runs with --metrics-file
-    result = subprocess.run(
-        [KEO, "reconcile", "--once", "--no-progress", "--metrics-file", str(prom)],
-        env=cli_env,
-        capture_output=True,
-        timeout=120,
-        check=False,
+    result = run_keo(
+        "reconcile", "--once", "--no-progress", "--metrics-file", str(prom), env=cli_env
     )
     assert result.returncode == 0, result.stderr.decode()
     # THEN the file says it took one stale group over and released its key
@@ -170,12 +174,8 @@ def reconcile_loop(cli_env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[s
     try:
         yield process, port
     finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        process.terminate()  # its default SIGTERM handler: it dies between passes or in one
+        process.communicate(timeout=60)
 
 
 def test_keo_reconcile_loop_serves_its_metrics_on_loopback_while_it_runs(
