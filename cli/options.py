@@ -70,7 +70,9 @@ def load_settings(**overrides: Any) -> ProducerSettings:
             field = ".".join(str(part) for part in error["loc"])
             message = str(error["msg"]).removeprefix("Value error, ")
             where = f" {env_var(field)}" if field else ""
-            typer.echo(f"keo: invalid setting{where}: {message}", err=True)
+            logs.report(
+                f"keo: invalid setting{where}: {message}", event="config_error", level=logging.ERROR
+            )
         raise typer.Exit(ExitCode.CONFIG) from None
 
 
