@@ -29,12 +29,6 @@ if TYPE_CHECKING:
     from conftest import Names
 
 KEO = str(Path(sys.executable).with_name("keo"))
-FAST_ENV = {
-    "KEO_PUT_CONNECT_TIMEOUT_S": "1",
-    "KEO_PUT_READ_TIMEOUT_S": "1",
-    "KEO_CLOCK_SKEW_S": "0.5",
-    "KEO_LEASE_S": "3",
-}
 
 
 @pytest.fixture
@@ -44,7 +38,7 @@ def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings
 
 @pytest.fixture
 def cli_env(env: dict[str, str], settings: ProducerSettings) -> dict[str, str]:
-    return {**env, **FAST_ENV, "KEO_STREAM": settings.stream, "KEO_TABLE": settings.table}
+    return {**env, "KEO_STREAM": settings.stream, "KEO_TABLE": settings.table}
 
 
 def run_keo(
