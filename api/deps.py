@@ -1,4 +1,5 @@
-"""Dependencies of the routes: the ledger (read side only), the settings, the clock, the token.
+"""Dependencies of the routes: the ledger (read side only), the settings, the clock, the
+streams' retention, the token.
 
 ``create_app`` puts the wired objects on ``app.state``; routes take them through the
 ``Annotated`` aliases below, so a test swaps any of them by building the app with its own.
@@ -13,6 +14,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import UnauthorizedError
+from api.retention import RetentionLookup
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock
 from dedupe_store.contract import LedgerReader
@@ -33,7 +35,13 @@ def get_clock(request: Request) -> Clock:
     return clock
 
 
+def get_retention(request: Request) -> RetentionLookup:
+    retention: RetentionLookup = request.app.state.retention
+    return retention
+
+
 LedgerDep = Annotated[LedgerReader, Depends(get_ledger)]
+RetentionDep = Annotated[RetentionLookup, Depends(get_retention)]
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 ClockDep = Annotated[Clock, Depends(get_clock)]
 

@@ -16,6 +16,7 @@ from api.deps import require_token
 from api.errors import ApiConfigError
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, problem_responses
+from api.retention import RetentionLookup, retention_from
 from api.routes import health, in_flight, messages, summary
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock, SystemClock
@@ -54,8 +55,10 @@ def create_app(
     *,
     require_auth: bool = True,
     clock: Clock | None = None,
+    retention: RetentionLookup | None = None,
 ) -> FastAPI:
-    """The app, on ``ledger`` (built from ``settings`` when not given).
+    """The app, on ``ledger`` and the streams' ``retention`` (both built from ``settings`` when
+    not given).
 
     Raises ``ApiConfigError`` when auth is required and no token is configured: an API that
     answers anyone must be asked for explicitly (``require_auth=False``, ``keo serve --no-auth``).
@@ -87,6 +90,7 @@ def create_app(
     app.state.settings = settings
     app.state.ledger = ledger
     app.state.clock = clock if clock is not None else SystemClock()
+    app.state.retention = retention if retention is not None else retention_from(settings)
     app.state.metrics = metrics
     install_problem_handlers(app)
     auth_dependencies = [Depends(require_token)] if require_auth else []

@@ -283,10 +283,11 @@ async def _ledger_failed(request: Request, exc: LedgerError) -> JSONResponse:
     retry = {"Retry-After": str(RETRY_AFTER_S)}
     if isinstance(exc, LedgerUnavailableError):
         log.warning(
-            "ledger unavailable path=%s error=%s code=%s",
-            request.url.path,
+            "ledger unavailable route=%s error=%s code=%s",
+            _route_of(request),
             exc,
             exc.cause_response_code,
+            extra=_where(request, exc),
         )
         return problem(
             request,
@@ -297,16 +298,21 @@ async def _ledger_failed(request: Request, exc: LedgerError) -> JSONResponse:
             headers=retry,
         )
     if isinstance(exc, LedgerSchemaError):
-        log.error("ledger not ready path=%s error=%s", request.url.path, exc)
+        log.error(
+            "ledger not ready route=%s error=%s",
+            _route_of(request),
+            exc,
+            extra=_where(request, exc),
+        )
         return problem(
             request,
             503,
             ProblemType.LEDGER_NOT_READY,
             "Ledger not ready",
-            f"the ledger table {exc.table!r} does not exist: run 'keo init'",
+            str(exc),  # missing, not stamped, or of another schema version: and what to do
             headers=retry,
         )
-    log.error("ledger error path=%s", request.url.path, exc_info=exc)
+    log.error("ledger error route=%s", _route_of(request), exc_info=exc, extra=_where(request, exc))
     return problem(request, 500, ProblemType.INTERNAL, "Internal error", None)
 
 
@@ -335,5 +341,20 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled error path=%s", request.url.path, exc_info=exc)
+    log.error("unhandled error route=%s", _route_of(request), exc_info=exc)
     return problem(request, 500, ProblemType.INTERNAL, "Internal error", None)
+
+
+def _route_of(request: Request) -> str:
+    """The route template (``/v1/streams/{stream}/messages/{key:path}``): logs name routes,
+    never paths, which hold message keys."""
+    route = request.scope.get("route")
+    template = getattr(route, "path", None)
+    return template if isinstance(template, str) else "unmatched"
+
+
+def _where(request: Request, exc: LedgerError) -> dict[str, str]:
+    """The stream and table of a ledger failure, as fields of a JSON log line."""
+    fields = {"table": exc.table} if exc.table else {}
+    stream = request.path_params.get("stream")
+    return {**fields, "stream": stream} if isinstance(stream, str) else fields

@@ -228,7 +228,7 @@ class ExactlyOnceWindow(BaseModel):
 
     dedupe_ttl_seconds: int = Field(description="how long a DELIVERED item is kept")
     stream_retention_seconds: int | None = Field(
-        description="the stream's retention as configured (KEO_STREAM_RETENTION_HOURS); null: unknown"
+        description="the stream's retention, read from Kinesis (or KEO_STREAM_RETENTION_HOURS); null: unknown"
     )
     window_seconds: int | None = Field(
         description="min(dedupe TTL, retention); null when the retention is unknown (then at most the TTL)"

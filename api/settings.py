@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr, field_validator
 
-from dedupe_store.settings import LedgerSettings, setting
+from dedupe_store.settings import ENDPOINT_URL_RULE, EndpointUrl, LedgerSettings, setting
 
 # 128 bits of entropy as hex is 32 characters; anything shorter than this is guessable.
 MIN_API_TOKEN_LENGTH = 16
@@ -19,7 +19,7 @@ MAX_RETENTION_HOURS = 8760
 
 class ApiSettings(LedgerSettings):
     """The delivery-state API (``keo serve``): the ledger's settings, plus the bearer token and
-    what the exactly-once window is reported from."""
+    what the exactly-once window is reported from (a retention, or the streams' Kinesis)."""
 
     api_token: SecretStr | None = setting(
         None,
@@ -34,11 +34,24 @@ class ApiSettings(LedgerSettings):
         None,
         ge=MIN_RETENTION_HOURS,
         le=MAX_RETENTION_HOURS,
-        description="retention of the streams, for the exactly-once window the API reports",
-        why=(
-            "unset means unknown: the window is then reported as at most the dedupe TTL; "
-            "the bounds are Kinesis's retention range (24 h to 365 days)"
+        description=(
+            "retention of the streams, for the exactly-once window the API reports; unset: "
+            "each stream's own, read from Kinesis (DescribeStreamSummary, kept 5 minutes)"
         ),
+        why=(
+            "a stream knows its retention: reading it keeps the window right when it changes; "
+            "set it where the API may not call Kinesis (the window is unknown, at most the "
+            "dedupe TTL, when neither works); the bounds are Kinesis's (24 h to 365 days)"
+        ),
+    )
+    kinesis_endpoint_url: EndpointUrl = setting(
+        None,
+        rule=ENDPOINT_URL_RULE,
+        description=(
+            "Kinesis endpoint override, where the API reads the streams' retention "
+            "(the same variable as the producer's)"
+        ),
+        why="unset reaches real AWS: an emulator is opted into, never the default",
     )
     summary_count_cap: int = setting(
         100_000,

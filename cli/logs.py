@@ -6,7 +6,13 @@ Three shapes, chosen once per run:
   use too, so a log line printed while a bar runs goes above it instead of through it;
 - ``text`` otherwise: plain lines, ``time level logger message``;
 - ``json``: one JSON object per line with the fields of :data:`JSON_FIELDS` (and
-  ``exception`` when there is one), for log collectors.
+  ``exception`` when there is one), for log collectors; a record that carries any of
+  :data:`CONTEXT_FIELDS` (``log.info(..., extra={"stream": s})``) has them too, and nothing
+  else: a payload can never reach a JSON line by way of an extra field.
+
+A command's own lines on stderr (``keo serve``'s address, a pass of ``keo reconcile --loop``
+with ``--json``, an error before exiting) go through :func:`report`: as they are in text, one
+JSON object with their fields in JSON, so a daemon's stderr is JSON lines throughout.
 
 The level is ``-v`` / ``-vv`` when given, else ``KEO_LOG_LEVEL``, else WARNING.
 """
@@ -17,14 +23,20 @@ import datetime as dt
 import functools
 import json
 import logging
+import sys
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 JSON_FIELDS = ("time", "level", "logger", "message")
+# what a record may add to its JSON line: where it happened and how many, never what was sent
+CONTEXT_FIELDS = ("event", "stream", "table", "group", "counts", "url")
+REPORT_LOGGER = "keo"
 _PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
@@ -74,8 +86,12 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
+_chosen = {"format": LogFormat.TEXT}
+
+
 def configure(level: str, fmt: LogFormat, *, terminal: bool) -> None:
     """Install the root handler (replacing any), on stderr."""
+    _chosen["format"] = fmt
     handler: logging.Handler
     if fmt is LogFormat.JSON:
         handler = logging.StreamHandler()
@@ -106,4 +122,31 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             body["exception"] = self.formatException(record.exc_info)
-        return json.dumps(body, ensure_ascii=True)
+        for name in CONTEXT_FIELDS:
+            if name in record.__dict__:
+                body[name] = record.__dict__[name]
+        return json.dumps(body, ensure_ascii=True, default=str)
+
+
+def report(
+    text: str,
+    *,
+    event: str,
+    level: int = logging.INFO,
+    style: dict[str, Any] | None = None,
+    **fields: Any,
+) -> None:
+    """A command's own line on stderr, whatever the log level: ``text`` as it is (with typer's
+    ``style``: fg, bold), or in JSON one object with ``event`` and ``fields`` (of
+    :data:`CONTEXT_FIELDS`)."""
+    if _chosen["format"] is not LogFormat.JSON:
+        typer.secho(text, err=True, **(style or {}))
+        return
+    unknown = set(fields) - set(CONTEXT_FIELDS)
+    if unknown:
+        raise ValueError(f"not a context field: {sorted(unknown)}")
+    record = logging.getLogger(REPORT_LOGGER).makeRecord(
+        REPORT_LOGGER, level, "(report)", 0, text, (), None, extra={"event": event, **fields}
+    )
+    sys.stderr.write(JsonFormatter().format(record) + "\n")
+    sys.stderr.flush()

@@ -13,6 +13,7 @@ import botocore.exceptions
 import typer
 from pydantic import ValidationError
 
+from cli import logs
 from cli.exit_codes import ExitCode
 from dedupe_store.errors import LedgerError, LedgerSchemaError
 from dedupe_store.settings import env_var
@@ -69,7 +70,9 @@ def load_settings(**overrides: Any) -> ProducerSettings:
             field = ".".join(str(part) for part in error["loc"])
             message = str(error["msg"]).removeprefix("Value error, ")
             where = f" {env_var(field)}" if field else ""
-            typer.echo(f"keo: invalid setting{where}: {message}", err=True)
+            logs.report(
+                f"keo: invalid setting{where}: {message}", event="config_error", level=logging.ERROR
+            )
         raise typer.Exit(ExitCode.CONFIG) from None
 
 
@@ -84,7 +87,7 @@ def exit_on_errors() -> Iterator[None]:
             raise
         code, message = explained
         log.debug("failed", exc_info=True)
-        typer.echo(f"keo: {message}", err=True)
+        logs.report(f"keo: {message}", event="command_failed", level=logging.ERROR)
         raise typer.Exit(code) from None
 
 

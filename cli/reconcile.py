@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli import logs
 from cli.exit_codes import ExitCode
+from cli.metrics_export import (
+    MetricsFileOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
+    exporting,
+    write_file,
+)
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -66,6 +74,9 @@ def reconcile(
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Resolve claims whose lease expired: found in the stream -> DELIVERED; not found ->
     resent (when the claim stored its payload) or RELEASED for the next producer; older
@@ -80,6 +91,9 @@ def reconcile(
     Exit codes with --once: 0 nothing left unresolved, 1 something is (conflicts, pending
     claims, errors), 3 configuration, 4 a backend is unreachable (also: a bucket could not be
     read, or the run could not be recorded; what could be settled was).
+
+    Metrics: --metrics-port serves them while it runs (with --loop); --metrics-file writes
+    them when it ends (with --loop, after every pass too).
 
     Example (cron, every minute): keo reconcile --stream orders --table orders-ledger --once
     """
@@ -98,7 +112,10 @@ def reconcile(
     from producer.wiring import build_stack
 
     show = progress if progress is not None else sys.stderr.isatty()
-    with exit_on_errors():
+    with (
+        exporting("reconcile", port=metrics_port, host=metrics_host, file=metrics_file),
+        exit_on_errors(),
+    ):
         stack = build_stack(settings, hooks=failpoints.from_env())
         reconciler = stack.reconciler(owner=f"reconciler:{default_owner()}", buckets=buckets)
         while True:
@@ -109,21 +126,32 @@ def reconcile(
             if as_json:
                 write_json_line(report.as_json())
                 sys.stdout.flush()
-            typer.echo(
+            summary = (
                 f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
                 f"{report.delivered} delivered, {report.resent} resent, "
                 f"{report.released} released, {report.unverifiable} unverifiable, "
                 f"{len(report.conflicts)} conflicts, {report.pending} pending, "
                 f"{report.lost_races} taken by others, {report.errors} errors "
-                f"({report.get_records_calls} GetRecords calls)",
-                err=as_json,
+                f"({report.get_records_calls} GetRecords calls)"
             )
+            if as_json:  # the JSON report is the result: the summary is a log line
+                logs.report(
+                    summary,
+                    event="reconcile_pass",
+                    stream=report.stream,
+                    table=settings.table,
+                    counts=report.counts(),
+                )
+            else:
+                typer.echo(summary)
             for failed, why in report.failed_buckets.items():
                 typer.echo(f"keo reconcile: bucket {failed} not read: {why}", err=True)
             if not report.run_recorded:
                 typer.echo("keo reconcile: the run could not be recorded in the ledger", err=True)
             if once:
                 break
+            if metrics_file is not None:
+                write_file(metrics_file, "reconcile")
             time.sleep(interval_s)
     if not report.complete:
         raise typer.Exit(ExitCode.UNAVAILABLE)

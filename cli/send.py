@@ -15,6 +15,7 @@ import typer
 from cli.exit_codes import ExitCode
 from cli.input_lines import BadLine, DataEncoding, numbered_lines, parse_line
 from cli.interrupt import GracefulStop, StopReadingError
+from cli.metrics_export import MetricsFileOpt, MetricsHostOpt, MetricsPortOpt, exporting
 from cli.options import (
     DynamoEndpointOpt,
     KinesisEndpointOpt,
@@ -31,6 +32,7 @@ from producer.protocol import Message, chunked
 
 if TYPE_CHECKING:
     from producer.producer import ExactlyOnceProducer
+    from producer.settings import ProducerSettings
 
 
 def send(
@@ -66,6 +68,9 @@ def send(
     ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Send messages exactly once: each key is claimed in the ledger, put once, and marked.
 
@@ -80,6 +85,8 @@ def send(
     reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
     second Ctrl-C exits at once.
 
+    Metrics: --metrics-port serves them while it runs, --metrics-file writes them at the end.
+
     Example: keo send --stream orders --table orders-ledger --input events.jsonl
     """
     settings = load_settings(
@@ -89,6 +96,17 @@ def send(
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
+    with exporting("send", port=metrics_port, host=metrics_host, file=metrics_file):
+        _send(settings, input_path, data_encoding, chunk_size, progress)
+
+
+def _send(
+    settings: ProducerSettings,
+    input_path: str,
+    data_encoding: DataEncoding,
+    chunk_size: int,
+    progress: bool | None,
+) -> None:
     from devstack import failpoints
     from producer.wiring import build_stack
 

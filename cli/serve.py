@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import socket
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from cli import logs
 from cli.exit_codes import ExitCode
 from cli.help_format import KeoCommand
 
@@ -47,11 +49,19 @@ def serve(
             help="DynamoDB endpoint (default: KEO_DYNAMODB_ENDPOINT_URL, or AWS)",
         ),
     ] = None,
+    kinesis_endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--kinesis-endpoint-url",
+            help="Kinesis endpoint, where the streams' retention is read "
+            "(default: KEO_KINESIS_ENDPOINT_URL, or AWS)",
+        ),
+    ] = None,
     stream_retention_hours: Annotated[
         int | None,
         typer.Option(
-            help="the streams' retention, for the exactly-once window "
-            "(default: KEO_STREAM_RETENTION_HOURS, or unknown)",
+            help="the streams' retention, for the exactly-once window (default: "
+            "KEO_STREAM_RETENTION_HOURS, or each stream's own, read from Kinesis)",
             min=24,
             max=8760,
         ),
@@ -72,6 +82,7 @@ def serve(
         for name, value in {
             "table": table,
             "dynamodb_endpoint_url": dynamodb_endpoint_url,
+            "kinesis_endpoint_url": kinesis_endpoint_url,
             "stream_retention_hours": stream_retention_hours,
         }.items()
         if value is not None
@@ -90,12 +101,12 @@ def serve(
                 f"--no-auth serves the ledger to anyone who can connect: refused on {host!r}; "
                 "use a loopback address (127.0.0.1) or set KEO_API_TOKEN"
             )
-        typer.secho(
+        logs.report(
             "keo serve: WARNING: AUTHENTICATION IS OFF (--no-auth): every /v1 route answers "
             "without a token. For local use only.",
-            err=True,
-            fg=typer.colors.RED,
-            bold=True,
+            event="auth_off",
+            level=logging.WARNING,
+            style={"fg": typer.colors.RED, "bold": True},
         )
     try:
         app = create_app(settings, require_auth=not no_auth)
@@ -110,10 +121,13 @@ def serve(
     # reported as such before anything claims to be serving.
     listening = _listen(host, port)
     bound_port = listening.getsockname()[1]
-    typer.echo(
-        f"keo serve: delivery-state API on http://{_url_host(host)}:{bound_port} "
+    url = f"http://{_url_host(host)}:{bound_port}"
+    logs.report(
+        f"keo serve: delivery-state API on {url} "
         f"(table {settings.table}, auth {'off' if no_auth else 'bearer'})",
-        err=True,
+        event="serve_listening",
+        url=url,
+        table=settings.table,
     )
     # log_config=None: uvicorn logs through keo's logging setup (-v for access logs)
     config = uvicorn.Config(app, log_config=None, server_header=False)
@@ -154,5 +168,5 @@ def _url_host(host: str) -> str:
 
 
 def _fail_config(message: str) -> NoReturn:
-    typer.echo(f"keo serve: {message}", err=True)
+    logs.report(f"keo serve: {message}", event="config_error", level=logging.ERROR)
     raise typer.Exit(ExitCode.CONFIG)

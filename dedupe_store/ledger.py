@@ -29,6 +29,7 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 import botocore.exceptions
@@ -77,6 +78,7 @@ __all__ = [
     "LEDGER_SCHEMA_VERSION",
     "SCHEMA_PK",
     "DynamoDBLedger",
+    "TtlStatus",
     "group_pk",
     "inflight_bucket",
     "ledger_pk",
@@ -115,6 +117,16 @@ def group_pk(stream: str, group_id: str) -> str:
 def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
     """The in-flight index partition of an open group."""
     return bucket_partition(stream, bucket_of(group_id, buckets))
+
+
+class TtlStatus(StrEnum):
+    """The ledger table's TTL after :meth:`DynamoDBLedger.enable_ttl`."""
+
+    ENABLED = "on (expires_at)"  # turned on by this call
+    ALREADY_ON = "on (expires_at), already"
+    OTHER_ATTRIBUTE = "on another attribute than expires_at: ledger items never expire"
+    UNSUPPORTED = "not supported by this backend"
+    OFF = "off"
 
 
 def new_group_id() -> str:
@@ -167,23 +179,29 @@ class DynamoDBLedger:
                 self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
         except (TableError, PynamoDBException) as exc:
             raise _translate(exc, self.table_name, None, "create table") from exc
-        if wait:
+        if wait and created:
             self._stamp_schema()
+        elif wait:
+            # a table that existed may hold another version's items: stamped only if empty
+            self._check_schema()
         return created
 
     def schema_version(self) -> int | None:
         """The ledger schema version the table is stamped with: None for an empty table
         without a stamp, 1 for a table with items but no stamp (stamps came with version 2)."""
+        stamp = self._stamp()
+        if stamp is not None:
+            return stamp
         try:
-            item = self.client.get_item(
-                TableName=self.table_name, Key={"pk": {"S": SCHEMA_PK}}, ConsistentRead=True
-            ).get("Item")
-            if item:
-                return int(item["schema_version"]["N"])
             anything = self.client.scan(TableName=self.table_name, Limit=1).get("Items")
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translate(exc, self.table_name, None, "read the schema version") from exc
         return 1 if anything else None
+
+    def _stamp(self) -> int | None:
+        """The schema version the table is stamped with, None without a stamp."""
+        item = self._get_item(SCHEMA_PK, None, "read the schema version", consistent=True)
+        return None if item is None else int(item["schema_version"]["N"])
 
     def _stamp_schema(self) -> None:
         try:
@@ -210,21 +228,52 @@ class DynamoDBLedger:
         if found != LEDGER_SCHEMA_VERSION:
             raise _another_version(self.table_name, found)
 
-    def enable_ttl(self) -> bool:
-        """Turn on TTL deletion of expired items. False where the backend lacks the API."""
+    def enable_ttl(self) -> TtlStatus:
+        """Turn on TTL deletion of expired items (on ``expires_at``), unless it is on already.
+
+        DynamoDB refuses to turn on a TTL that is on (a ValidationException): it is read first,
+        and read again after a refusal (another ``keo init`` may have turned it on meanwhile).
+        """
+        current = self._ttl_status()
+        if current is not TtlStatus.OFF:
+            return current
         try:
             self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
         except (TableError, PynamoDBException) as exc:
-            code = _code_of(exc)
-            if code in {"UnknownOperationException", "ValidationException"} or (
-                code is None and "UnknownOperation" in str(exc)
+            if _code_of(exc) == "UnknownOperationException" or (
+                _code_of(exc) is None and "UnknownOperation" in str(exc)
             ):
-                return False
+                return TtlStatus.UNSUPPORTED
+            after = self._ttl_status() if _code_of(exc) == "ValidationException" else None
+            if after in {TtlStatus.ALREADY_ON, TtlStatus.OTHER_ATTRIBUTE}:
+                return after
             raise _translate(exc, self.table_name, None, "enable TTL") from exc
-        return True
+        return TtlStatus.ENABLED
 
-    def ensure_ready(self) -> None:
-        """Fail fast with a schema error when the table is missing or of another version."""
+    def _ttl_status(self) -> TtlStatus:
+        """The table's TTL as DescribeTimeToLive tells it; OFF when it is off (or going off)."""
+        try:
+            found = self.client.describe_time_to_live(TableName=self.table_name)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            if _code_of(exc) == "UnknownOperationException":
+                return TtlStatus.UNSUPPORTED
+            raise _translate(exc, self.table_name, None, "read the TTL") from exc
+        description = found.get("TimeToLiveDescription", {})
+        if description.get("TimeToLiveStatus") not in {"ENABLED", "ENABLING"}:
+            return TtlStatus.OFF
+        if description.get("AttributeName") != TTL_ATTRIBUTE:
+            return TtlStatus.OTHER_ATTRIBUTE
+        return TtlStatus.ALREADY_ON
+
+    def ensure_ready(self, *, stamp_new: bool = False) -> None:
+        """Fail fast with a schema error when the table is missing or of another version.
+
+        Readers (the API, the audit) call it as it is: it only reads (DescribeTable, and
+        GetItem of the stamp), and a table without a stamp is refused, since reading alone
+        cannot tell a new table from one written by version 1. Writers pass ``stamp_new``: an
+        empty table without a stamp (made by other tools than 'keo init') becomes this
+        version's, which costs one Scan of one item to make sure it is empty.
+        """
         try:
             exists = self._model.exists()
         except PynamoDBException as exc:
@@ -234,7 +283,20 @@ class DynamoDBLedger:
                 f"ledger table {self.table_name!r} does not exist: run 'keo init'",
                 table=self.table_name,
             )
-        self._check_schema()
+        if stamp_new:
+            self._check_schema()
+            return
+        found = self._stamp()
+        if found is None:
+            raise LedgerSchemaError(
+                f"ledger table {self.table_name!r} has no ledger schema stamp: it was never "
+                "used by this keo (run 'keo init --table "
+                f"{self.table_name}'), or it was written by ledger schema version 1 (see "
+                "'Upgrading' in the README)",
+                table=self.table_name,
+            )
+        if found != LEDGER_SCHEMA_VERSION:
+            raise _another_version(self.table_name, found)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -738,7 +800,7 @@ def _another_version(table: str, found: int | None) -> LedgerSchemaError:
     return LedgerSchemaError(
         f"ledger table {table!r} holds ledger schema version {found}; this keo "
         f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
-        "or a new table (docs/upgrading.md)",
+        "or a new table ('Upgrading' in the README)",
         table=table,
     )
 

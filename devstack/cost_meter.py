@@ -204,13 +204,15 @@ class BillingMeter:
         # the parameters as sent: after any provide-client-params handler replaced them
         context[_PARAMS] = params
 
-    def _on_no_response(self, model: OperationModel, **_: Any) -> None:
+    def _on_no_response(self, event_name: str, **_: Any) -> None:
+        # after-call-error.dynamodb.<Operation>: botocore passes no operation model with it
+        operation = event_name.rsplit(".", 1)[-1]
         with self._lock:
-            self._requests[model.name] += 1
+            self._requests[operation] += 1
             self._failed_calls += 1
-            if model.name in _PRICED or model.name in _UNPRICED:
+            if operation in _PRICED or operation in _UNPRICED:
                 self._inexact_calls += 1  # a write may have been applied, a read billed
-        log.debug("billing meter: no response operation=%s", model.name)
+        log.debug("billing meter: no response operation=%s", operation)
 
     def _on_response(
         self,

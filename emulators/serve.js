@@ -5,7 +5,9 @@
 //   node emulators/serve.js dynalite      --port P --path DIR
 //   node emulators/serve.js kinesis-local --port P --tls-port Q --path DIR
 //
-// Without --path the store lives in memory. The packages are loaded from KEO_NODE_MODULES
+// Without --path the store lives in memory. --host ADDR binds another address than 127.0.0.1:
+// for docker-compose.yml only, where each emulator has a container of its own and the other
+// services reach it by name on the project's private network (it publishes no port). The packages are loaded from KEO_NODE_MODULES
 // (default: the node_modules next to this directory). Prints one line
 // "<name> listening on http://127.0.0.1:<port>" once the plain HTTP port accepts connections.
 //
@@ -18,7 +20,8 @@
 const net = require('net')
 const path = require('path')
 
-const HOST = '127.0.0.1'
+const LOOPBACK = '127.0.0.1'
+let HOST = LOOPBACK
 // State transitions (CREATING -> ACTIVE, ...) are instant for tests; real AWS takes seconds,
 // and the project's code waits with waiters, so short delays still exercise that path.
 const TRANSITION_MS = 50
@@ -28,7 +31,7 @@ function usage(message) {
   if (message) process.stderr.write(`serve.js: ${message}\n`)
   process.stderr.write(
     'usage: node emulators/serve.js {kinesalite|dynalite|kinesis-local} ' +
-      '--port PORT [--tls-port PORT] [--path DIR]\n',
+      '--port PORT [--tls-port PORT] [--path DIR] [--host ADDR]\n',
   )
   process.exit(2)
 }
@@ -44,6 +47,7 @@ function parseArgs(argv) {
     if (flag === '--port') options.port = parsePort(flag, value)
     else if (flag === '--tls-port') options.tlsPort = parsePort(flag, value)
     else if (flag === '--path') options.path = path.resolve(value)
+    else if (flag === '--host') HOST = parseHost(flag, value)
     else usage(`unknown flag ${flag}`)
   }
   if (options.port === undefined) usage('--port is required')
@@ -51,6 +55,11 @@ function parseArgs(argv) {
     usage('kinesis-local needs --tls-port (it always opens a TLS port too)')
   }
   return options
+}
+
+function parseHost(flag, value) {
+  if (net.isIP(value) === 0) usage(`${flag}: not an IP address: ${value}`)
+  return value
 }
 
 function parsePort(flag, value) {

@@ -308,20 +308,23 @@ class KinesisReader:
 def create_stream(
     client: Any,
     stream: str,
-    shards: int,
+    shards: int | None,
     *,
     timeout_s: float = 120.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
-    """Create ``stream`` with ``shards`` shards unless it exists (an existing stream keeps its
-    shard count), then wait until it is ACTIVE. True when this call created it.
+    """Create ``stream`` with ``shards`` shards (None: on demand) unless it exists (an existing
+    stream keeps its shard count), then wait until it is ACTIVE. True when this call created it.
 
     Other botocore errors reach the caller as they are (``keo init`` reports them as AWS
     errors); not ACTIVE in time is :class:`StreamUnavailableError`.
     """
     created = True
     try:
-        client.create_stream(StreamName=stream, ShardCount=shards)
+        if shards is None:
+            client.create_stream(StreamName=stream, StreamModeDetails={"StreamMode": "ON_DEMAND"})
+        else:
+            client.create_stream(StreamName=stream, ShardCount=shards)
     except botocore.exceptions.ClientError as exc:
         if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
             raise

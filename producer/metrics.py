@@ -1,8 +1,25 @@
-"""Prometheus metrics of the producer and the reconciler (the default registry)."""
+"""Prometheus metrics of the producer and the reconciler (the default registry).
+
+Names follow Prometheus's conventions: a unit in the name (``_seconds``, ``_units``), counters
+end in ``_total``, and labels take few values: the stream, an outcome, an operation, an error
+code. Never a message key, a group id or a payload. ``keo send`` and ``keo reconcile`` expose
+them (``--metrics-port``, ``--metrics-file``); ``docs/grafana-dashboard.json`` charts them.
+
+The ledger's requests are counted on its botocore client (:func:`count_ledger_calls`), so every
+call is seen, whichever code path made it.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from dedupe_store.billing import item_size_bytes, write_units
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = Counter("keo_messages_total", "Messages by final outcome", ["stream", "outcome"])
 CLAIMS = Counter("keo_claims_total", "Ledger claims by result", ["stream", "result"])
@@ -11,14 +28,14 @@ PUT_RECORD_ERRORS = Counter(
     "keo_put_record_errors_total", "Records not written or ambiguous, by code", ["stream", "code"]
 )
 PUT_SECONDS = Histogram(
-    "keo_put_seconds",
+    "keo_put_request_duration_seconds",
     "PutRecords latency",
     ["stream"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 LEDGER_SECONDS = Histogram(
-    "keo_ledger_seconds",
-    "Ledger call latency",
+    "keo_ledger_call_duration_seconds",
+    "Ledger call latency, by protocol step (open, claim, settle)",
     ["operation"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
@@ -27,3 +44,100 @@ READ_BACKS = Counter(
     "Claims resolved by reading the stream back, by resolution",
     ["stream", "resolution"],
 )
+
+# --- the ledger's DynamoDB requests --------------------------------------------------------------
+
+LEDGER_REQUESTS = Counter(
+    "keo_ledger_requests_total",
+    "DynamoDB requests of the ledger, by operation and result "
+    "(ok, condition_failed, throttled, error); SDK retries are not counted again",
+    ["operation", "result"],
+)
+LEDGER_WRITE_UNITS = Counter(
+    "keo_ledger_write_units_total",
+    "Table write units of the ledger's writes, estimated from item sizes as AWS bills them "
+    "(1 KB each, at least 1 per write, failed conditions included; index writes not included)",
+    ["operation"],
+)
+
+# --- the reconciler ---------------------------------------------------------------------------
+
+RECONCILE_RUNS = Counter(
+    "keo_reconcile_runs_total", "Reconciler passes over a stream's stale claim groups", ["stream"]
+)
+RECONCILE_CLAIMS = Counter(
+    "keo_reconcile_claims_total",
+    "Stale claims the reconciler resolved or left, by outcome (delivered, resent, released, "
+    "unverifiable, conflicts, pending, lost_races, errors)",
+    ["stream", "outcome"],
+)
+STALE_GROUPS = Gauge(
+    "keo_reconcile_stale_groups",
+    "Stale claim groups the last pass took over (left OPEN by a producer past its lease)",
+    ["stream"],
+)
+LAST_RECONCILE = Gauge(
+    "keo_reconcile_last_run_timestamp_seconds",
+    "When the last reconciler pass over the stream finished (Unix time)",
+    ["stream"],
+)
+
+_WRITES: Final = frozenset({"PutItem", "UpdateItem", "DeleteItem"})
+_THROTTLED: Final = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+_CONDITION_FAILED: Final = "ConditionalCheckFailedException"
+_UNIQUE_ID: Final = "keo-ledger-metrics"
+
+
+def count_ledger_calls(client: Any) -> None:
+    """Count every DynamoDB request of ``client`` (the ledger's botocore client) and the write
+    units of its writes. Attaching twice has no further effect."""
+    client.meta.events.register(
+        "before-parameter-build.dynamodb.PutItem", _remember_put_item, unique_id=_UNIQUE_ID
+    )
+    client.meta.events.register(
+        "after-call.dynamodb", _on_response, unique_id=f"{_UNIQUE_ID}-response"
+    )
+    client.meta.events.register(
+        "after-call-error.dynamodb", _on_no_response, unique_id=f"{_UNIQUE_ID}-error"
+    )
+
+
+def _on_response(
+    parsed: Mapping[str, Any], model: Any, context: Mapping[str, Any], **_: Any
+) -> None:
+    # botocore emits after-call for an error response too, before it raises
+    operation = str(model.name)
+    code = parsed.get("Error", {}).get("Code")
+    result = "ok" if code is None else _result_of(str(code))
+    LEDGER_REQUESTS.labels(operation, result).inc()
+    if operation in _WRITES and result in {"ok", "condition_failed"}:
+        try:
+            LEDGER_WRITE_UNITS.labels(operation).inc(_write_units(operation, parsed, context))
+        except (KeyError, TypeError, ValueError) as exc:  # a metric must never fail a call
+            log.debug("ledger metrics: cannot size operation=%s error=%r", operation, exc)
+
+
+def _on_no_response(event_name: str, **_: Any) -> None:
+    # after-call-error.dynamodb.<Operation>: botocore passes no operation model with it
+    LEDGER_REQUESTS.labels(event_name.rsplit(".", 1)[-1], "error").inc()
+
+
+def _result_of(code: str) -> str:
+    if code == _CONDITION_FAILED:
+        return "condition_failed"
+    return "throttled" if code in _THROTTLED else "error"
+
+
+def _write_units(operation: str, parsed: Mapping[str, Any], context: Mapping[str, Any]) -> int:
+    """What the write is billed, from the item it leaves (``ALL_NEW``), the item it put, or the
+    item a failed condition found (``ALL_OLD``); 1 when none is at hand."""
+    item = parsed.get("Attributes") or parsed.get("Item")
+    if item is None and operation == "PutItem":
+        item = context.get("keo_put_item")
+    return write_units(item_size_bytes(item)) if item else 1
+
+
+def _remember_put_item(params: Mapping[str, Any], context: dict[str, Any], **_: Any) -> None:
+    context["keo_put_item"] = params.get("Item")

@@ -76,6 +76,20 @@ class ReconcileReport:
         """Every bucket was read and the run was recorded."""
         return not self.failed_buckets and self.run_recorded
 
+    def counts(self) -> dict[str, int]:
+        """How many stale claims the pass looked at (``scanned``), and what became of them."""
+        return {
+            "scanned": self.scanned,
+            "delivered": self.delivered,
+            "resent": self.resent,
+            "released": self.released,
+            "unverifiable": self.unverifiable,
+            "conflicts": len(self.conflicts),
+            "pending": self.pending,
+            "lost_races": self.lost_races,
+            "errors": self.errors,
+        }
+
     def as_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["unresolved"] = self.unresolved
@@ -150,46 +164,33 @@ class Reconciler:
             if progress is not None:
                 progress(len(chunk))
         report.get_records_calls = self._resolver.get_records_calls - calls_before
-        outcomes = {
-            "scanned": report.scanned,
-            "delivered": report.delivered,
-            "resent": report.resent,
-            "released": report.released,
-            "unverifiable": report.unverifiable,
-            "conflicts": len(report.conflicts),
-            "pending": report.pending,
-            "lost_races": report.lost_races,
-            "errors": report.errors,
-            "failed_buckets": len(report.failed_buckets),
-        }
+        counts = {**report.counts(), "failed_buckets": len(report.failed_buckets)}
         try:
             self._retrying(
                 lambda: self._ledger.record_run(
                     self.stream,
                     started_ms=started_ms,
                     finished_ms=self._clock.now_ms(),
-                    outcomes=outcomes,
+                    outcomes=counts,
                 )
             )
         except LedgerError as exc:
             # what was settled stays settled; the report still says what the run did
             log.warning("reconcile run not recorded stream=%s error=%s", self.stream, exc)
             report.run_recorded = False
+        _count(report, finished_s=self._clock.now_ms() / 1000)
+        counts = report.counts()
         log.info(
-            "reconcile stream=%s scanned=%d delivered=%d resent=%d released=%d "
-            "unverifiable=%d conflicts=%d pending=%d lost_races=%d errors=%d",
+            "reconcile stream=%s %s",
             self.stream,
-            report.scanned,
-            report.delivered,
-            report.resent,
-            report.released,
-            report.unverifiable,
-            len(report.conflicts),
-            report.pending,
-            report.lost_races,
-            report.errors,
+            " ".join(f"{name}={count}" for name, count in counts.items()),
+            extra={**self._where(), "event": "reconcile_pass", "counts": counts},
         )
         return report
+
+    def _where(self) -> dict[str, str]:
+        """The fields of every log line of the reconciler (JSON logs show them as such)."""
+        return {"stream": self.stream, "table": self._ledger.table_name}
 
     def _reconcile_chunk(self, group_ids: list[str], report: ReconcileReport) -> None:
         now_ms = self._clock.now_ms()
@@ -299,7 +300,9 @@ class Reconciler:
                 skew_ms=self._lease.skew_ms,
             )
         except LedgerError as exc:
-            log.warning("group take over failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "group take over failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             return exc
         return taken.current if taken.applied else None
 
@@ -322,7 +325,9 @@ class Reconciler:
             if resolution is Resolution.UNVERIFIABLE:
                 return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
         except LedgerError as exc:
-            log.warning("reconcile action failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "reconcile action failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             return "errors"
         if resolution is Resolution.CONFLICT:
             return "conflicts"
@@ -344,7 +349,11 @@ class Reconciler:
             )
         except LedgerError as exc:
             log.warning(
-                "settle failed stream=%s group=%s error=%s", self.stream, group.group_id, exc
+                "settle failed stream=%s group=%s error=%s",
+                self.stream,
+                group.group_id,
+                exc,
+                extra={**self._where(), "group": group.group_id},
             )
             report.delivered -= len(positions)
             report.errors += len(positions)
@@ -366,7 +375,9 @@ class Reconciler:
                 lease_ms=self._lease.lease_ms,
             )
         except LedgerError as exc:
-            log.warning("resend group failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "resend group failed stream=%s error=%s", self.stream, exc, extra=self._where()
+            )
             report.errors += len(claims)
             return set()
         held: list[KeyClaim] = []
@@ -411,7 +422,13 @@ class Reconciler:
                 now_ms=self._clock.now_ms(),
             )
         except LedgerError as exc:
-            log.warning("resend settle failed stream=%s error=%s", self.stream, exc)
+            log.warning(
+                "resend settle failed stream=%s group=%s error=%s",
+                self.stream,
+                group.group_id,
+                exc,
+                extra={**self._where(), "group": group.group_id},
+            )
             report.errors += len(positions)
             return moved
         report.resent += len(positions) if settled.applied else 0
@@ -423,6 +440,17 @@ class Reconciler:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="keo-reconcile") as pool:
             return list(pool.map(fn, items))
+
+
+def _count(report: ReconcileReport, *, finished_s: float) -> None:
+    """A pass's outcomes in the process's metrics."""
+    stream = report.stream
+    metrics.RECONCILE_RUNS.labels(stream).inc()
+    metrics.STALE_GROUPS.labels(stream).set(report.groups)
+    metrics.LAST_RECONCILE.labels(stream).set(finished_s)
+    for outcome, count in report.counts().items():
+        if outcome != "scanned":
+            metrics.RECONCILE_CLAIMS.labels(stream, outcome).inc(count)
 
 
 def _counted(applied: bool, name: str) -> str:

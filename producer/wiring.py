@@ -12,6 +12,7 @@ from botocore.config import Config
 
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
+from producer import metrics
 from producer.hooks import NO_HOOKS, Hooks
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -127,7 +128,8 @@ def build_stack(
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
     info = reader.describe()
     ledger = ledger_from(settings)
-    ledger.ensure_ready()
+    metrics.count_ledger_calls(ledger.client)
+    ledger.ensure_ready(stamp_new=True)  # a writer: a new, empty table becomes this version's
     return Stack(
         settings=settings,
         ledger=ledger,

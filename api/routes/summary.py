@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ClockDep, LedgerDep, SettingsDep
+from api.deps import ClockDep, LedgerDep, RetentionDep, SettingsDep
 from api.problems import problem_responses
 from api.routes.params import StreamName
 from api.schemas import ReconcileRun, StreamSummary, exactly_once_window, from_epoch_ms
@@ -25,14 +25,20 @@ _COUNT_PAGE = 100
     responses=problem_responses(422, 503),
 )
 def get_summary(
-    *, stream: StreamName, ledger: LedgerDep, settings: SettingsDep, clock: ClockDep
+    *,
+    stream: StreamName,
+    ledger: LedgerDep,
+    settings: SettingsDep,
+    clock: ClockDep,
+    retention: RetentionDep,
 ) -> StreamSummary:
     """Counts come from the in-flight index (eventually consistent: they may lag by a moment):
     the keys listed by its open claim groups, an upper bound of the claims in flight (a group
     lists every key its producer sent, until it settles; the in-flight listing re-reads each).
 
     The exactly-once window is min(dedupe TTL, stream retention): a key delivered longer ago
-    than that can be delivered again.
+    than that can be delivered again. The retention is the stream's own, read from Kinesis
+    (or the one the server was configured with); null when it cannot be known.
     """
     now_ms = clock.now_ms()
     cap = settings.summary_count_cap
@@ -44,9 +50,7 @@ def get_summary(
         in_flight=in_flight,
         stale=stale,
         counts_complete=in_flight_complete and stale_complete,
-        exactly_once_window=exactly_once_window(
-            ledger.dedupe_ttl_s, settings.stream_retention_hours
-        ),
+        exactly_once_window=exactly_once_window(ledger.dedupe_ttl_s, retention(stream)),
         last_reconcile=_last_run(ledger, stream),
     )
 

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from conftest import Names
 
 
+# Short leases, so that read-back and stale groups come quickly: put timeouts 1 s + 1 s, skew
+# 0.5 s, lease 3 s (the shortest these allow), waits on another owner's claim from 50 ms.
+FAST: dict[str, Any] = {
+    "put_connect_timeout_s": 1.0,
+    "put_read_timeout_s": 1.0,
+    "clock_skew_s": 0.5,
+    "lease_s": 3.0,
+    "wait_initial_s": 0.05,
+    "wait_max_s": 0.5,
+}
+
+
 def settings_for(
     emulators: local_stack.Endpoints,
     names: Names,
@@ -38,18 +50,25 @@ def settings_for(
     return ProducerSettings(**values)
 
 
+def fresh(
+    emulators: local_stack.Endpoints, names: Names, *, shards: int = 2, **overrides: Any
+) -> ProducerSettings:
+    """Settings on this test's own stream and table, both created."""
+    settings = settings_for(emulators, names, {}, **overrides)
+    create_stream_and_table(settings, shards=shards)
+    return settings
+
+
 def create_stream_and_table(settings: ProducerSettings, shards: int) -> None:
     create_stream(kinesis_client(settings, for_put=False), settings.stream, shards, timeout_s=30)
     create_table(settings)
 
 
 def create_table(settings: ProducerSettings) -> None:
-    """The ledger table, ACTIVE with its index, stamped with this ledger's schema version
-    (as 'keo init' leaves it: a table with items and no stamp would read as version 1)."""
+    """The ledger table, ACTIVE with its index."""
     ledger = ledger_from(settings)
     ledger.create_table(wait=False)
     wait_table_active(ledger)
-    ledger.ensure_ready()
 
 
 def wait_table_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:

@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import boto3
 import httpx
 import planting
 import pytest
 import schemathesis
+import stacks
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -35,6 +37,7 @@ from api.cursor import CURSOR_PATTERN
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group, LedgerRecord, Position
+from producer.kinesis import create_stream, wait_active
 from producer.retries import poll_until
 
 TOKEN = "test-token-0123456789abcdef"
@@ -572,6 +575,40 @@ def test_summary_counts_in_flight_and_stale_and_reports_the_window(
     assert summary["last_reconcile"] is None
 
 
+def test_without_a_configured_retention_the_summary_reads_the_streams_own(
+    api_settings: ApiSettings, ledger: DynamoDBLedger, emulators: Any, stream: str
+) -> None:
+    # GIVEN an API told no retention, and a stream kept 48 hours
+    kinesis = boto3.session.Session().client(
+        "kinesis",
+        endpoint_url=emulators.kinesis,
+        region_name="us-east-1",
+        aws_access_key_id="keo-local",
+        aws_secret_access_key="keo-local",
+    )
+    create_stream(kinesis, stream, 1, timeout_s=30)
+    kinesis.increase_stream_retention_period(StreamName=stream, RetentionPeriodHours=48)
+    wait_active(kinesis, stream, timeout_s=30)
+    settings = api_settings.model_copy(
+        update={"stream_retention_hours": None, "kinesis_endpoint_url": emulators.kinesis}
+    )
+    client = AsgiClient(create_app(settings, ledger))
+    # WHEN the summaries of that stream and of a stream Kinesis does not know are asked for
+    known = client.get(f"/v1/streams/{stream}/summary", headers=AUTH)
+    unknown = client.get(f"/v1/streams/{stream}-missing/summary", headers=AUTH)
+    # THEN the window is the stream's retention, read from Kinesis
+    assert known.status_code == 200, known.text
+    assert known.json()["exactly_once_window"] == {
+        "dedupe_ttl_seconds": 7 * 24 * 3600,
+        "stream_retention_seconds": 48 * 3600,
+        "window_seconds": 48 * 3600,
+        "limited_by": "stream_retention",
+    }
+    # AND a stream Kinesis cannot describe still has a summary, its window unknown
+    assert unknown.status_code == 200, unknown.text
+    assert unknown.json()["exactly_once_window"]["window_seconds"] is None
+
+
 def test_summary_shows_the_last_run_the_reconciler_recorded(
     client: AsgiClient, ledger: DynamoDBLedger, stream: str
 ) -> None:
@@ -666,6 +703,23 @@ def test_missing_table_is_503_not_ready(api_settings: ApiSettings, names: Any) -
     body = assert_problem(client.get("/readyz"), 503, "ledger-not-ready")
     assert "keo init" in body["detail"]
     assert_problem(client.get("/v1/streams/s/messages/k", headers=AUTH), 503, "ledger-not-ready")
+
+
+def test_a_table_without_a_schema_stamp_is_503_not_ready_and_left_unstamped(
+    api_settings: ApiSettings, names: Any
+) -> None:
+    # GIVEN a table made by other tools than keo init: no ledger schema stamp
+    settings = api_settings.model_copy(update={"table": f"{names.prefix}-iac"})
+    ledger = DynamoDBLedger(settings.ledger_connection(), inflight_buckets=4)
+    ledger.create_table(wait=False)
+    stacks.wait_table_active(ledger)
+    client = AsgiClient(create_app(settings, ledger))
+    # WHEN the API is asked whether it is ready
+    body = assert_problem(client.get("/readyz"), 503, "ledger-not-ready")
+    # THEN it says what to do, and has not written the table (the API never writes)
+    assert "no ledger schema stamp" in body["detail"]
+    assert f"keo init --table {settings.table}" in body["detail"]
+    assert ledger.schema_version() is None
 
 
 # --- auth ------------------------------------------------------------------------------------

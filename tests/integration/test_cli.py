@@ -37,9 +37,7 @@ KEO = str(Path(sys.executable).with_name("keo"))
 
 @pytest.fixture
 def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings:
-    created = stacks.settings_for(emulators, names, {})
-    stacks.create_stream_and_table(created, shards=2)
-    return created
+    return stacks.fresh(emulators, names, shards=2)
 
 
 @pytest.fixture
@@ -267,19 +265,23 @@ def test_logs_as_json_lines_keep_their_field_names(
         *where(settings),
         env={**env, "KEO_LOG_FORMAT": "json"},
     )
-    # THEN stdout is the JSON summary alone, and every log line on stderr is a JSON object
-    # with the documented fields
+    # THEN stdout is the JSON summary alone, and every line on stderr is a JSON object with
+    # the documented fields, its summary too
     stderr = result.stderr.decode()
     assert result.returncode == 0, stderr
     assert json.loads(result.stdout)["stream"] == settings.stream
-    logged = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-    assert any(entry["logger"] == "producer.reconciler" for entry in logged), stderr
+    logged = [json.loads(line) for line in stderr.splitlines()]
     for entry in logged:
         assert {"time", "level", "logger", "message"} <= set(entry), entry
         assert entry["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
-    others = [line for line in stderr.splitlines() if not line.startswith("{")]
-    assert len(others) == 1
-    assert others[0].startswith("keo reconcile: stream ")
+    # AND each pass is logged with stable fields: stream, table, counts
+    passes = [entry for entry in logged if entry.get("event") == "reconcile_pass"]
+    assert {entry["logger"] for entry in passes} == {"producer.reconciler", "keo"}, stderr
+    for entry in passes:
+        assert (entry["stream"], entry["table"]) == (settings.stream, settings.table)
+        assert entry["counts"]["scanned"] == 0
+    summary = next(entry for entry in passes if entry["logger"] == "keo")
+    assert summary["message"].startswith("keo reconcile: stream ")
 
 
 def test_reconcile_without_json_prints_its_summary_on_stdout(
@@ -494,8 +496,10 @@ def test_ctrl_c_while_waiting_on_another_producers_claim_stops_waiting(
     # GIVEN the keys claimed by another producer whose lease runs for ten minutes
     keys = [f"good-{n}" for n in range(CHUNK)]
     messages = [Message(key, good_data(n)) for n, key in enumerate(keys)]
+    ledger = ledger_from(settings)
+    ledger.ensure_ready(stamp_new=True)  # as the other producer found the table: stamped
     plant_claims(
-        ledger_from(settings),
+        ledger,
         settings.stream,
         messages,
         owner="another-producer",
@@ -514,3 +518,54 @@ def test_ctrl_c_while_waiting_on_another_producers_claim_stops_waiting(
     assert [o["status"] for o in outcomes] == ["IN_FLIGHT"] * CHUNK, outcomes
     assert all("interrupted while waiting" in o["reason"] for o in outcomes)
     assert_stream_holds_exactly(kinesis, settings, [])
+
+
+# --- keo init -------------------------------------------------------------------------------------
+
+
+def test_init_creates_an_on_demand_stream_with_retention_and_kms_and_says_so_once_again(
+    kinesis_local_endpoint: str, env: dict[str, str], names: Names
+) -> None:
+    # GIVEN kinesis-local (kinesalite has no on-demand streams) and dynalite
+    local = {**env, "KEO_KINESIS_ENDPOINT_URL": kinesis_local_endpoint}
+    stream, table = ["--stream", names.stream], ["--table", names.table]
+    asked = ["--on-demand", "--retention-hours", "48", "--kms-key", "alias/aws/kinesis"]
+    # WHEN keo init asks for an on-demand stream kept 48 h and encrypted with KMS
+    first = keo("init", *stream, *table, *asked, env=local)
+    # THEN the stream is created as asked, and the table with it
+    assert first.returncode == 0, first.stderr.decode()
+    summary = streamcheck.kinesis_client(kinesis_local_endpoint).describe_stream_summary(
+        StreamName=names.stream
+    )["StreamDescriptionSummary"]
+    assert summary["StreamModeDetails"]["StreamMode"] == "ON_DEMAND"
+    assert summary["RetentionPeriodHours"] == 48
+    assert (summary["EncryptionType"], summary["KeyId"]) == ("KMS", "alias/aws/kinesis")
+    assert first.stdout.decode().startswith(
+        f"stream {names.stream}: created, ACTIVE, on demand, retention 48 h, "
+        "KMS alias/aws/kinesis\n"
+    )
+    # WHEN it runs again asking for something else
+    again = keo("init", *stream, *table, "--shards", "2", "--retention-hours", "24", env=local)
+    # THEN the stream is left as it is, each difference said on stderr, and it succeeds
+    assert again.returncode == 0, again.stderr.decode()
+    stderr = again.stderr.decode()
+    assert "it is on demand, not provisioned" in stderr
+    assert "its retention is 48 h, not 24 h" in stderr
+    assert f"stream {names.stream}: exists, ACTIVE" in again.stdout.decode()
+
+
+def test_init_on_demand_on_kinesalite_is_a_clear_configuration_error(
+    env: dict[str, str], names: Names
+) -> None:
+    result = keo("init", "--stream", names.stream, "--table", names.table, "--on-demand", env=env)
+    stderr = result.stderr.decode()
+    assert result.returncode == 3, stderr
+    assert "Kinesis refused the stream as asked" in stderr
+    assert "kinesalite has no on-demand streams" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_init_takes_shards_or_on_demand_not_both(env: dict[str, str], names: Names) -> None:
+    result = keo("init", "--stream", names.stream, "--shards", "2", "--on-demand", env=env)
+    assert result.returncode == 2
+    assert result.stderr.decode() == "keo init: give --shards or --on-demand, not both\n"

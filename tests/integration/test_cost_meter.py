@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import boto3
+import botocore.config
+import botocore.exceptions
 import pytest
 import stacks
 
@@ -305,3 +307,25 @@ def test_a_detached_meter_stops_counting(dynamodb: Any, names: Names) -> None:
     meter.detach(dynamodb)
     dynamodb.list_tables(Limit=1)
     assert meter.snapshot().requests_by_operation == {"ListTables": 1}
+
+
+def test_a_call_that_got_no_response_is_counted_failed_and_inexact(names: Names) -> None:
+    """GIVEN a meter on a client whose endpoint does not answer (nothing listens there)
+    WHEN a write is tried
+    THEN the meter counts it as failed and inexact (it may have been applied), and lets the
+    client's error through."""
+    unreachable = boto3.session.Session().client(
+        "dynamodb",
+        endpoint_url="http://127.0.0.1:9",
+        region_name=local_stack.REGION,
+        aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
+        aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
+        config=botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1),
+    )
+    meter = BillingMeter({names.table: SPEC})
+    meter.attach(unreachable)
+    with pytest.raises(botocore.exceptions.EndpointConnectionError):
+        unreachable.put_item(TableName=names.table, Item={"pk": _s("k")})
+    reading = meter.snapshot()
+    assert reading.requests_by_operation == {"PutItem": 1}
+    assert (reading.failed_calls, reading.inexact_calls, reading.write_requests) == (1, 1, 0)

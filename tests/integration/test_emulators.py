@@ -122,7 +122,8 @@ def test_second_up_reuses_running_emulators(
     again = local_stack.up(emulator_state_dir)
 
     # THEN the same processes serve the same endpoints, and endpoints.env points at them
-    assert again == emulators
+    # (kinesis-local too, when an earlier test of the session asked for it)
+    assert (again.kinesis, again.dynamodb) == (emulators.kinesis, emulators.dynamodb)
     assert {s.name: s.pid for s in local_stack.status(emulator_state_dir)} == pids_before
     sourced = subprocess.run(
         [
@@ -321,3 +322,42 @@ def by_name(statuses: list[local_stack.EmulatorStatus]) -> dict[str, local_stack
 def wait_until(condition: Callable[[], bool], timeout_s: float = 5) -> None:
     if not poll_until(condition, timeout_s=timeout_s, interval_s=0.05):
         pytest.fail(f"condition not met after {timeout_s} s")
+
+
+def test_serve_js_binds_the_address_given_with_host_and_refuses_a_name() -> None:
+    # GIVEN the launcher docker-compose.yml runs (its containers pass --host 0.0.0.0 on a
+    # private network; here another loopback address stands in for it)
+    serve_js = Path(__file__).resolve().parents[2] / "emulators" / "serve.js"
+    node_modules = os.environ.get("KEO_NODE_MODULES") or str(serve_js.parents[1] / "node_modules")
+    env = {**os.environ, "KEO_NODE_MODULES": node_modules}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    # WHEN dynalite is started with --host 127.0.0.2
+    process = subprocess.Popen(
+        ["node", str(serve_js), "dynalite", "--port", str(port), "--host", "127.0.0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        announced = process.stdout.readline()
+        # THEN it listens on that address alone, and says so
+        assert announced.strip() == f"dynalite listening on http://127.0.0.2:{port}"
+        assert listeners(port) == ["0200007F"]
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    # AND an address that is not an IP address is a usage error, before anything listens
+    refused = subprocess.run(
+        ["node", str(serve_js), "dynalite", "--port", str(port), "--host", "example.com"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "--host: not an IP address: example.com" in refused.stderr

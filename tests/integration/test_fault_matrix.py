@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import stacks
 import streamcheck
 
 from dedupe_store.clock import SkewedClock, SystemClock
@@ -26,14 +27,7 @@ from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 if TYPE_CHECKING:
     from conftest import Names
 
-FAST: dict[str, Any] = {
-    "put_connect_timeout_s": 1.0,
-    "put_read_timeout_s": 1.0,
-    "clock_skew_s": 0.5,
-    "lease_s": 3.0,
-    "wait_initial_s": 0.05,
-    "wait_max_s": 0.5,
-}
+FAST = stacks.FAST
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import stacks
 from moto.server import ThreadedMotoServer
 
 from dedupe_store.errors import LedgerSchemaError
-from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger
+from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import LedgerState
@@ -64,18 +64,24 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
         endpoint: str = request.getfixturevalue("emulators").dynamodb
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
+    ledger = new_table(endpoint, names.table, dedupe_ttl_s=TTL_S, inflight_buckets=4)
+    if request.param == "dynalite-read-back":
+        ledger.client.meta.events.register("provide-client-params.dynamodb.*", _no_old_item)
+    return ledger
+
+
+def new_table(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedger:
+    """A new, empty ledger table on ``endpoint``, ACTIVE (not stamped)."""
     options = ConnectionOptions(
-        table_name=names.table,
+        table_name=table,
         region=local_stack.REGION,
         host=endpoint,
         aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
         aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
     )
-    ledger = DynamoDBLedger(options, dedupe_ttl_s=TTL_S, inflight_buckets=4)
+    ledger = DynamoDBLedger(options, **ledger_options)
     assert ledger.create_table(wait=False)
     stacks.wait_table_active(ledger)
-    if request.param == "dynalite-read-back":
-        ledger.client.meta.events.register("provide-client-params.dynamodb.*", _no_old_item)
     return ledger
 
 
@@ -214,6 +220,8 @@ def test_a_table_stamped_by_another_ledger_version_is_refused_not_misread(
         LedgerSchemaError, match=f"schema version {newer}; this keo reads version {ours}"
     ):
         ledger.ensure_ready()
+    with pytest.raises(LedgerSchemaError, match=f"schema version {newer}"):
+        ledger.ensure_ready(stamp_new=True)
     with pytest.raises(LedgerSchemaError):
         ledger.create_table(wait=True)
 
@@ -226,8 +234,61 @@ def test_a_table_written_before_stamps_is_read_as_version_1_and_refused(
         TableName=ledger.table_name,
         Item={"pk": {"S": f"{STREAM}#k-old"}, "stream": {"S": STREAM}, "state": {"S": "DELIVERED"}},
     )
-    # WHEN a process checks the table
-    # THEN it is refused as version 1
+    # WHEN a process checks the table, or keo init runs on it
+    # THEN it is refused as version 1, and never stamped as this version's
     assert ledger.schema_version() == 1
     with pytest.raises(LedgerSchemaError, match="schema version 1"):
         ledger.ensure_ready()
+    with pytest.raises(LedgerSchemaError, match="schema version 1"):
+        ledger.ensure_ready(stamp_new=True)
+    with pytest.raises(LedgerSchemaError, match="schema version 1"):
+        ledger.create_table(wait=True)
+    assert ledger.schema_version() == 1
+
+
+def test_a_reader_never_stamps_a_table_and_a_writer_stamps_an_empty_one(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN an empty table without a stamp, as tools other than keo init create it
+    assert ledger.schema_version() is None
+    # WHEN a reader (the API, the audit) checks it
+    # THEN it is refused with what to do, and left as it was (readers only read)
+    with pytest.raises(LedgerSchemaError, match=r"no ledger schema stamp.*keo init"):
+        ledger.ensure_ready()
+    assert ledger.schema_version() is None
+    # WHEN a writer (a producer, a reconciler) checks it
+    # THEN it becomes this version's, and readers accept it from then on
+    ledger.ensure_ready(stamp_new=True)
+    assert ledger.schema_version() == LEDGER_SCHEMA_VERSION
+    ledger.ensure_ready()
+
+
+# --- TTL -----------------------------------------------------------------------------------------
+
+
+def test_ttl_is_turned_on_once_and_found_on_after_that(moto_endpoint: str, names: Names) -> None:
+    # GIVEN a table on a DynamoDB with the TTL API (moto), TTL off
+    ledger = new_table(moto_endpoint, names.table)
+    # WHEN keo init turns TTL on, and runs again (DynamoDB refuses to turn on a TTL that is on)
+    # THEN it is on, and on again is success, never "not supported"
+    assert ledger.enable_ttl() is TtlStatus.ENABLED
+    assert ledger.enable_ttl() is TtlStatus.ALREADY_ON
+    description = ledger.client.describe_time_to_live(TableName=names.table)
+    assert description["TimeToLiveDescription"]["AttributeName"] == "expires_at"
+
+
+def test_ttl_on_another_attribute_is_reported_not_changed(moto_endpoint: str, names: Names) -> None:
+    ledger = new_table(moto_endpoint, names.table)
+    ledger.client.update_time_to_live(
+        TableName=names.table,
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": "gone_at"},
+    )
+    assert ledger.enable_ttl() is TtlStatus.OTHER_ATTRIBUTE
+
+
+def test_a_backend_without_the_ttl_api_says_so(
+    emulators: local_stack.Endpoints, names: Names
+) -> None:
+    # dynalite has DescribeTimeToLive (always off) and no UpdateTimeToLive
+    ledger = new_table(emulators.dynamodb, names.table)
+    assert ledger.enable_ttl() is TtlStatus.UNSUPPORTED

@@ -52,14 +52,7 @@ if TYPE_CHECKING:
 
 KEO = str(Path(sys.executable).with_name("keo"))
 SHARDS = 2
-FAST: dict[str, Any] = {
-    "put_connect_timeout_s": 1.0,
-    "put_read_timeout_s": 1.0,
-    "clock_skew_s": 0.5,
-    "lease_s": 3.0,
-    "wait_initial_s": 0.05,
-    "wait_max_s": 0.5,
-}
+FAST = stacks.FAST
 FAST_ENV = {
     "KEO_PUT_CONNECT_TIMEOUT_S": "1",
     "KEO_PUT_READ_TIMEOUT_S": "1",

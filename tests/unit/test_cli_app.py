@@ -13,7 +13,15 @@ import typer.main
 from typer.testing import CliRunner
 
 from cli.app import app
-from cli.logs import JsonFormatter, LogFormat, LogSettingError, log_format, log_level
+from cli.logs import (
+    JsonFormatter,
+    LogFormat,
+    LogSettingError,
+    configure,
+    log_format,
+    log_level,
+    report,
+)
 
 runner = CliRunner()
 
@@ -77,6 +85,54 @@ def test_a_json_log_line_has_stable_field_names() -> None:
         "logger": "producer.x",
         "message": "put failed n=3",
     }
+
+
+def test_a_json_log_line_has_the_context_fields_a_record_carries_and_no_others() -> None:
+    # GIVEN a record with context fields, and an extra field that is not one (a payload)
+    record = logging.LogRecord("producer.reconciler", logging.INFO, __file__, 1, "pass", (), None)
+    for name, value in {
+        "stream": "orders",
+        "table": "orders-ledger",
+        "group": "g1",
+        "counts": {"delivered": 2},
+        "data": "secret payload",
+    }.items():
+        setattr(record, name, value)
+    # WHEN formatted as JSON
+    body = json.loads(JsonFormatter().format(record))
+    # THEN the context fields are fields of the line, and the payload is not
+    assert body["stream"] == "orders"
+    assert body["table"] == "orders-ledger"
+    assert body["group"] == "g1"
+    assert body["counts"] == {"delivered": 2}
+    assert "data" not in body
+    assert "secret payload" not in json.dumps(body)
+
+
+def test_a_commands_own_line_is_a_json_object_in_json_mode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # GIVEN JSON logs
+    saved = logging.getLogger().handlers[:], logging.getLogger().level
+    try:
+        configure("WARNING", LogFormat.JSON, terminal=False)
+        # WHEN a command reports a line, below the log level
+        report("keo serve: listening", event="serve_listening", url="http://127.0.0.1:1")
+        configure("WARNING", LogFormat.TEXT, terminal=False)
+        report("keo serve: listening", event="serve_listening", url="http://127.0.0.1:1")
+    finally:
+        logging.getLogger().handlers[:], level = saved
+        logging.getLogger().setLevel(level)
+    # THEN it is shown anyway: one JSON object with its fields, or the text as it is
+    json_line, text_line = capsys.readouterr().err.splitlines()
+    body = json.loads(json_line)
+    assert body["message"] == "keo serve: listening"
+    assert (body["event"], body["url"], body["level"]) == (
+        "serve_listening",
+        "http://127.0.0.1:1",
+        "INFO",
+    )
+    assert text_line == "keo serve: listening"
 
 
 # --- help and version ---------------------------------------------------------------------------

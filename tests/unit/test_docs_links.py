@@ -1,4 +1,5 @@
-"""The README and docs/ link only to files of the repository, and every such file exists."""
+"""The README, the changelog and docs/ link only to files of the repository, and every such
+file exists."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 # [text](target) with a target that is not a URL, an anchor or a mail address
 LOCAL_LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s]+)\)")
 
