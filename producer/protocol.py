@@ -1,7 +1,7 @@
 """The protocol's pure decisions: validation, routing, digests, PutRecords entries, lease
-arithmetic and the signature fence's check, batching, and the classification of PutRecords results (written, not written,
-ambiguous; and for those not written, whether to resend). No I/O; every function here is
-unit-tested without sockets.
+arithmetic and the signature fence's check, batching, and the classification of PutRecords
+results (written, not written, ambiguous; and for those not written, whether to resend). No
+I/O; every function here is unit-tested without sockets.
 """
 
 from __future__ import annotations

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
 
 SEEDS = [int(s) for s in os.environ.get("SOAK_SEEDS", "1").split(",") if s.strip()]
 MESSAGES = int(os.environ.get("SOAK_MESSAGES", "240"))
-# Generous lease: the proxies share this process and its 2 cores with the producers, and a
-# put must land within its lease (see the stalled-producer bound in the README).
-# The signature fence on, with a 6 s window that the Kinesis proxy enforces as AWS does its
-# 5 minutes: the lease is its minimum, 6 + 1 + 1 + 2 x 1.
+# Generous lease: the proxies share this process and its 2 cores with the producers. The
+# signature fence is on, with a 6 s window the Kinesis proxy enforces as AWS enforces its 5
+# minutes (a put slowed past it is refused, not written): the lease is its minimum,
+# 6 + 1 + 1 + 2 x 1.
 SIGNATURE_WINDOW_S = 6.0
 TIMING: dict[str, Any] = {
     "put_connect_timeout_s": 1.0,

@@ -69,7 +69,15 @@ def admits(signed_at_ms: int, lease_end_ms: int = LEASE_END_MS) -> bool:
         (LEASE_END_MS, False),
         (LEASE_END_MS + 60_000, False),  # a process that woke up long after its lease
     ],
-    ids=["at-claim", "1ms-early", "exactly-at-the-limit", "1ms-late", "skew-left", "at-end", "late"],
+    ids=[
+        "at-claim",
+        "1ms-early",
+        "exactly-at-the-limit",
+        "1ms-late",
+        "skew-left",
+        "at-end",
+        "late",
+    ],
 )
 def test_a_request_leaves_only_if_its_signature_expires_before_its_lease(
     signed_at_ms: int, admitted: bool
@@ -294,7 +302,9 @@ def test_the_handler_refuses_a_request_signed_too_late_for_its_lease() -> None:
     [(None, CLAIMED_AT_MS, "no lease was given"), (LEASE_END_MS, None, "it is not signed")],
     ids=["no-lease", "unsigned"],
 )
-def test_the_handler_fails_closed(lease_end_ms: int | None, signed: int | None, reason: str) -> None:
+def test_the_handler_fails_closed(
+    lease_end_ms: int | None, signed: int | None, reason: str
+) -> None:
     # GIVEN a request with no lease to check it against, or no signing time
     fence = SignatureFence(fenced())
     # WHEN the handler checks it
