@@ -73,6 +73,12 @@ def demo(
     split mid-run. The exactly-once stream is then reconciled, both streams are
     audited, and the results are printed side by side.
 
+    With --no-spark, two producers in this process meet lost responses, a replayed
+    batch, and a producer stalled past its lease right before its put while another
+    one sends its keys; Kinesis is reached through a proxy that enforces a 10 s
+    signature window, as AWS enforces 5 minutes, and the signature fence refuses
+    the stalled put.
+
     The local stack (kinesalite, dynalite) is started under --state-dir, unless
     KEO_KINESIS_ENDPOINT_URL and KEO_DYNAMODB_ENDPOINT_URL are set: then those
     endpoints are used.
