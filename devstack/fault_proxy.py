@@ -25,25 +25,20 @@ is now earlier than ...", as AWS words it) and not forwarded. Arrival is read fr
 (seconds, default the wall clock), after any delay or hold. Refusals are counted in
 ``signatures_refused`` by operation.
 
-Run on its own, in front of an emulator, for processes started by hand::
-
-    python -m devstack.fault_proxy --upstream http://127.0.0.1:4567 --signature-window-s 4
+``keo emulators proxy --signature-window-s 4`` runs one in front of the local stack's
+kinesalite, for processes started by hand.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import http.client
 import json
 import logging
 import random
-import signal
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -292,34 +287,3 @@ def _operation(target: str) -> str:
 
 def _stamp(moment: datetime) -> str:
     return moment.strftime(_SIGNED_AT_FORMAT)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve a proxy with no faults (the signature window only) until interrupted."""
-    parser = argparse.ArgumentParser(
-        prog="python -m devstack.fault_proxy",
-        description="an HTTP proxy on 127.0.0.1 in front of an emulator, emulating the "
-        "signature window the emulators do not check",
-    )
-    parser.add_argument("--upstream", required=True, help="the emulator, http://host:port")
-    parser.add_argument("--port", type=int, default=0, help="where to listen (default: any)")
-    parser.add_argument(
-        "--signature-window-s",
-        type=float,
-        default=None,
-        help="refuse a request signed more than this many seconds before it arrives",
-    )
-    args = parser.parse_args(argv)
-    proxy = FaultProxy(args.upstream, port=args.port, signature_window_s=args.signature_window_s)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with proxy:
-        sys.stdout.write(f"{proxy.endpoint}\n")
-        sys.stdout.flush()
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,6 +16,7 @@ proxy's events and on the ledger (every key DELIVERED) before it resumes it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -417,3 +419,51 @@ def test_without_the_fence_the_same_stall_writes_a_duplicate_that_keo_audit_repo
     assert report["duplicate_count"] == KEYS
     assert all(len(positions) == 2 for positions in report["duplicates"].values())
     assert report["missing_count"] == 0
+
+
+# --- keo emulators proxy ------------------------------------------------------------------------
+
+
+def test_keo_emulators_proxy_refuses_a_signature_older_than_its_window(
+    emulators: local_stack.Endpoints, env: dict[str, str]
+) -> None:
+    # GIVEN `keo emulators proxy` in front of kinesalite with a 4 s window
+    process = subprocess.Popen(
+        [KEO, "emulators", "proxy", "--upstream", emulators.kinesis, "--signature-window-s", "4"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("export KEO_KINESIS_ENDPOINT_URL=http://127.0.0.1:"), line
+        endpoint = line.strip().partition("=")[2]
+        # WHEN a request signed now goes through it, and one signed a minute ago
+        streamcheck.kinesis_client(endpoint).list_streams()
+        host, _, port = endpoint.removeprefix("http://").partition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        minute_ago = datetime.fromtimestamp(time.time() - 60, tz=UTC)
+        connection.request(
+            "POST",
+            "/",
+            body=b"{}",
+            headers={
+                "X-Amz-Target": "Kinesis_20131202.ListStreams",
+                "X-Amz-Date": minute_ago.strftime("%Y%m%dT%H%M%SZ"),
+                "Content-Type": "application/x-amz-json-1.1",
+            },
+        )
+        answer = connection.getresponse()
+        body = json.loads(answer.read())
+        connection.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(timeout=30)
+    # THEN the first is answered by kinesalite, the second refused as AWS refuses it; the
+    # proxy stops cleanly on SIGTERM
+    assert answer.status == 400
+    assert body["__type"] == "InvalidSignatureException"
+    assert body["message"].startswith("Signature expired: ")
+    assert body["message"].endswith("- 4 sec.)")
+    assert returncode == 0
