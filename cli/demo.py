@@ -24,11 +24,14 @@ if TYPE_CHECKING:
 
 DEMO_TABLE: Final = "keo-demo-ledger"
 # Leases that survive a busy 2-core machine: a put gives up after 1 + 2 s, and a claim outlives
-# it by a wide margin, so a starved worker's slow put still lands inside its lease.
+# it by a wide margin, so a starved worker's slow put still lands inside its lease. The
+# signature fence is on, with a 10 s window that the demo's fault proxy enforces in front of
+# kinesalite as AWS enforces its 5 minutes: the lease is its minimum, 10 + 1 + 2 + 2 x 1 s.
 DEMO_LEASES: Final = {
     "put_connect_timeout_s": 1.0,
     "put_read_timeout_s": 2.0,
     "clock_skew_s": 1.0,
+    "signature_window_s": 10.0,
     "lease_s": 15.0,
 }
 
@@ -69,6 +72,12 @@ def demo(
     and restarted from its checkpoint (Spark replays the batch); and one shard
     split mid-run. The exactly-once stream is then reconciled, both streams are
     audited, and the results are printed side by side.
+
+    With --no-spark, two producers in this process meet lost responses, a replayed
+    batch, and a producer stalled past its lease right before its put while another
+    one sends its keys; Kinesis is reached through a proxy that enforces a 10 s
+    signature window, as AWS enforces 5 minutes, and the signature fence refuses
+    the stalled put.
 
     The local stack (kinesalite, dynalite) is started under --state-dir, unless
     KEO_KINESIS_ENDPOINT_URL and KEO_DYNAMODB_ENDPOINT_URL are set: then those

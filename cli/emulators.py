@@ -1,7 +1,8 @@
-"""``keo emulators up|down|status``: the embedded local stack."""
+"""``keo emulators up|down|status|proxy``: the embedded local stack."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -13,7 +14,8 @@ from cli.help_format import KeoCommand, KeoGroup
 app = typer.Typer(
     help=(
         "Start, stop and inspect the embedded local stack (kinesalite, dynalite, kinesis-local), "
-        "bound to 127.0.0.1 only. Needs Node.js and 'npm ci' (or 'make setup')."
+        "bound to 127.0.0.1 only, and put a proxy in front of kinesalite that checks "
+        "signatures' age as AWS does. Needs Node.js and 'npm ci' (or 'make setup')."
     ),
     no_args_is_help=True,
     cls=KeoGroup,
@@ -126,6 +128,69 @@ def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     if not all(row.running for row in statuses):
         typer.echo("some emulators are not running: run 'keo emulators up'", err=True)
         raise typer.Exit(ExitCode.FAILED)
+
+
+@app.command(cls=KeoCommand)
+def proxy(
+    *,
+    signature_window_s: Annotated[
+        float,
+        typer.Option(
+            "--signature-window-s",
+            min=1,
+            help="refuse a request that arrives more than this many seconds after (or "
+            "before) its signing time, as AWS does after 300",
+        ),
+    ] = 300.0,
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            help="the Kinesis endpoint to stand in front of \\[default: the stack's kinesalite]"
+        ),
+    ] = None,
+    port: Annotated[
+        int, typer.Option(help="port to listen on (default: a free one)", min=0, max=65535)
+    ] = 0,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Stand in front of Kinesis as AWS does for signatures, until Ctrl-C.
+
+    The emulators do not check signatures. Through this proxy, on 127.0.0.1, a request signed
+    more than --signature-window-s before it arrives is refused (InvalidSignatureException:
+    Signature expired), not forwarded: with a short window, and the same
+    KEO_SIGNATURE_WINDOW_S, the signature fence can be seen at work. Point
+    KEO_KINESIS_ENDPOINT_URL at the endpoint it prints.
+
+    Example: keo emulators proxy --signature-window-s 4
+    """
+    import signal
+    import threading
+
+    from devstack import emulators
+    from devstack.fault_proxy import FaultProxy
+
+    if upstream is None:
+        try:
+            running = [s for s in emulators.status(state_dir) if s.running]
+        except emulators.EmulatorError as exc:
+            _fail(exc)
+        kinesalite = next((s for s in running if s.name == emulators.KINESALITE), None)
+        if kinesalite is None:
+            typer.echo(
+                f"keo emulators: no kinesalite running from {state_dir}: run 'keo emulators up'",
+                err=True,
+            )
+            raise typer.Exit(ExitCode.UNAVAILABLE)
+        upstream = kinesalite.endpoint
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with FaultProxy(upstream, port=port, signature_window_s=signature_window_s) as server:
+        typer.echo(f"export KEO_KINESIS_ENDPOINT_URL={server.endpoint}")
+        typer.echo(
+            f"  (in front of {upstream}, signature window {signature_window_s:g} s)", err=True
+        )
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop serving, exit 0
+            stop.wait()
 
 
 def _fail(exc: Exception) -> NoReturn:

@@ -82,6 +82,11 @@ def reconcile(
     resent (when the claim stored its payload) or RELEASED for the next producer; older
     than the stream's retention -> UNVERIFIABLE (never resent).
 
+    A claim is stale once its lease and the clock skew have passed: with the signature fence
+    (KEO_PUT_FENCE=signature, the default) the lease outlives the 300 s signature window
+    (KEO_LEASE_S, 360 s), so a crashed producer's keys wait that long; that is what keeps a
+    stalled producer from writing a duplicate. KEO_PUT_FENCE=off allows a 60 s lease.
+
     Safe to run several at once: every write is conditional on the attempt seen.
 
     A bucket of the in-flight index that cannot be read (after retries) does not stop the

@@ -81,6 +81,13 @@ def send(
     (unresolved: run 'keo reconcile'), TAKEN_OVER, UNVERIFIABLE or FAILED. Blank lines are
     skipped. A summary goes to stderr.
 
+    The signature fence (KEO_PUT_FENCE=signature, the default) lets a put leave only if
+    Kinesis would refuse it (its signature expired) before its lease ends: a process stalled
+    between its lease check and its put never writes a duplicate. The price: the lease
+    (KEO_LEASE_S, 360 s) outlives the 300 s signature window, so the keys of a producer that
+    crashed wait one lease for 'keo reconcile'. KEO_PUT_FENCE=off allows a 60 s lease, and a
+    stall longer than it can write a duplicate, which 'keo audit' reports.
+
     Exit 0 when every message is SENT or DUPLICATE, 1 otherwise. Ctrl-C (or SIGTERM) stops
     reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
     second Ctrl-C exits at once.

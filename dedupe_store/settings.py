@@ -27,6 +27,7 @@ EMULATOR_CREDENTIALS: Final = ("keo-local", "keo-local")
 
 _WHY: Final = "why"
 _RULE: Final = "rule"
+_DEFAULT_TEXT: Final = "default_text"
 
 
 def env_var(field_name: str) -> str:
@@ -40,6 +41,7 @@ def setting(
     description: str,
     why: str,
     rule: str | None = None,
+    default_text: str | None = None,
     gt: float | None = None,
     ge: float | None = None,
     lt: float | None = None,
@@ -52,10 +54,14 @@ def setting(
 
     ``why`` says why the default is what it is; ``rule`` states, in words, a bound that a
     validator enforces (a cross-field rule, a URL) rather than the constraints given here.
+    ``default_text`` says in words a default that depends on other settings (a validator of
+    the settings class then replaces ``default`` where it does not apply).
     """
     extra: dict[str, JsonValue] = {_WHY: why}
     if rule is not None:
         extra[_RULE] = rule
+    if default_text is not None:
+        extra[_DEFAULT_TEXT] = default_text
     return Field(
         default,
         description=description,
@@ -76,6 +82,7 @@ class SettingNotes:
 
     why: str
     rule: str | None
+    default_text: str | None = None  # a default that depends on other settings, in words
 
     @classmethod
     def of(cls, name: str, field: FieldInfo) -> SettingNotes:
@@ -86,7 +93,12 @@ class SettingNotes:
                 f"setting {name} has no description or no why: declare it with setting()"
             )
         rule = extra.get(_RULE) if isinstance(extra, dict) else None
-        return cls(why=why, rule=rule if isinstance(rule, str) else None)
+        default_text = extra.get(_DEFAULT_TEXT) if isinstance(extra, dict) else None
+        return cls(
+            why=why,
+            rule=rule if isinstance(rule, str) else None,
+            default_text=default_text if isinstance(default_text, str) else None,
+        )
 
 
 def _endpoint_url(value: str | None, info: ValidationInfo) -> str | None:

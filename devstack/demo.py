@@ -2,10 +2,12 @@
 
 A plain at-least-once producer (boto3 ``put_records`` in batches of 500, retrying a batch
 whose response was lost, as the SDK does) against the exactly-once producer, in this process.
-Faults injected into both identically: PutRecords responses lost after the write, and a batch
-replayed as Spark replays a crashed micro-batch. Both streams are then audited by the same
-audit. The Spark demo (``spark_jobs/demo.py``) runs the same comparison through two
-``foreachBatch`` sinks and returns the same :class:`DemoResult`.
+Faults injected into both identically: PutRecords responses lost after the write, a batch
+replayed as Spark replays a crashed micro-batch, and a producer stalled past its lease right
+before its put while another one sends its keys (Kinesis reached through the fault proxy,
+which enforces the signature window the fence relies on). Both streams are then audited by
+the same audit. The Spark demo (``spark_jobs/demo.py``) runs the same comparison, without the
+stalled producer, through two ``foreachBatch`` sinks and returns the same :class:`DemoResult`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -21,7 +24,9 @@ from typing import Any, Final
 import botocore.exceptions
 from tenacity import stop_after_attempt, wait_exponential, wait_random_exponential
 
+from devstack.fault_proxy import FaultProxy
 from producer.audit import AuditReport, audit_stream
+from producer.hooks import Step
 from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import MAX_RECORDS_PER_PUT, Message, explicit_hash_key, put_entry
@@ -37,6 +42,7 @@ LOST_RESPONSES: Final = "responses lost after the write"
 THROTTLED_PUTS: Final = "PutRecords with throttled records"
 DRIVER_KILLS: Final = "driver killed mid-batch"
 SHARD_SPLITS: Final = "shards split mid-run"
+STALLED_PRODUCERS: Final = "producer stalled past its lease before its put"
 # the plain producer keeps resending, as users' retry loops do; bounded so a dead endpoint ends
 PLAIN_MAX_ATTEMPTS: Final = 20
 
@@ -162,6 +168,60 @@ def run_at_least_once(
     return faults.injected, 0
 
 
+def stall_at_least_once(settings: ProducerSettings, batch: Sequence[Message]) -> int:
+    """A plain producer stalls before its put while another sends the same records; then it
+    resumes and sends them too."""
+    client = kinesis_client(settings, for_put=True)
+    entries = [put_entry(m.key, m.data, explicit_hash_key(m)) for m in batch]
+    put_at_least_once(client, settings.stream, entries)  # the other one
+    put_at_least_once(client, settings.stream, entries)  # the stalled one, resumed
+    return 1
+
+
+class _StallBeforePut:
+    """Hooks: the first put waits (after its lease check) until ``resume`` is set."""
+
+    def __init__(self) -> None:
+        self.stalled, self.resume = threading.Event(), threading.Event()
+
+    def at(self, step: Step) -> None:
+        if step is Step.BEFORE_PUT and not self.stalled.is_set():
+            self.stalled.set()
+            self.resume.wait()
+
+
+def stall_exactly_once(
+    settings: ProducerSettings, batch: Sequence[Message], say: Callable[[str], None]
+) -> int:
+    """A producer stalls before its put until another one waited out its lease, read the
+    stream back and sent its keys; then it resumes, and the signature fence refuses its put."""
+    hooks = _StallBeforePut()
+    stalled: list[OutcomeStatus] = []
+
+    def run_stalled() -> None:
+        try:
+            with build_stack(settings, hooks=hooks).producer(owner="demo-stalled") as producer:
+                stalled.extend(o.status for o in producer.send(batch))
+        finally:
+            hooks.stalled.set()  # never left waiting on a producer that did not get to its put
+
+    thread = threading.Thread(target=run_stalled, name="demo-stalled-producer")
+    thread.start()
+    try:
+        hooks.stalled.wait()
+        with build_stack(settings).producer(owner="demo-taker") as producer:
+            taken = Counter(o.status for o in producer.send(batch))
+    finally:
+        hooks.resume.set()
+        thread.join()
+    say(
+        f"  a producer stalled past its {settings.lease_s:g} s lease: the other one sent "
+        f"{taken[OutcomeStatus.SENT]} of its keys; resumed, it sent none "
+        f"({dict(Counter(s.value for s in stalled))})"
+    )
+    return 1
+
+
 def run_exactly_once(
     settings: ProducerSettings, batch: Sequence[Message], lose_every: int
 ) -> tuple[int, list[OutcomeStatus]]:
@@ -183,20 +243,30 @@ def run_demo(
 ) -> list[DemoResult]:
     suffix = time.strftime("%H%M%S")
     batch = messages(count)
-    replay = batch[:500]  # the first micro-batch, replayed after a "crash"
+    stalled = batch[-max(1, count // 10) :]  # sent only by the stalled producer and its taker
+    sent = batch[: len(batch) - len(stalled)]
+    replay = sent[:500]  # the first micro-batch, replayed after a "crash"
     results: list[DemoResult] = []
+    if settings.kinesis_endpoint_url is None:
+        raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
+    window_s = settings.signature_window_s if settings.fenced else None
     for name in ("at-least-once", "exactly-once"):
         stream = f"demo-{name}-{suffix}"
         run_settings = settings.model_copy(update={"stream": stream})
         _create(run_settings)
         say(f"{name}: {count} messages into {stream}, every {lose_every}. response lost")
         started = time.monotonic()
-        if name == "at-least-once":
-            faults, _ = run_at_least_once(run_settings, batch, lose_every)
-            more, _ = run_at_least_once(run_settings, replay, lose_every)
-        else:
-            faults, _ = run_exactly_once(run_settings, batch, lose_every)
-            more, _ = run_exactly_once(run_settings, replay, lose_every)
+        # the proxy stands for Kinesis: it enforces the signature window the fence relies on
+        with FaultProxy(settings.kinesis_endpoint_url, signature_window_s=window_s) as proxy:
+            via_proxy = run_settings.model_copy(update={"kinesis_endpoint_url": proxy.endpoint})
+            if name == "at-least-once":
+                faults, _ = run_at_least_once(via_proxy, sent, lose_every)
+                more, _ = run_at_least_once(via_proxy, replay, lose_every)
+                stalls = stall_at_least_once(via_proxy, stalled)
+            else:
+                faults, _ = run_exactly_once(via_proxy, sent, lose_every)
+                more, _ = run_exactly_once(via_proxy, replay, lose_every)
+                stalls = stall_exactly_once(via_proxy, stalled, say)
         seconds = time.monotonic() - started
         reader = KinesisReader(kinesis_client(run_settings, for_put=False), stream)
         ledger = ledger_from(run_settings) if name == "exactly-once" else None
@@ -208,7 +278,7 @@ def run_demo(
                 report,
                 seconds,
                 batches_replayed=1,
-                faults={LOST_RESPONSES: faults + more},
+                faults={LOST_RESPONSES: faults + more, STALLED_PRODUCERS: stalls},
                 table=run_settings.table if ledger is not None else None,
             )
         )

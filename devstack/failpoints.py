@@ -2,7 +2,8 @@
 
 The spec is ``step=action[,step=action...]``, read from ``KEO_FAILPOINTS`` by the entry
 points (:func:`from_env`) and parsed here, once. Actions: ``kill`` (SIGKILL itself: no
-cleanup, like a crash), ``raise`` (:class:`FailpointError`), or ``sleep:<seconds>``.
+cleanup, like a crash), ``raise`` (:class:`FailpointError`), ``stop`` (SIGSTOP itself: frozen,
+as by a debugger or a starved VM, until someone sends SIGCONT), or ``sleep:<seconds>``.
 Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
 after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete.
 
@@ -52,7 +53,7 @@ def parse(spec: str) -> dict[str, str]:
         step, _, action = part.partition("=")
         if step not in STEPS:
             raise ValueError(f"{ENV}: unknown step {step!r}; known: {sorted(STEPS)}")
-        if action not in {"kill", "raise"} and not _is_sleep(action):
+        if action not in {"kill", "raise", "stop"} and not _is_sleep(action):
             raise ValueError(f"{ENV}: unknown action {action!r} for {step}")
         actions[step] = action
     return actions
@@ -83,6 +84,8 @@ class Failpoints:
         log.warning("failpoint hit step=%s action=%s pid=%d", step, action, os.getpid())
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # returns once SIGCONT arrives
         elif action == "raise":
             raise FailpointError(step)
         else:

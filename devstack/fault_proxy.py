@@ -10,9 +10,23 @@ Faults:
     error_after       forward, then answer 500 InternalFailure (written, looks failed)
     error_before      answer 500 without forwarding (not written, looks ambiguous)
     delay             forward after sleeping ``delay_s`` (past the client's read timeout)
+    hold              keep the request until the rule's ``release`` event is set (at most
+                      ``delay_s`` when it is not 0), then go on as if it arrived only then:
+                      a request whose process stalled after signing it; ``held`` is set when
+                      one is being held
     throttle          answer 400 ProvisionedThroughputExceededException without forwarding
     partial           PutRecords only: forward a subset of the records and answer per-record
                       ProvisionedThroughputExceededException for the rest (truly not written)
+
+The signature window (``signature_window_s``): the emulators do not check signatures, AWS does.
+With a window, a request whose ``X-Amz-Date`` is more than the window before (or after) its
+arrival at the proxy is answered 400 ``InvalidSignatureException`` ("Signature expired: ...
+is now earlier than ...", as AWS words it) and not forwarded. Arrival is read from ``clock``
+(seconds, default the wall clock), after any delay or hold. Refusals are counted in
+``signatures_refused`` by operation.
+
+``keo emulators proxy --signature-window-s 4`` runs one in front of the local stack's
+kinesalite, for processes started by hand.
 """
 
 from __future__ import annotations
@@ -24,14 +38,17 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("drop_response", "error_after", "error_before", "delay", "throttle", "partial")
+FAULTS = ("drop_response", "error_after", "error_before", "delay", "hold", "throttle", "partial")
+_SIGNED_AT_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
 @dataclass
@@ -46,6 +63,9 @@ class FaultRule:
     delay_s: float = 0.0
     fraction: float = 0.5  # for partial: the share of records refused
     used: int = 0
+    # for hold: set when a request is being held; setting ``release`` lets it (and later ones) go
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -85,12 +105,27 @@ class FaultSchedule:
 class FaultProxy:
     """``with FaultProxy(upstream, schedule) as proxy: use proxy.endpoint``."""
 
-    def __init__(self, upstream: str, schedule: FaultSchedule, *, port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        schedule: FaultSchedule | None = None,
+        *,
+        port: int = 0,
+        signature_window_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         parts = urlsplit(upstream)
         if parts.hostname is None or parts.port is None:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        if signature_window_s is not None and signature_window_s <= 0:
+            raise ValueError(f"signature window must be positive, got {signature_window_s}")
         self.upstream_host, self.upstream_port = parts.hostname, parts.port
-        self.schedule = schedule
+        self.schedule = schedule if schedule is not None else FaultSchedule([])
+        self.signature_window_s = signature_window_s
+        self._clock = clock
+        self.received: Counter[str] = Counter()  # requests that reached the proxy, by operation
+        self.signatures_refused: Counter[str] = Counter()
+        self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"proxy": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self._server.daemon_threads = True
@@ -113,6 +148,41 @@ class FaultProxy:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def count(self, target: str) -> None:
+        with self._lock:
+            self.received[_operation(target)] += 1
+
+    def signature_refusal(self, signed: str | None, target: str) -> str | None:
+        """AWS's answer to a request signed at ``signed`` (its ``X-Amz-Date``) arriving now,
+        when that is outside the window: the message of the InvalidSignatureException; else
+        None."""
+        window_s = self.signature_window_s
+        if window_s is None or signed is None:
+            return None
+        try:
+            signed_at = datetime.strptime(signed, _SIGNED_AT_FORMAT).replace(tzinfo=UTC)
+        except ValueError:
+            return None
+        now = datetime.fromtimestamp(self._clock(), tz=UTC)
+        window = timedelta(seconds=window_s)
+        span = f"{window_s / 60:g} min." if window_s % 60 == 0 else f"{window_s:g} sec."
+        if signed_at < now - window:
+            message = (
+                f"Signature expired: {signed} is now earlier than {_stamp(now - window)} "
+                f"({_stamp(now)} - {span})"
+            )
+        elif signed_at > now + window:
+            message = (
+                f"Signature not yet current: {signed} is still later than "
+                f"{_stamp(now + window)} ({_stamp(now)} + {span})"
+            )
+        else:
+            return None
+        with self._lock:
+            self.signatures_refused[_operation(target)] += 1
+        log.info("fault proxy refused a signature target=%s message=%s", target, message)
+        return message
 
     def forward(
         self, method: str, path: str, headers: dict[str, str], body: bytes
@@ -138,10 +208,18 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
         target = self.headers.get("X-Amz-Target", "")
+        self.proxy.count(target)
         rule = self.proxy.schedule.pick(target)
         fault = rule.fault if rule else None
         if rule is not None and fault == "delay":
             time.sleep(rule.delay_s)
+        if rule is not None and fault == "hold":
+            rule.held.set()
+            rule.release.wait(rule.delay_s or None)
+        # the request arrives now: AWS checks its signature before anything else
+        refusal = self.proxy.signature_refusal(self.headers.get("X-Amz-Date"), target)
+        if refusal is not None:
+            return self._answer(400, _error_body("InvalidSignatureException", refusal))
         if fault == "error_before":
             return self._answer(500, _error_body("InternalFailure", "injected before the write"))
         if fault == "throttle":
@@ -200,3 +278,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _error_body(code: str, message: str) -> bytes:
     return json.dumps({"__type": code, "message": message}).encode()
+
+
+def _operation(target: str) -> str:
+    """``Kinesis_20131202.PutRecords`` -> ``PutRecords``."""
+    return target.rpartition(".")[2] or "unknown"
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime(_SIGNED_AT_FORMAT)

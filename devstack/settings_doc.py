@@ -13,6 +13,7 @@ read outside the settings classes (by ``keo`` and the dev toolbox) are listed fr
 from __future__ import annotations
 
 import argparse
+import enum
 import sys
 import types
 import typing
@@ -88,7 +89,7 @@ OTHER_VARIABLES: Final = (
         "KEO_FAILPOINTS",
         "entry points, through devstack/failpoints.py",
         "unset",
-        "tests only: `step=kill|raise|sleep:S[,...]` at the named steps of producer/hooks.py; "
+        "tests only: `step=kill|raise|stop|sleep:S[,...]` at the named steps of producer/hooks.py; "
         "never shipped to Spark executors as a setting",
     ),
 )
@@ -126,6 +127,8 @@ def _type_name(annotation: object) -> str:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         names = [_type_name(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
         return " | ".join(names)
+    if isinstance(annotation, type) and issubclass(annotation, enum.StrEnum):
+        return "str"  # its values are the bounds
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -170,7 +173,7 @@ def _table(cls: type[BaseSettings], base: type[BaseSettings] | None) -> list[str
         cells = [
             f"`{env_var(name)}`",
             _type_name(field.annotation),
-            _default(field.default),
+            notes.default_text or _default(field.default),
             _bounds(field, notes),
             field.description or "",
             notes.why,

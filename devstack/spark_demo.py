@@ -353,7 +353,9 @@ def _run_side(
     if upstream is None:
         raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
     started = time.monotonic()
-    with FaultProxy(upstream, faults.schedule()) as proxy:
+    # the proxy stands for Kinesis: it enforces the signature window the fence relies on
+    window_s = settings.signature_window_s if settings.fenced else None
+    with FaultProxy(upstream, faults.schedule(), signature_window_s=window_s) as proxy:
         values = sink_values(settings, kinesis_endpoint_url=proxy.endpoint)
         sink: Callable[[Any, int], object] = (
             AtLeastOnceSink(values) if name == AT_LEAST_ONCE else ExactlyOnceSink(values)

@@ -8,6 +8,8 @@ The tree::
     │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
     │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
     │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
+    ├── PutFencedError                the signature fence kept a put from leaving: not sent
+    │                                 (KinesisWriter turns it into a NOT_WRITTEN result)
     └── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
@@ -48,6 +50,22 @@ class StreamUnavailableError(StreamError):
 
 class StreamThrottledError(StreamUnavailableError):
     """Kinesis throttled a read: the reader waits and tries again before raising it."""
+
+
+class PutFencedError(KeoError):
+    """Raised by the signature fence on the put client, before the request is sent: it was
+    signed at ``signed_at_ms`` and might land after its lease (``lease_expires_at_ms``), or it
+    has no lease or no signature time to check (None). Retriable: the next attempt checks the
+    lease again, renews it or moves its keys to a fresh group."""
+
+    retriable = True
+
+    def __init__(
+        self, reason: str, *, signed_at_ms: int | None, lease_expires_at_ms: int | None
+    ) -> None:
+        super().__init__(reason)
+        self.signed_at_ms = signed_at_ms
+        self.lease_expires_at_ms = lease_expires_at_ms
 
 
 class UnresolvedKeysError(KeoError):

@@ -24,15 +24,23 @@ from tenacity import (
     wait_exponential,
 )
 
-from producer.errors import StreamNotFoundError, StreamThrottledError, StreamUnavailableError
+from producer.errors import (
+    PutFencedError,
+    StreamNotFoundError,
+    StreamThrottledError,
+    StreamUnavailableError,
+)
+from producer.fence import sending_under
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
+    SIGNATURE_FENCE,
     RecordResult,
     TransportFailure,
     classify_request_error,
     classify_response,
     classify_transport_failure,
+    not_written,
 )
 from producer.retries import poll_until
 from producer.shards import Shard, StreamInfo
@@ -69,11 +77,28 @@ class KinesisWriter:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
 
-    def put_entries(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
+    def put_entries(
+        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
+    ) -> list[RecordResult]:
         """One PutRecords call; one classified result per entry, in request order. Every
-        failure is a result (written, not written, ambiguous), except a missing stream."""
+        failure is a result (written, not written, ambiguous), except a missing stream.
+
+        ``lease_expires_at_ms``: the end of the lease the entries are put under (the earliest
+        of their groups'), for the signature fence when the client has one
+        (:mod:`producer.fence`); a request it refuses is not sent: NOT_WRITTEN, retriable.
+        """
         try:
-            response = self._client.put_records(StreamName=self.stream, Records=entries)
+            with sending_under(lease_expires_at_ms):
+                response = self._client.put_records(StreamName=self.stream, Records=entries)
+        except PutFencedError as exc:
+            log.warning(
+                "put not sent stream=%s records=%d code=%s error=%s",
+                self.stream,
+                len(entries),
+                SIGNATURE_FENCE,
+                exc,
+            )
+            return [not_written(SIGNATURE_FENCE, str(exc))] * len(entries)
         except _TRANSPORT_ERRORS as exc:
             failure = transport_failure_of(exc)
             log.warning(

@@ -11,9 +11,10 @@ what is ambiguous (ledger schema v2: one conditional write per message).
          │                                      ├── lost, other digest ───────────── CONFLICT
          │                                      └── lost, holder's lease runs ────── wait, then read back
          ├─ lease check before each request ───── renew G (one write) while valid; else a fresh group
-         ├─ PutRecords (SDK retries off)
+         ├─ PutRecords (SDK retries off), signature fence: signed_at + window + skew <= lease
          │     ├─ written ─────────── position kept for G's settle
-         │     ├─ not written ─────── resend, same claim, backoff + jitter (tenacity)
+         │     ├─ not written ─────── resend, same claim, backoff + jitter (tenacity); a fenced
+         │     │                      or expired-signature request checks the lease again first
          │     └─ ambiguous ───────── read back: found ─> position; not found after lease ─> take over, resend
          └─ settle G: every position in one conditional write (epoch = ours) ─ SENT / TAKEN_OVER
       └─ one Outcome per message, in input order
@@ -242,11 +243,13 @@ class ExactlyOnceProducer:
                 ours[group.group_id].unresolved.add(item.key)
                 outcomes[item.index] = _failed(item, f"ledger unavailable at claim: {result}")
             elif result.status is ClaimStatus.WON and result.claim is not None:
-                self._hooks.at(Step.AFTER_CLAIM)
                 ours[group.group_id].unresolved.add(item.key)
                 to_send.append(_Held(item, result.claim, group, mine=True))
             else:
                 lost.append((item, result.claim))
+        if to_send:
+            # once per chunk, once its claims are made (a sleep there stalls the chunk once)
+            self._hooks.at(Step.AFTER_CLAIM)
         to_wait = self._judge_lost_claims(lost, outcomes)
 
         for _ in range(_MAX_ROUNDS):
@@ -425,7 +428,13 @@ class ExactlyOnceProducer:
             units = self._units(ready)
             for batch in batch_by_size(units, lambda unit: unit.size_bytes):
                 self._hooks.at(Step.BEFORE_PUT)
-                results = self._put([unit.entry for unit in batch])
+                # the request mixes groups when keys moved to a fresh one: the earliest lease
+                lease_expires_at_ms = min(
+                    ours[member.claim.group_id].group.lease_expires_at_ms
+                    for unit in batch
+                    for member in unit.members
+                )
+                results = self._put([unit.entry for unit in batch], lease_expires_at_ms)
                 self._hooks.at(Step.AFTER_PUT)
                 for unit, result in zip(batch, results, strict=True):
                     self._sort_result(unit, result, written, ambiguous, refused)
@@ -492,11 +501,11 @@ class ExactlyOnceProducer:
         self._open_shards = open_shards(shards)
         return next((s for s in shards if s.shard_id == shard_id), None)
 
-    def _put(self, entries: list[dict[str, Any]]) -> list[RecordResult]:
+    def _put(self, entries: list[dict[str, Any]], lease_expires_at_ms: int) -> list[RecordResult]:
         metrics.PUT_REQUESTS.labels(self.stream).inc()
         started = time.perf_counter()
         try:
-            results = self._writer.put_entries(entries)
+            results = self._writer.put_entries(entries, lease_expires_at_ms=lease_expires_at_ms)
         finally:
             metrics.PUT_SECONDS.labels(self.stream).observe(time.perf_counter() - started)
         for result in results:
@@ -509,10 +518,11 @@ class ExactlyOnceProducer:
     ) -> list[_Held]:
         """Keep a put from leaving unless its group's lease outlives it.
 
-        Kinesis cannot fence a stale writer, so a put must only leave while the lease covers
-        it. A group whose lease is short is renewed (one write for all its keys) while it is
-        still valid by more than the skew margin; past that, its keys (none of them sent
-        under it, or definitely not written) move to a fresh group of ours.
+        A put must only leave while the lease covers it (with the signature fence: the window
+        Kinesis accepts its signature in, plus the skew; the fence checks it again once the
+        request is signed). A group whose lease is short is renewed (one write for all its
+        keys) while it is still valid by more than the skew margin; past that, its keys (none
+        of them sent under it, or definitely not written) move to a fresh group of ours.
         """
         now_ms = self._clock.now_ms()
         lease = self._policy.lease

@@ -1,7 +1,7 @@
 """The protocol's pure decisions: validation, routing, digests, PutRecords entries, lease
-arithmetic, batching, and the classification of PutRecords results (written, not written,
-ambiguous; and for those not written, whether to resend). No I/O; every function here is
-unit-tested without sockets.
+arithmetic and the signature fence's check, batching, and the classification of PutRecords
+results (written, not written, ambiguous; and for those not written, whether to resend). No
+I/O; every function here is unit-tested without sockets.
 """
 
 from __future__ import annotations
@@ -171,36 +171,81 @@ def prepare(
 # --- lease arithmetic -----------------------------------------------------------------------
 
 
+def signature_fence_admits(
+    *, signed_at_ms: int, signature_window_ms: int, skew_ms: int, lease_expires_at_ms: int
+) -> bool:
+    """The signature fence: may a request signed at ``signed_at_ms`` leave under a lease that
+    ends at ``lease_expires_at_ms``?
+
+    Kinesis refuses a request that reaches it more than ``signature_window_ms`` after the time
+    it was signed with, so an admitted request lands before ``signed_at + window`` by Kinesis'
+    clock, however long its process stalls after this check; the skew margin covers the
+    difference between that clock and the clocks that judge the lease. It then lands before the
+    lease ends, when no one can have taken its keys over.
+    """
+    return signed_at_ms + signature_window_ms + skew_ms <= lease_expires_at_ms
+
+
 @dataclass(frozen=True, slots=True)
 class LeasePolicy:
     """How long a claim protects its key, and the margins the protocol keeps around it.
 
     A put can still land up to ``put_timeout_ms`` after it was sent; clocks disagree by up to
     ``skew_ms``. So a lease must be at least ``put_timeout_ms + 2 * skew_ms``: when it has
-    expired (by anyone's clock), no put made under it can still appear in the stream.
+    expired (by anyone's clock), no put made under it can still appear in the stream, unless
+    its process stalled between the lease check and the put.
+
+    ``signature_window_ms`` turns the signature fence on (None: off). A put then leaves only
+    while the lease outlasts the window Kinesis accepts its signature in, plus the skew, and
+    the lease must be at least window + put timeout + 2 x skew. That bound holds for a stalled
+    process too: Kinesis refuses the request once the window has passed.
     """
 
     lease_ms: int
     put_timeout_ms: int
     skew_ms: int
+    signature_window_ms: int | None = None
 
     def __post_init__(self) -> None:
+        if self.signature_window_ms is not None and self.signature_window_ms <= 0:
+            raise ValueError(f"signature window {self.signature_window_ms} ms is not positive")
         if self.lease_ms < self.minimum_lease_ms:
+            window = " + signature window" if self.fenced else ""
             raise ValueError(
-                f"lease {self.lease_ms} ms is shorter than put timeout + 2 x skew "
+                f"lease {self.lease_ms} ms is shorter than put timeout + 2 x skew{window} "
                 f"= {self.minimum_lease_ms} ms"
             )
 
     @property
+    def fenced(self) -> bool:
+        """Whether puts are fenced by their signature's window."""
+        return self.signature_window_ms is not None
+
+    @property
     def minimum_lease_ms(self) -> int:
-        return self.put_timeout_ms + 2 * self.skew_ms
+        return self.put_timeout_ms + 2 * self.skew_ms + (self.signature_window_ms or 0)
 
     def lease_expires_at_ms(self, claimed_at_ms: int) -> int:
         return claimed_at_ms + self.lease_ms
 
     def safe_to_send(self, lease_expires_at_ms: int, now_ms: int) -> bool:
-        """True while the lease outlasts a put sent now, with the skew margin to spare."""
+        """True while the lease outlasts a put sent now, with the skew margin to spare: with
+        the fence, the fence's own check at ``now_ms`` (a put checked here then passes it
+        unless its process stalls before signing); without, a put's timeout plus the skew."""
+        if self.signature_window_ms is not None:
+            return self.fence_admits(now_ms, lease_expires_at_ms)
         return lease_expires_at_ms - now_ms >= self.put_timeout_ms + self.skew_ms
+
+    def fence_admits(self, signed_at_ms: int, lease_expires_at_ms: int) -> bool:
+        """The signature fence with this policy's window and skew (admits all when it is off)."""
+        if self.signature_window_ms is None:
+            return True
+        return signature_fence_admits(
+            signed_at_ms=signed_at_ms,
+            signature_window_ms=self.signature_window_ms,
+            skew_ms=self.skew_ms,
+            lease_expires_at_ms=lease_expires_at_ms,
+        )
 
     def expired_for_everyone(self, lease_expires_at_ms: int, now_ms: int) -> bool:
         """True once no clock within the skew margin can still think the lease is running."""
@@ -286,6 +331,14 @@ _NEVER_SENT = frozenset({TransportFailure.CONNECTION_NOT_MADE, TransportFailure.
 
 # An aggregate landed on a shard that no longer covers some of its user records.
 STALE_SHARD_MAP = "StaleShardMap"
+# The signature fence kept a request from leaving: its lease would not outlive its signature.
+# Nothing was sent; the next attempt checks the lease again (renews it, or moves the keys).
+SIGNATURE_FENCE = "SignatureFence"
+# Kinesis refused a request whose signature was too old (or too new) on arrival: not written,
+# and the next attempt is signed anew. Any other InvalidSignatureException (a wrong secret key)
+# would fail the same way again.
+INVALID_SIGNATURE = "InvalidSignatureException"
+_STALE_SIGNATURE_MESSAGES = ("Signature expired", "Signature not yet current")
 
 # Not-written results worth resending under the same claim: load, a failure on Kinesis' side,
 # a connection never made, a stale shard map. Any other (a 4xx such as ValidationException or
@@ -293,6 +346,7 @@ STALE_SHARD_MAP = "StaleShardMap"
 RETRIABLE_NOT_WRITTEN_CODES = frozenset(
     {
         STALE_SHARD_MAP,
+        SIGNATURE_FENCE,
         "ProvisionedThroughputExceededException",
         "InternalFailure",
         "LimitExceededException",
@@ -368,8 +422,14 @@ def classify_request_error(
     status_code: int | None, error_code: str | None, message: str | None = None
 ) -> RecordResult:
     """A PutRecords request Kinesis answered with an error, for each of its records: a 4xx
-    (or a throttle, whatever the status) refused it whole; a 5xx may have applied it."""
+    (or a throttle, whatever the status) refused it whole; a 5xx may have applied it. A
+    signature refused as expired or not yet current is worth another attempt (signed anew)."""
     code = error_code or str(status_code)
+    if code == INVALID_SIGNATURE and (message or "").startswith(_STALE_SIGNATURE_MESSAGES):
+        # refused on arrival, so not written; the next attempt carries a fresh signature
+        return RecordResult(
+            PutResultKind.NOT_WRITTEN, error_code=code, error_message=message, retriable=True
+        )
     if (status_code is not None and 400 <= status_code < 500) or error_code in _REFUSED_CODES:
         return not_written(code, message)
     return ambiguous(code, message)

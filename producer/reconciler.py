@@ -406,7 +406,8 @@ class Reconciler:
             return moved
         group = sendable
         results = self._writer.put_entries(
-            [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held]
+            [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held],
+            lease_expires_at_ms=group.lease_expires_at_ms,
         )
         positions: dict[str, Position] = {}
         for claim, result in zip(held, results, strict=True):

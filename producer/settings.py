@@ -1,12 +1,14 @@
 """Settings of the producer, reconciler and audit, validated at start.
 
 Every invalid combination fails with a message that names the setting by its environment
-variable, e.g. a lease too short to outlive a put.
+variable, e.g. a lease too short to outlive a put (or, with the signature fence, the window
+a put's signature is accepted in).
 """
 
 from __future__ import annotations
 
-from typing import Self
+from enum import StrEnum
+from typing import Any, Final, Self
 
 from pydantic import model_validator
 
@@ -18,6 +20,18 @@ from dedupe_store.settings import (
     setting,
 )
 from producer.protocol import LeasePolicy
+
+# Kinesis refuses a SigV4 request that arrives more than 5 minutes after its signing time.
+AWS_SIGNATURE_WINDOW_S: Final = 300.0
+_FENCED_LEASE_S: Final = 360.0  # the window, the put timeouts, twice the skew, and room
+_UNFENCED_LEASE_S: Final = 60.0
+
+
+class PutFence(StrEnum):
+    """What keeps a put from landing after its lease."""
+
+    SIGNATURE = "signature"  # the request's own signature window, checked before it is sent
+    OFF = "off"  # the lease check before each request only: a stalled process may duplicate
 
 
 class ProducerSettings(LedgerSettings):
@@ -62,19 +76,59 @@ class ProducerSettings(LedgerSettings):
             "even monotonic; 0 only when every clock involved is one host's"
         ),
     )
+    put_fence: PutFence = setting(
+        PutFence.SIGNATURE,
+        rule="`signature` or `off`",
+        description=(
+            "the signature fence: a put leaves only if its signature expires (Kinesis refuses "
+            "it) before its lease does, checked on the signed request right before it is sent"
+        ),
+        why=(
+            "no put lands after its lease, even from a process stalled (GC, SIGSTOP, a starved "
+            "VM) between its lease check and its put: no stalled producer can write a "
+            "duplicate. The price: the lease outlives the signature window, so a crashed "
+            "producer's keys wait one lease (6 min by default) for the reconciler. `off` "
+            "allows a 60 s lease and the stalled-producer duplicate, which `keo audit` reports"
+        ),
+    )
+    signature_window_s: float = setting(
+        300.0,
+        ge=1,
+        le=3000,
+        rule=(
+            "below 300 only with a Kinesis endpoint override that enforces it "
+            "(the fault proxy's emulated window)"
+        ),
+        description=(
+            "how long after its signing time Kinesis still accepts a request (SigV4's window); "
+            "the fence relies on it"
+        ),
+        why=(
+            "300 s is AWS's: Kinesis refuses a request signed more than 5 minutes before it "
+            "arrives (InvalidSignatureException: Signature expired). A shorter value is a "
+            "promise only an endpoint that enforces it keeps (tests use a few seconds behind "
+            "the fault proxy)"
+        ),
+    )
     lease_s: float = setting(
-        60.0,
+        _FENCED_LEASE_S,
+        default_text="`360` with the fence, `60` with KEO_PUT_FENCE=off",
         gt=0,
         le=3600,
-        rule="lease >= put connect timeout + put read timeout + 2 x clock skew (17 s by default)",
+        rule=(
+            "lease >= put connect timeout + put read timeout + 2 x clock skew (17 s by "
+            "default), + the signature window with the fence (317 s by default)"
+        ),
         description="how long a claim is its producer's alone before anyone may take it over",
         why=(
             "no put can land after its claim's lease expired: a put lands at most connect + "
-            "read timeout after it leaves, and clocks differ by up to the skew either way; "
-            "60 s leaves room for a stall (this version has no signature fence: a process "
-            "stalled longer than that between its lease check and its put can still "
-            "duplicate, and the audit reports it) while a crashed producer's keys wait only "
-            "a minute for the reconciler"
+            "read timeout after it leaves (with the fence: at most the signature window after "
+            "it was signed, however long its process stalls), and clocks differ by up to the "
+            "skew either way. 360 s covers the 300 s window with the margins; a crashed "
+            "producer's keys then wait 6 minutes for the reconciler. Without the fence, 60 s "
+            "leaves room for a stall while those keys wait only a minute, but a process stalled "
+            "longer than its lease between its lease check and its put can still duplicate "
+            "(the audit reports it)"
         ),
     )
     put_max_attempts: int = setting(
@@ -144,9 +198,36 @@ class ProducerSettings(LedgerSettings):
         ),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lease_follows_the_fence(cls, values: Any) -> Any:
+        """Without the fence, a lease that was not set is the shorter one (the declared
+        default is the fence's: the lease must outlive the signature window)."""
+        unset = isinstance(values, dict) and values.get("lease_s") is None
+        if unset and str(values.get("put_fence", PutFence.SIGNATURE)) == PutFence.OFF:
+            return {**values, "lease_s": _UNFENCED_LEASE_S}
+        return values
+
     @model_validator(mode="after")
     def _lease_outlives_a_put(self) -> Self:
         minimum_s = self.put_connect_timeout_s + self.put_read_timeout_s + 2 * self.clock_skew_s
+        if self.fenced:
+            minimum_s += self.signature_window_s
+            if self.signature_window_s < AWS_SIGNATURE_WINDOW_S and not self.kinesis_endpoint_url:
+                raise ValueError(
+                    f"KEO_SIGNATURE_WINDOW_S={self.signature_window_s:g} is shorter than the "
+                    f"{AWS_SIGNATURE_WINDOW_S:g} s Kinesis accepts a signature for: the fence "
+                    "would let a stalled put land after its lease; a shorter window is only for "
+                    "an endpoint that enforces it (KEO_KINESIS_ENDPOINT_URL, the fault proxy)"
+                )
+        if self.lease_s < minimum_s and self.fenced:
+            raise ValueError(
+                f"KEO_LEASE_S={self.lease_s:g} is too short for the signature fence: a signed "
+                f"put is accepted for KEO_SIGNATURE_WINDOW_S, so the lease must be at least "
+                f"KEO_SIGNATURE_WINDOW_S + KEO_PUT_CONNECT_TIMEOUT_S + KEO_PUT_READ_TIMEOUT_S "
+                f"+ 2 x KEO_CLOCK_SKEW_S = {minimum_s:g} s; raise the lease, lower the window "
+                "or the timeouts, or set KEO_PUT_FENCE=off"
+            )
         if self.lease_s < minimum_s:
             raise ValueError(
                 f"KEO_LEASE_S={self.lease_s:g} is too short: a put may still land up to "
@@ -157,11 +238,16 @@ class ProducerSettings(LedgerSettings):
             raise ValueError("KEO_WAIT_MAX_S must be >= KEO_WAIT_INITIAL_S")
         return self
 
+    @property
+    def fenced(self) -> bool:
+        return self.put_fence == PutFence.SIGNATURE  # a model_copy may hold the plain string
+
     def lease_policy(self) -> LeasePolicy:
         return LeasePolicy(
             lease_ms=round(self.lease_s * 1000),
             put_timeout_ms=round((self.put_connect_timeout_s + self.put_read_timeout_s) * 1000),
             skew_ms=round(self.clock_skew_s * 1000),
+            signature_window_ms=round(self.signature_window_s * 1000) if self.fenced else None,
         )
 
     def kinesis_region(self) -> str:

@@ -13,6 +13,7 @@ from botocore.config import Config
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from producer import metrics
+from producer.fence import SignatureFence
 from producer.hooks import NO_HOOKS, Hooks
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -47,6 +48,15 @@ def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
         aws_access_key_id=credentials[0] if credentials else None,
         aws_secret_access_key=credentials[1] if credentials else None,
     )
+
+
+def put_writer(settings: ProducerSettings) -> KinesisWriter:
+    """The writer of the producer and the reconciler: a put client with SDK retries off and,
+    unless ``KEO_PUT_FENCE=off``, the signature fence checking each request before it leaves."""
+    client = kinesis_client(settings, for_put=True)
+    if settings.fenced:
+        SignatureFence(settings.lease_policy()).install(client)
+    return KinesisWriter(client, settings.stream)
 
 
 def ledger_from(settings: ProducerSettings) -> DynamoDBLedger:
@@ -133,7 +143,7 @@ def build_stack(
     return Stack(
         settings=settings,
         ledger=ledger,
-        writer=KinesisWriter(kinesis_client(settings, for_put=True), settings.stream),
+        writer=put_writer(settings),
         reader=reader,
         info=info,
         clock=clock or SystemClock(),

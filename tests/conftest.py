@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from devstack import emulators as local_stack
+
+# CI shares 2 cores with the emulators and Spark: a Hypothesis example that takes longer than
+# the default 200 ms deadline there is not a bug.
+settings.register_profile("keo", deadline=None)
+settings.load_profile("keo")
 
 # markers by directory: tests/integration/... is `integration`, and so on
 _DIRECTORY_MARKERS = {"integration": "integration", "e2e": "e2e", "spark": "spark"}

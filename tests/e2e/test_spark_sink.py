@@ -43,7 +43,9 @@ FAST_LEASES = {
     "KEO_PUT_CONNECT_TIMEOUT_S": "1",
     "KEO_PUT_READ_TIMEOUT_S": "1",
     "KEO_CLOCK_SKEW_S": "0.5",
-    "KEO_LEASE_S": "3",
+    "KEO_LEASE_S": "4",
+    # the fence on, as by default, with a 1 s window: the lease is its minimum, 1 + 2 + 2 x 0.5
+    "KEO_SIGNATURE_WINDOW_S": "1",
     "KEO_INFLIGHT_BUCKETS": "4",
 }
 

@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 
 # Short leases, so that read-back and stale groups come quickly: put timeouts 1 s + 1 s, skew
 # 0.5 s, lease 3 s (the shortest these allow), waits on another owner's claim from 50 ms.
+# Short timeouts and a short lease, the signature fence off (a lease of seconds is below the
+# fence's minimum of window + timeouts + 2 x skew); tests of the fence set a window of seconds.
 FAST: dict[str, Any] = {
     "put_connect_timeout_s": 1.0,
     "put_read_timeout_s": 1.0,
     "clock_skew_s": 0.5,
     "lease_s": 3.0,
+    "put_fence": "off",
     "wait_initial_s": 0.05,
     "wait_max_s": 0.5,
 }

@@ -460,11 +460,11 @@ def test_a_second_ctrl_c_exits_at_once_leaving_the_claims_to_the_reconciler(
 def test_ctrl_c_before_the_put_releases_the_claims_not_sent(
     settings: ProducerSettings, env: dict[str, str], kinesis: Any
 ) -> None:
-    # GIVEN keo send pausing after each claim of a chunk, before anything is put
-    process = start_send(settings, env, failpoints="after_claim=sleep:1")
+    # GIVEN keo send pausing after it claimed a chunk, before anything is put
+    process = start_send(settings, env, failpoints="after_claim=sleep:10")
     feed(process, range(CHUNK))
     keys = [f"good-{n}" for n in range(CHUNK)]
-    wait_until_claimed(settings, keys[:1])
+    wait_until_claimed(settings, keys)
     # WHEN Ctrl-C comes while it claims
     process.send_signal(signal.SIGINT)
     # THEN nothing is put: every claim is released and reported FAILED, to be sent again

@@ -5,8 +5,11 @@ product's reader) and check that every key is there exactly once (at most once w
 outcome says IN_FLIGHT) and that the ledger's DELIVERED position is the record's position.
 
 Leases are short so that read-back waits are short: put timeouts 1 s + 1 s, skew 0.5 s, lease
-4 s (the minimum is 3 s; the extra second keeps claims from needing a renewal before their put
-when the machine is slow, which would change the attempt numbers these tests look at).
+4 s. The signature fence is on, as by default, with a 1 s window (the emulators do not check
+signatures: the fence's own check runs on every put here, the window is enforced by the fault
+proxy in ``test_signature_fence.py``); the lease is then exactly its minimum, 1 + 2 + 2 x 0.5,
+and a put leaves while 1.5 s of it are left, so a claim made on a slow machine still needs no
+renewal before its put (which would change the attempt numbers these tests look at).
 
 Ledger schema v2: a producer opens one claim group per chunk (500 keys by default), claims each
 key for it with one write, and settles the group with every position in one write. Tests that
@@ -53,6 +56,7 @@ FAST: dict[str, Any] = {
     "put_read_timeout_s": 1.0,
     "clock_skew_s": 0.5,
     "lease_s": 4.0,
+    "signature_window_s": 1.0,
     "wait_initial_s": 0.05,
     "wait_max_s": 0.5,
     # one try per ledger call: each injected DynamoDB fault is then one failed call
@@ -63,6 +67,7 @@ FAST_ENV = {
     "KEO_PUT_READ_TIMEOUT_S": "1",
     "KEO_CLOCK_SKEW_S": "0.5",
     "KEO_LEASE_S": "4",
+    "KEO_SIGNATURE_WINDOW_S": "1",
     "KEO_WAIT_INITIAL_S": "0.05",
     "KEO_WAIT_MAX_S": "0.5",
 }
@@ -370,8 +375,8 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
     make_stack: StackFactory, kinesis: Any
 ) -> None:
     # GIVEN a producer that stalls between its claims and its put until its group's lease has
-    # 1.5 s left: less than put timeout + skew (2.5 s), more than the skew (0.5 s), so that
-    # no claim may be put under it and the lease may still be renewed
+    # 1 s left: less than the fence's window + skew (1.5 s), more than the skew (0.5 s), so
+    # that no claim may be put under it and the lease may still be renewed
     clock = SteppingClock()
     stack = make_stack(clock=clock)
     batch = messages(20)
@@ -385,7 +390,7 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
                 group_id = parsed["Attributes"]["group"]["S"]
                 group = stack.ledger.get_group(stack.settings.stream, group_id)
                 assert group is not None
-                clock.offset_ms += group.lease_expires_at_ms - 1_500 - clock.now_ms()
+                clock.offset_ms += group.lease_expires_at_ms - 1_000 - clock.now_ms()
 
     stack.ledger.client.meta.events.register(
         "after-call.dynamodb.UpdateItem", stall_after_the_claims
@@ -621,7 +626,10 @@ def test_two_producers_with_one_owner_claiming_in_the_same_millisecond_deliver_o
     # speculative Spark tasks of one batch); the clock stands still so that their claims fall
     # in the same millisecond, which real clocks do now and then
     clock = ManualClock(time.time_ns() // 1_000_000)
-    stack_a, stack_b = make_stack(clock=clock), make_stack(clock=clock)
+    # the fence off: it compares a request's signing time (the wall clock's) with a lease
+    # told by this clock, which stands still while the wall clock runs on
+    stack_a = make_stack(clock=clock, put_fence="off")
+    stack_b = make_stack(clock=clock, put_fence="off")
     batch = messages(10)
     # ... and A, having claimed, is held just before its put until B has made its claims
     a_at_put, b_claimed = threading.Event(), threading.Event()

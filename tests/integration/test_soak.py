@@ -36,13 +36,17 @@ if TYPE_CHECKING:
 
 SEEDS = [int(s) for s in os.environ.get("SOAK_SEEDS", "1").split(",") if s.strip()]
 MESSAGES = int(os.environ.get("SOAK_MESSAGES", "240"))
-# Generous lease: the proxies share this process and its 2 cores with the producers, and a
-# put must land within its lease (see the stalled-producer bound in the README).
+# Generous lease: the proxies share this process and its 2 cores with the producers. The
+# signature fence is on, with a 6 s window the Kinesis proxy enforces as AWS enforces its 5
+# minutes (a put slowed past it is refused, not written): the lease is its minimum,
+# 6 + 1 + 1 + 2 x 1.
+SIGNATURE_WINDOW_S = 6.0
 TIMING: dict[str, Any] = {
     "put_connect_timeout_s": 1.0,
     "put_read_timeout_s": 1.0,
     "clock_skew_s": 1.0,
     "lease_s": 10.0,
+    "signature_window_s": SIGNATURE_WINDOW_S,
     "wait_initial_s": 0.1,
     "wait_max_s": 1.0,
     "ledger_max_retry_attempts": 3,
@@ -80,7 +84,9 @@ def proxies(
 ) -> Iterator[tuple[FaultProxy, FaultProxy]]:
     seed: int = request.node.callspec.params["seed"]
     with (
-        FaultProxy(emulators.kinesis, _kinesis_faults(seed)) as kinesis,
+        FaultProxy(
+            emulators.kinesis, _kinesis_faults(seed), signature_window_s=SIGNATURE_WINDOW_S
+        ) as kinesis,
         FaultProxy(emulators.dynamodb, _dynamodb_faults(seed)) as dynamodb,
     ):
         yield kinesis, dynamodb

@@ -67,13 +67,14 @@ def test_step_without_action_is_rejected() -> None:
 
 def test_spec_with_several_failpoints_and_spaces_is_read() -> None:
     # GIVEN a spec with several entries, spaces and an empty entry
-    spec = " after_claim=raise , before_mark=sleep:0.5,, after_mark=kill "
+    spec = " after_claim=raise , before_mark=sleep:0.5,, after_mark=kill, before_put=stop "
     # WHEN parsed
     # THEN each step gets its action
     assert failpoints.parse(spec) == {
         "after_claim": "raise",
         "before_mark": "sleep:0.5",
         "after_mark": "kill",
+        "before_put": "stop",
     }
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings
 from producer.protocol import LeasePolicy
-from producer.settings import ProducerSettings
+from producer.settings import ProducerSettings, PutFence
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,9 @@ def test_defaults_match_the_design_table() -> None:
     assert settings.put_connect_timeout_s == 2.0
     assert settings.put_read_timeout_s == 5.0
     assert settings.clock_skew_s == 5.0
-    assert settings.lease_s == 60.0
+    assert settings.put_fence is PutFence.SIGNATURE
+    assert settings.signature_window_s == 300.0  # AWS's
+    assert settings.lease_s == 360.0  # with the fence
     assert settings.dedupe_ttl_s == 7 * 24 * 3600
     assert settings.inflight_buckets == 16
     assert settings.ledger_concurrency == 32
@@ -47,56 +49,144 @@ def test_defaults_match_the_design_table() -> None:
 def test_default_lease_policy_in_milliseconds() -> None:
     # GIVEN the default settings
     # WHEN the lease policy is derived
-    # THEN the put timeout is connect + read, all in milliseconds
+    # THEN the put timeout is connect + read, and the fence's window is AWS's, all in ms
     assert ProducerSettings().lease_policy() == LeasePolicy(
+        lease_ms=360_000, put_timeout_ms=7_000, skew_ms=5_000, signature_window_ms=300_000
+    )
+
+
+def test_without_the_fence_the_default_lease_is_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the fence turned off, and no lease set
+    monkeypatch.setenv("KEO_PUT_FENCE", "off")
+    # WHEN settings are read
+    settings = ProducerSettings()
+    # THEN the lease defaults to 60 s and the policy has no signature window
+    assert settings.lease_s == 60.0
+    assert settings.lease_policy() == LeasePolicy(
         lease_ms=60_000, put_timeout_ms=7_000, skew_ms=5_000
     )
+
+
+@pytest.mark.parametrize("fence", ["signature", "off"])
+def test_a_lease_that_is_set_wins_over_the_default_of_either_fence(
+    monkeypatch: pytest.MonkeyPatch, fence: str
+) -> None:
+    # GIVEN a lease set explicitly, long enough for either fence
+    monkeypatch.setenv("KEO_PUT_FENCE", fence)
+    monkeypatch.setenv("KEO_LEASE_S", "600")
+    # WHEN settings are read
+    # THEN that lease is used, whatever the fence's default would be
+    assert ProducerSettings().lease_s == 600.0
+
+
+def test_an_unknown_fence_is_refused_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a fence that does not exist
+    monkeypatch.setenv("KEO_PUT_FENCE", "lease")
+    # WHEN settings are read
+    with pytest.raises(ValidationError) as excinfo:
+        ProducerSettings()
+    # THEN the error is on put_fence (KEO_PUT_FENCE) and lists the accepted values
+    (error,) = excinfo.value.errors()
+    assert error["loc"] == ("put_fence",)
+    assert "'signature' or 'off'" in error["msg"]
 
 
 # --- the lease ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("fence", "lease", "expected"),
+    [
+        # without the fence: below connect + read + 2 x skew (2 + 5 + 10 = 17 s)
+        ("off", "16", ["KEO_LEASE_S=16 is too short", "= 17 s"]),
+        # with it (the default): 1 s short of 300 + 2 + 5 + 2 x 5 = 317 s
+        (
+            "signature",
+            "316",
+            [
+                "KEO_LEASE_S=316 is too short for the signature fence",
+                "= 317 s",
+                "KEO_SIGNATURE_WINDOW_S",
+                "KEO_PUT_FENCE=off",
+            ],
+        ),
+    ],
+    ids=["fence-off", "fence-on"],
+)
 def test_lease_too_short_from_the_environment_is_refused_naming_keo_lease_s(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fence: str, lease: str, expected: list[str]
 ) -> None:
-    # GIVEN KEO_LEASE_S below connect + read + 2 x skew (2 + 5 + 10 = 17 s)
-    monkeypatch.setenv("KEO_LEASE_S", "16")
+    # GIVEN KEO_LEASE_S below its minimum
+    monkeypatch.setenv("KEO_PUT_FENCE", fence)
+    monkeypatch.setenv("KEO_LEASE_S", lease)
     # WHEN settings are read
     with pytest.raises(ValidationError) as excinfo:
         ProducerSettings()
-    # THEN the error names the variable, its value, the minimum, and what goes into it
+    # THEN the error names the variable, its value, the minimum, what goes into it (and,
+    # with the fence, the way out)
     message = str(excinfo.value)
-    assert "KEO_LEASE_S=16 is too short" in message
-    assert "= 17 s" in message
-    assert "KEO_PUT_CONNECT_TIMEOUT_S" in message
-    assert "KEO_PUT_READ_TIMEOUT_S" in message
+    for fragment in [*expected, "KEO_PUT_CONNECT_TIMEOUT_S", "KEO_PUT_READ_TIMEOUT_S"]:
+        assert fragment in message
     assert "KEO_CLOCK_SKEW_S" in message
 
 
-def test_lease_exactly_at_the_minimum_is_accepted() -> None:
-    # GIVEN a lease of exactly connect + read + 2 x skew
+@pytest.mark.parametrize(("fence", "minimum_s"), [("signature", 317), ("off", 17)])
+def test_lease_exactly_at_the_minimum_is_accepted(fence: str, minimum_s: int) -> None:
+    # GIVEN a lease of exactly connect + read + 2 x skew (+ the window, with the fence)
     # WHEN settings are made
-    settings = ProducerSettings(lease_s=17)
+    settings = ProducerSettings(put_fence=fence, lease_s=minimum_s)
     # THEN they are valid, and so is the lease policy derived from them
     assert settings.lease_policy().lease_ms == settings.lease_policy().minimum_lease_ms
 
 
 def test_shorter_timeouts_allow_a_shorter_lease() -> None:
-    # GIVEN short put timeouts and skew: 1 + 1 + 2 x 1 = 4 s
+    # GIVEN the fence off, short put timeouts and skew: 1 + 1 + 2 x 1 = 4 s
     # WHEN a 4 s lease is configured
     settings = ProducerSettings(
-        put_connect_timeout_s=1, put_read_timeout_s=1, clock_skew_s=1, lease_s=4
+        put_fence="off", put_connect_timeout_s=1, put_read_timeout_s=1, clock_skew_s=1, lease_s=4
     )
     # THEN it is accepted
     assert settings.lease_policy() == LeasePolicy(4_000, 2_000, 1_000)
 
 
-def test_longer_timeouts_make_the_default_lease_too_short() -> None:
-    # GIVEN a read timeout raised to 60 s with the default 60 s lease
+def test_a_short_window_behind_an_endpoint_that_enforces_it_allows_a_short_fenced_lease() -> None:
+    # GIVEN the fence on, a 4 s window (the fault proxy's), short timeouts: 4 + 1 + 1 + 2 x 1
+    # WHEN an 8 s lease is configured, Kinesis reached through the proxy
+    settings = ProducerSettings(
+        kinesis_endpoint_url="http://127.0.0.1:4599",
+        signature_window_s=4,
+        put_connect_timeout_s=1,
+        put_read_timeout_s=1,
+        clock_skew_s=1,
+        lease_s=8,
+    )
+    # THEN it is accepted
+    assert settings.lease_policy() == LeasePolicy(8_000, 2_000, 1_000, signature_window_ms=4_000)
+
+
+def test_a_window_shorter_than_aws_against_real_aws_is_refused_naming_it() -> None:
+    # GIVEN the fence on, real AWS (no endpoint override), and a window below AWS's 300 s
+    # WHEN settings are made
+    # THEN they are refused: AWS would still accept a stalled put the fence let go
+    with pytest.raises(ValidationError, match="KEO_SIGNATURE_WINDOW_S=60 is shorter than the 300"):
+        ProducerSettings(signature_window_s=60, lease_s=600)
+
+
+def test_without_the_fence_the_window_is_not_looked_at() -> None:
+    # GIVEN the fence off, and a window that would be refused with it
+    # WHEN settings are made
+    settings = ProducerSettings(put_fence="off", signature_window_s=60)
+    # THEN they are valid and the policy ignores the window
+    assert settings.lease_policy().signature_window_ms is None
+
+
+@pytest.mark.parametrize("fence", ["signature", "off"])
+def test_longer_timeouts_make_the_default_lease_too_short(fence: str) -> None:
+    # GIVEN a read timeout raised to 60 s with the default lease (360 s, or 60 s without fence)
     # WHEN settings are made
     # THEN they are refused: a put could land after the lease expired
-    with pytest.raises(ValidationError, match="KEO_LEASE_S=60 is too short"):
-        ProducerSettings(put_read_timeout_s=60)
+    with pytest.raises(ValidationError, match=r"KEO_LEASE_S=(360|60) is too short"):
+        ProducerSettings(put_fence=fence, put_read_timeout_s=60 if fence == "off" else 120)
 
 
 ms_seconds = st.integers(1, 60_000).map(lambda ms: ms / 1000)
@@ -107,17 +197,22 @@ ms_seconds = st.integers(1, 60_000).map(lambda ms: ms / 1000)
     read_s=ms_seconds,
     skew_s=st.integers(0, 60_000).map(lambda ms: ms / 1000),
     lease_s=st.integers(1, 3_600_000).map(lambda ms: ms / 1000),
+    fence=st.sampled_from(["signature", "off"]),
+    window_s=st.integers(1_000, 600_000).map(lambda ms: ms / 1000),
 )
 def test_settings_that_validate_always_give_a_valid_lease_policy(
-    connect_s: float, read_s: float, skew_s: float, lease_s: float
+    connect_s: float, read_s: float, skew_s: float, lease_s: float, fence: str, window_s: float
 ) -> None:
-    # GIVEN any timeouts, skew and lease with millisecond resolution
+    # GIVEN any timeouts, skew, lease and window with millisecond resolution, either fence
     try:
         settings = ProducerSettings(
+            kinesis_endpoint_url="http://127.0.0.1:4599",
             put_connect_timeout_s=connect_s,
             put_read_timeout_s=read_s,
             clock_skew_s=skew_s,
             lease_s=lease_s,
+            put_fence=fence,
+            signature_window_s=window_s,
         )
     except ValidationError:
         return
@@ -125,6 +220,7 @@ def test_settings_that_validate_always_give_a_valid_lease_policy(
     # THEN the protocol accepts their lease policy too: start-up never lets a bad lease through
     policy = settings.lease_policy()
     assert policy.lease_ms >= policy.minimum_lease_ms
+    assert policy.fenced is (fence == "signature")
 
 
 def test_wait_max_below_wait_initial_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,6 +349,8 @@ def test_invalid_stream_name_is_refused(monkeypatch: pytest.MonkeyPatch, stream:
         ("KEO_PUT_READ_TIMEOUT_S", "121"),
         ("KEO_LEDGER_CONNECT_TIMEOUT_S", "61"),
         ("KEO_LEDGER_READ_TIMEOUT_S", "121"),
+        ("KEO_SIGNATURE_WINDOW_S", "0"),
+        ("KEO_SIGNATURE_WINDOW_S", "3001"),
     ],
 )
 def test_values_out_of_their_bounds_are_refused(

@@ -1,0 +1,103 @@
+"""The signature fence on the put client: no request leaves that could land after its lease.
+
+Kinesis refuses a SigV4 request that reaches it more than 5 minutes after the ``X-Amz-Date``
+it was signed with. botocore signs each attempt just before sending it, so a ``before-send``
+handler sees the request's signing time; it lets the request go only if
+:func:`producer.protocol.signature_fence_admits` (signed_at + window + skew <= the lease's
+end). A request that passes lands before its lease ends however long its process stalls
+afterwards: a server-side fence, checked on our side of the wire.
+
+The handler learns the lease of the request being sent from :func:`sending_under`, which
+:class:`producer.kinesis.KinesisWriter` enters around each call (a context variable: one value
+per thread, the thread that makes the call). A refused request is not sent: the handler raises
+:class:`producer.errors.PutFencedError`, which the writer turns into a NOT_WRITTEN result
+(``SignatureFence``, retriable). It fails closed: a request with no lease given, or no
+signing time, is refused too.
+
+::
+
+    writer.put_entries(entries, lease_expires_at_ms=L)
+      └─ sending_under(L) ─ client.put_records ─ sign (X-Amz-Date) ─ before-send: fence ─ send
+                                                                            └─ refused: not sent
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from producer.errors import PutFencedError
+from producer.protocol import LeasePolicy
+
+__all__ = ["SIGNED_AT_HEADER", "SignatureFence", "sending_under", "signed_at_ms"]
+
+SIGNED_AT_HEADER: Final = "X-Amz-Date"
+_SIGNED_AT_FORMAT: Final = "%Y%m%dT%H%M%SZ"  # SigV4's basic ISO 8601, always UTC
+_EVENT: Final = "before-send.kinesis.PutRecords"
+
+# The end of the lease the request being sent is put under: the earliest of its groups'.
+_LEASE_EXPIRES_AT_MS: ContextVar[int | None] = ContextVar("keo_put_lease", default=None)
+
+
+@contextlib.contextmanager
+def sending_under(lease_expires_at_ms: int | None) -> Iterator[None]:
+    """The requests made inside are put under a lease that ends at ``lease_expires_at_ms``."""
+    token = _LEASE_EXPIRES_AT_MS.set(lease_expires_at_ms)
+    try:
+        yield
+    finally:
+        _LEASE_EXPIRES_AT_MS.reset(token)
+
+
+def signed_at_ms(headers: Mapping[str, Any]) -> int | None:
+    """When a SigV4 request was signed (its ``X-Amz-Date``, to the second), in epoch ms;
+    None when it has no such header or an unreadable one."""
+    value = headers.get(SIGNED_AT_HEADER)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str):
+        return None
+    try:
+        signed = datetime.strptime(value, _SIGNED_AT_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return int(signed.timestamp()) * 1000
+
+
+class SignatureFence:
+    """The ``before-send`` check of one put client, with a fenced :class:`LeasePolicy`."""
+
+    def __init__(self, policy: LeasePolicy) -> None:
+        if not policy.fenced:
+            raise ValueError("the signature fence needs a lease policy with a signature window")
+        self._policy = policy
+
+    def install(self, client: Any) -> None:
+        """Check every PutRecords of ``client`` last, right before it is sent: after any other
+        ``before-send`` handler (the closest to the wire we can get)."""
+        client.meta.events.register_last(_EVENT, self.check, unique_id=f"keo-fence-{id(self)}")
+
+    def check(self, request: Any, **_: Any) -> None:
+        """Raise :class:`PutFencedError` unless ``request`` may leave under its lease."""
+        lease_expires_at_ms = _LEASE_EXPIRES_AT_MS.get()
+        signed_at = signed_at_ms(request.headers)
+        if lease_expires_at_ms is None or signed_at is None:
+            missing = "no lease was given" if lease_expires_at_ms is None else "it is not signed"
+            raise PutFencedError(
+                f"signature fence: request not sent: {missing}",
+                signed_at_ms=signed_at,
+                lease_expires_at_ms=lease_expires_at_ms,
+            )
+        if self._policy.fence_admits(signed_at, lease_expires_at_ms):
+            return
+        reach_ms = (self._policy.signature_window_ms or 0) + self._policy.skew_ms
+        past_ms = signed_at + reach_ms - lease_expires_at_ms
+        raise PutFencedError(
+            f"signature fence: request not sent: it could land up to {reach_ms / 1000:g} s "
+            f"(window + skew) after it was signed, {past_ms / 1000:g} s past its lease",
+            signed_at_ms=signed_at,
+            lease_expires_at_ms=lease_expires_at_ms,
+        )
