@@ -22,7 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from spark_jobs.sink import ExactlyOnceSink, settings_from_env
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import settings_from_env
 
 log = logging.getLogger(__name__)
 

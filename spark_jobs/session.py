@@ -1,17 +1,37 @@
 """The local SparkSession the demo and the tests share: ``local[2]`` on the loopback
 interface, no UI, quiet logs, Python workers running this interpreter (reused across
-batches, so each keeps its clients)."""
+batches, so each keeps its clients) and importing the same code as the driver."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
+
+# The folder this package was imported from: a checkout, a worktree or site-packages.
+CODE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def worker_python_path(environ: dict[str, str] | None = None) -> str:
+    """``PYTHONPATH`` for the Python workers: the driver's code first, then what was set.
+
+    Workers do not inherit the driver's ``sys.path``: without this, a worker of a driver run
+    from a checkout imports whatever copy of the packages the interpreter has installed (an
+    editable install of another tree, an older wheel), not the code the driver runs.
+    """
+    current = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    rest = [entry for entry in current.split(os.pathsep) if entry and entry != CODE_ROOT]
+    return os.pathsep.join([CODE_ROOT, *rest])
 
 
 def local_session(app_name: str, *, java_options: str | None = None) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # the JVM starts with this process's environment: its driver-side Python workers (data
+    # source planning and commits) read it; executors get it through spark.executorEnv
+    python_path = worker_python_path()
+    os.environ["PYTHONPATH"] = python_path
     from pyspark.sql import SparkSession
 
     builder = (
@@ -24,6 +44,7 @@ def local_session(app_name: str, *, java_options: str | None = None) -> Any:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.executorEnv.PYTHONPATH", python_path)
         .config("spark.sql.streaming.stopTimeout", "10s")
     )
     if java_options:
