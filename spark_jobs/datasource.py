@@ -75,37 +75,6 @@ _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
-class KeoDataSource(DataSource):
-    """``format("keo")``. ``hooks`` is the test seam; :func:`register_source` binds it."""
-
-    hooks: ClassVar[Hooks] = NO_HOOKS
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)
-        plan = plan.with_hooks(self.hooks)
-        return KeoArrowWriter(plan) if plan.options.arrow else KeoRowWriter(plan)
-
-    def streamWriter(  # noqa: N802 - Spark's name
-        self, schema: StructType, overwrite: bool
-    ) -> DataSourceStreamWriter:
-        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=True)
-        plan = plan.with_hooks(self.hooks)
-        return KeoArrowStreamWriter(plan) if plan.options.arrow else KeoRowStreamWriter(plan)
-
-
-def register_source(spark: Any, *, hooks: Hooks = NO_HOOKS) -> None:
-    """Register ``format("keo")``; with hooks, as a subclass that carries them (pickled by
-    value with the class, so they reach the executors and the commits)."""
-    source: type[KeoDataSource] = KeoDataSource
-    if hooks is not NO_HOOKS:
-        source = type("KeoDataSourceWithHooks", (KeoDataSource,), {"hooks": hooks})
-    spark.dataSource.register(source)
-
-
 # --- what a write knows before it starts -------------------------------------------------------
 
 
@@ -320,6 +289,10 @@ class _Writes:
     def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
 
+    def deliver(self, rows: Iterator[tuple[Any, Any, Any]]) -> WriterCommitMessage:
+        """One partition's ``(key, data, routing_key)`` rows, however Spark handed them over."""
+        return _write_partition(self.plan, rows)
+
     def commit(
         self,
         messages: list[WriterCommitMessage | None],
@@ -337,12 +310,12 @@ class _Writes:
 
 class _RowWrites(_Writes):
     def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
-        return _write_partition(self.plan, _rows_of(self.plan, iterator))
+        return self.deliver(_rows_of(self.plan, iterator))
 
 
 class _ArrowWrites(_Writes):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return _write_partition(self.plan, _rows_of_arrow(self.plan, iterator))
+        return self.deliver(_rows_of_arrow(self.plan, iterator))
 
 
 class KeoRowWriter(_RowWrites, DataSourceWriter):
@@ -359,3 +332,44 @@ class KeoRowStreamWriter(_RowWrites, DataSourceStreamWriter):
 
 class KeoArrowStreamWriter(_ArrowWrites, DataSourceStreamArrowWriter):
     """``df.writeStream``: Arrow record batches."""
+
+
+# --- the format ------------------------------------------------------------------------------
+
+
+class KeoDataSource(DataSource):
+    """``format("keo")``. ``hooks`` is the test seam; :func:`register_source` binds it."""
+
+    hooks: ClassVar[Hooks] = NO_HOOKS
+    # the writer classes, replaceable by a subclass (devstack.spark_bench counts rows instead)
+    arrow_writer: ClassVar[type[KeoArrowWriter]] = KeoArrowWriter
+    row_writer: ClassVar[type[KeoRowWriter]] = KeoRowWriter
+    arrow_stream_writer: ClassVar[type[KeoArrowStreamWriter]] = KeoArrowStreamWriter
+    row_stream_writer: ClassVar[type[KeoRowStreamWriter]] = KeoRowStreamWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)
+        plan = plan.with_hooks(self.hooks)
+        return self.arrow_writer(plan) if plan.options.arrow else self.row_writer(plan)
+
+    def streamWriter(  # noqa: N802 - Spark's name
+        self, schema: StructType, overwrite: bool
+    ) -> DataSourceStreamWriter:
+        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=True)
+        plan = plan.with_hooks(self.hooks)
+        if plan.options.arrow:
+            return self.arrow_stream_writer(plan)
+        return self.row_stream_writer(plan)
+
+
+def register_source(spark: Any, *, hooks: Hooks = NO_HOOKS) -> None:
+    """Register ``format("keo")``; with hooks, as a subclass that carries them (pickled by
+    value with the class, so they reach the executors and the commits)."""
+    source: type[KeoDataSource] = KeoDataSource
+    if hooks is not NO_HOOKS:
+        source = type("KeoDataSourceWithHooks", (KeoDataSource,), {"hooks": hooks})
+    spark.dataSource.register(source)
