@@ -21,6 +21,13 @@ process of the driver without a Spark session, so it writes them with plain file
 (``<dead_letter_path>/batch=<id>/part-00000.json``, or ``write=<time>-<id>/`` for a batch
 write); a replayed batch overwrites its own file.
 
+``spark.read.format("keo")`` reads a stream as a KCL consumer would: one input partition per
+shard (open and closed), aggregated records split into their user records, and user records
+whose hash key is outside their shard's range dropped (``kcl_filter=false`` keeps them, with a
+``visible_to_kcl`` column); ``starting_timestamp`` / ``ending_timestamp`` bound the read by
+arrival time (it starts at the first record at or after the start, and stops at the first one
+after the end, the end of a closed shard, or the tip).
+
 Spark hands the executors a pickled writer; its classes live here, so the executors import this
 module (and pyspark) and nothing else of Spark's driver side.
 """
@@ -42,15 +49,22 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamWriter,
     DataSourceWriter,
+    InputPartition,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StringType, StructType
 
 from producer.hooks import NO_HOOKS, Hooks
-from spark_jobs.options import FORMAT, OptionsError, WriteOptions
+from producer.kinesis import KinesisReader
+from producer.kpl import UserRecord
+from producer.readback import visible_to_kcl
+from producer.shards import Shard
+from producer.wiring import kinesis_client
+from spark_jobs.options import FORMAT, OptionsError, ReadOptions, WriteOptions, flag
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
     BatchReport,
@@ -59,6 +73,7 @@ from spark_jobs.writer import (
     completed_before,
     data_is_binary,
     log_dead_letters_dropped,
+    producer_settings,
     raise_unresolved,
     settle_batch,
     stack_for,
@@ -69,6 +84,12 @@ if TYPE_CHECKING:
     from pyspark.sql import Row
 
 log = logging.getLogger(__name__)
+
+READ_SCHEMA = (
+    "key string, data binary, shard_id string, sequence_number string, "
+    "sub_sequence_number long, approximate_arrival_timestamp timestamp"
+)
+UNFILTERED_READ_SCHEMA = f"{READ_SCHEMA}, visible_to_kcl boolean"
 
 # Spark sets these local properties on a streaming query's tasks.
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -334,6 +355,63 @@ class KeoArrowStreamWriter(_ArrowWrites, DataSourceStreamArrowWriter):
     """``df.writeStream``: Arrow record batches."""
 
 
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardPartition(InputPartition):
+    """One shard: the unit of a read."""
+
+    shard: Shard
+
+
+class KeoReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[ShardPartition]:
+        """Every shard the stream still has, open and closed (listed on the driver)."""
+        settings = producer_settings(self.options.settings)
+        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        return [ShardPartition(shard) for shard in reader.shards()]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, ShardPartition):
+            raise TypeError(f"not a partition of format('keo'): {partition!r}")
+        settings = producer_settings(self.options.settings)
+        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        shard = partition.shard
+        for record in self._records(reader, shard.shard_id):
+            visible = visible_to_kcl(record, shard)
+            if self.options.kcl_filter:
+                if visible:
+                    yield _row(record)
+            else:
+                yield (*_row(record), visible)
+
+    def _records(self, reader: KinesisReader, shard_id: str) -> Iterator[UserRecord]:
+        starting, ending = self.options.starting_ms, self.options.ending_ms
+        if starting is None and ending is None:
+            return reader.read_all(shard_id)
+        end_ms = ending if ending is not None else self.options.planned_ms
+
+        def window_closed() -> int:
+            return end_ms + 1  # a read of what has arrived: never wait for late arrivals
+
+        return reader.read_window(shard_id, starting or 0, end_ms, now_ms=window_closed)
+
+
+def _row(record: UserRecord) -> tuple[Any, ...]:
+    return (
+        record.partition_key,
+        record.data,
+        record.shard_id,
+        record.sequence_number,
+        record.sub_sequence_number,
+        datetime.fromtimestamp(record.arrival_ms / 1000, tz=UTC),
+    )
+
+
 # --- the format ------------------------------------------------------------------------------
 
 
@@ -350,6 +428,13 @@ class KeoDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT
+
+    def schema(self) -> str:
+        kcl_filter = flag("kcl_filter", self.options.get("kcl_filter", "true"))
+        return READ_SCHEMA if kcl_filter else UNFILTERED_READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - fixed schema
+        return KeoReader(ReadOptions.parse(dict(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
@@ -33,6 +34,12 @@ WRITE_OPTIONS: Final = {
     "dead_letter_path": None,
     "query_name": None,
     "arrow": "true",
+}
+# Read options beyond the settings, with their defaults.
+READ_OPTIONS: Final = {
+    "starting_timestamp": None,
+    "ending_timestamp": None,
+    "kcl_filter": "true",
 }
 # Spark adds these to a streaming write's options itself.
 SPARK_STREAMING_OPTIONS: Final = frozenset({"checkpointlocation", "queryname"})
@@ -115,7 +122,7 @@ class WriteOptions:
             routing_key_column=chosen["routing_key_column"],
             dead_letter_path=local_path(chosen["dead_letter_path"]),
             query_name=query_name,
-            arrow=_flag("arrow", chosen["arrow"] or "true"),
+            arrow=flag("arrow", chosen["arrow"] or "true"),
         )
 
 
@@ -139,7 +146,7 @@ def local_path(value: str | None) -> str | None:
     return str(Path(value))
 
 
-def _flag(name: str, value: str) -> bool:
+def flag(name: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in _TRUE:
         return True
@@ -148,3 +155,53 @@ def _flag(name: str, value: str) -> bool:
     raise OptionsError(
         f"format('keo'): {name} must be true or false, got {value!r}", options=[name]
     )
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """A read's options, checked; time bounds in epoch milliseconds."""
+
+    settings: dict[str, str]
+    starting_ms: int | None
+    ending_ms: int | None
+    kcl_filter: bool
+    planned_ms: int  # when the read was planned: the end of a read given only a start
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+        options = {name.lower(): value for name, value in raw.items()}
+        refuse_unknown(options, SETTING_OPTIONS | frozenset(READ_OPTIONS), "read")
+        chosen = {name: options.get(name, default) for name, default in READ_OPTIONS.items()}
+        starting_ms = _epoch_ms("starting_timestamp", chosen["starting_timestamp"])
+        ending_ms = _epoch_ms("ending_timestamp", chosen["ending_timestamp"])
+        if starting_ms is not None and ending_ms is not None and ending_ms < starting_ms:
+            raise OptionsError(
+                "format('keo'): ending_timestamp is before starting_timestamp",
+                options=["starting_timestamp", "ending_timestamp"],
+            )
+        return cls(
+            settings=settings_values(options),
+            starting_ms=starting_ms,
+            ending_ms=ending_ms,
+            kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
+            planned_ms=int(datetime.now(UTC).timestamp() * 1000),
+        )
+
+
+def _epoch_ms(name: str, value: str | None) -> int | None:
+    """Epoch milliseconds, or an ISO-8601 time (UTC unless it names its offset)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise OptionsError(
+            f"format('keo'): {name} must be epoch milliseconds or an ISO-8601 time, got {value!r}",
+            options=[name],
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

@@ -52,3 +52,28 @@ def local_session(app_name: str, *, java_options: str | None = None) -> Any:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def job_session(master: str | None, app_name: str) -> Any:
+    """A session for a runnable job (``python -m`` or spark-submit): ``master``, else
+    spark-submit's, else ``local[*]``; local workers run this interpreter and import the
+    driver's code; nothing is downloaded."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = worker_python_path()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif not _master_submitted():
+        builder = builder.master("local[*]")
+    return builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
+
+
+def _master_submitted() -> bool:
+    """True when spark-submit (or spark-defaults.conf) chose a master for this driver."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return bool(SparkConf().contains("spark.master"))
