@@ -40,7 +40,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -145,9 +145,7 @@ class WritePlan:
         return cls(options, key_index, data_index, routing_index, binary)
 
     def with_hooks(self, hooks: Hooks) -> WritePlan:
-        return WritePlan(
-            self.options, self.key_index, self.data_index, self.routing_index, self.binary, hooks
-        )
+        return replace(self, hooks=hooks)
 
     @property
     def stream(self) -> str:
