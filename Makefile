@@ -31,11 +31,11 @@ help: ## list the targets
 
 setup: venv node_modules ## install everything (Python venv and the npm emulators)
 
-venv: $(VENV_STAMP) ## the Python virtualenv in .venv, with test, lint and spark extras
+venv: $(VENV_STAMP) ## the Python virtualenv in .venv, with test, lint, spark and connect extras
 
 $(VENV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,lint,spark]'
+	$(BIN)/pip install --quiet -e '.[test,lint,spark,connect]'
 	touch $@
 
 node_modules: $(NODE_STAMP) ## the emulators (kinesalite, dynalite, kinesis-local), from package-lock.json

@@ -150,27 +150,4 @@ class ReaderWithProgress(KinesisReader):
 
 
 def _summary(report: AuditReport, show: int, *, to_stderr: bool) -> None:
-    lines = [
-        f"keo audit: stream {report.stream}: {report.shards} shards, "
-        f"{report.user_records} records, {report.distinct_keys} keys",
-        f"  duplicates:           {len(report.duplicates)}",
-        f"  missing (expected):   {len(report.expected_missing)}"
-        + ("" if report.expected is not None else " (no --expected given)"),
-        f"  missing (delivered):  {len(report.missing_delivered)}",
-        f"  unknown to ledger:    {len(report.unknown_keys)}",
-        f"  position mismatches:  {len(report.position_mismatches)}",
-        f"  still in flight:      {len(report.in_flight)}",
-        f"  unverifiable:         {len(report.unverifiable)}",
-    ]
-    if report.dropped_by_kcl:
-        lines.append(f"  dropped as KCL would: {report.dropped_by_kcl}")
-    for name, keys in (
-        ("duplicate", list(report.duplicates)),
-        ("missing", report.expected_missing + report.missing_delivered),
-        ("unknown", report.unknown_keys),
-        ("in flight", report.in_flight),
-    ):
-        if keys:
-            lines.append(f"  {name}: {', '.join(map(repr, keys[:show]))}")
-    lines.append("  verdict: " + ("CLEAN" if report.clean else f"{report.anomalies} ANOMALIES"))
-    typer.echo("\n".join(lines), err=to_stderr)
+    typer.echo(report.summary(show), err=to_stderr)

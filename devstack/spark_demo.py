@@ -51,7 +51,8 @@ from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import local_session
-from spark_jobs.sink import ExactlyOnceSink, producer_settings
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import producer_settings
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,10 @@ The verdict comes from the stream itself (each key once, every expected key pres
 ledger is only compared against it (unknown records, DELIVERED keys missing, positions that
 disagree, claims still IN_FLIGHT). Aggregated records are deaggregated, and user records
 whose hash falls outside their shard's range are dropped, as KCL drops them.
+
+Reading and judging are apart: :func:`read_tally` reads the stream here, in one process
+(``keo audit``); ``spark_jobs.audit`` reads it on Spark, one task per shard. Either hands a
+:class:`StreamTally` to :func:`judge`, the one comparison, which gives the same report.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dedupe_store.contract import Ledger
-from dedupe_store.records import Position
+from dedupe_store.records import LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from producer.kinesis import KinesisReader
 from producer.readback import visible_to_kcl
@@ -52,6 +56,34 @@ class AuditReport:
     def clean(self) -> bool:
         return self.anomalies == 0
 
+    def summary(self, show_keys: int = 10) -> str:
+        """The report for a person: counts, the first ``show_keys`` keys of each anomaly, and
+        the verdict."""
+        lines = [
+            f"keo audit: stream {self.stream}: {self.shards} shards, "
+            f"{self.user_records} records, {self.distinct_keys} keys",
+            f"  duplicates:           {len(self.duplicates)}",
+            f"  missing (expected):   {len(self.expected_missing)}"
+            + ("" if self.expected is not None else " (no --expected given)"),
+            f"  missing (delivered):  {len(self.missing_delivered)}",
+            f"  unknown to ledger:    {len(self.unknown_keys)}",
+            f"  position mismatches:  {len(self.position_mismatches)}",
+            f"  still in flight:      {len(self.in_flight)}",
+            f"  unverifiable:         {len(self.unverifiable)}",
+        ]
+        if self.dropped_by_kcl:
+            lines.append(f"  dropped as KCL would: {self.dropped_by_kcl}")
+        for name, keys in (
+            ("duplicate", list(self.duplicates)),
+            ("missing", self.expected_missing + self.missing_delivered),
+            ("unknown", self.unknown_keys),
+            ("in flight", self.in_flight),
+        ):
+            if keys:
+                lines.append(f"  {name}: {', '.join(map(repr, keys[:show_keys]))}")
+        lines.append("  verdict: " + ("CLEAN" if self.clean else f"{self.anomalies} ANOMALIES"))
+        return "\n".join(lines)
+
     def as_json(self) -> dict[str, Any]:
         return {
             "stream": self.stream,
@@ -76,6 +108,17 @@ class AuditReport:
         }
 
 
+@dataclass
+class StreamTally:
+    """What a read of the whole stream found: every visible user record's position, by key."""
+
+    stream: str
+    shards: int = 0
+    user_records: int = 0
+    dropped_by_kcl: int = 0
+    seen: dict[str, list[Position]] = field(default_factory=lambda: defaultdict(list))
+
+
 def audit_stream(
     reader: KinesisReader,
     ledger: Ledger | None,
@@ -83,39 +126,68 @@ def audit_stream(
     expected: Iterable[str] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> AuditReport:
-    report = AuditReport(reader.stream)
+    tally = read_tally(reader, progress=progress)
+    return judge(
+        tally, ledger.scan(reader.stream) if ledger is not None else None, expected=expected
+    )
+
+
+def read_tally(
+    reader: KinesisReader, *, progress: Callable[[int], None] | None = None
+) -> StreamTally:
+    """Read every shard, open and closed, from TRIM_HORIZON to its end, as KCL would."""
+    tally = StreamTally(reader.stream)
     shards = reader.shards()
-    report.shards = len(shards)
-    seen: dict[str, list[Position]] = defaultdict(list)
+    tally.shards = len(shards)
     for shard in shards:
         for record in reader.read_all(shard.shard_id):
             if not visible_to_kcl(record, shard):
-                report.dropped_by_kcl += 1
+                tally.dropped_by_kcl += 1
                 continue
-            report.user_records += 1
-            seen[record.partition_key].append(
+            tally.user_records += 1
+            tally.seen[record.partition_key].append(
                 Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
             )
         if progress is not None:
             progress(1)
-    report.distinct_keys = len(seen)
-    report.duplicates = {key: pos for key, pos in seen.items() if len(pos) > 1}
+    return tally
+
+
+def judge(
+    tally: StreamTally,
+    ledger_records: Iterable[LedgerRecord] | None,
+    *,
+    expected: Iterable[str] | None = None,
+) -> AuditReport:
+    """The verdict on a read stream: keys twice, expected keys absent and, given the ledger's
+    records of the stream, everything the ledger and the stream disagree on."""
+    seen = tally.seen
+    report = AuditReport(
+        tally.stream,
+        shards=tally.shards,
+        user_records=tally.user_records,
+        distinct_keys=len(seen),
+        dropped_by_kcl=tally.dropped_by_kcl,
+    )
+    report.duplicates = {
+        key: sorted(pos, key=_stream_order) for key, pos in seen.items() if len(pos) > 1
+    }
 
     if expected is not None:
         wanted = list(dict.fromkeys(expected))
         report.expected = len(wanted)
         report.expected_missing = [key for key in wanted if key not in seen]
 
-    if ledger is not None:
-        _compare_with_ledger(report, ledger, seen)
+    if ledger_records is not None:
+        _compare_with_ledger(report, ledger_records, seen)
     return report
 
 
 def _compare_with_ledger(
-    report: AuditReport, ledger: Ledger, seen: dict[str, list[Position]]
+    report: AuditReport, records: Iterable[LedgerRecord], seen: dict[str, list[Position]]
 ) -> None:
     known: set[str] = set()
-    for record in ledger.scan(report.stream):
+    for record in records:
         known.add(record.key)
         positions = seen.get(record.key)
         if record.state is LedgerState.IN_FLIGHT:
@@ -142,6 +214,10 @@ def _same_record(a: Position, b: Position) -> bool:
         and int(a.sequence_number) == int(b.sequence_number)
         and (a.sub_sequence_number or 0) == (b.sub_sequence_number or 0)
     )
+
+
+def _stream_order(position: Position) -> tuple[str, int, int]:
+    return (position.shard_id, int(position.sequence_number), position.sub_sequence_number or 0)
 
 
 def _position_json(position: Position) -> dict[str, Any]:

@@ -1,16 +1,22 @@
-"""Spark: the ``foreachBatch`` sink (:mod:`spark_jobs.sink`) and the runnable jobs
-(:mod:`spark_jobs.produce_stream`). The only package that imports pyspark, and only lazily:
-executors and the CLI import this package, so nothing here imports pyspark at import time.
-``spark_jobs.produce_stream`` is run with ``python -m`` and is not imported here.
+"""Spark: the ``keo`` data source (:mod:`spark_jobs.datasource`, registered by :func:`register`),
+the ``foreachBatch`` sink (:mod:`spark_jobs.sink`), the writer both run
+(:mod:`spark_jobs.writer`) and the runnable jobs (:mod:`spark_jobs.produce_stream`).
+
+The only package that imports pyspark, and only lazily: executors and the CLI import this
+package, so nothing here imports pyspark at import time. ``spark_jobs.produce_stream`` is run
+with ``python -m`` and is not imported here.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from producer.hooks import NO_HOOKS, Hooks
 from spark_jobs.session import local_session
-from spark_jobs.sink import (
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import (
     BatchReport,
     DeadLetter,
-    ExactlyOnceSink,
     producer_settings,
     settings_from_env,
 )
@@ -21,5 +27,17 @@ __all__ = [
     "ExactlyOnceSink",
     "local_session",
     "producer_settings",
+    "register",
     "settings_from_env",
 ]
+
+
+def register(spark: Any, *, hooks: Hooks = NO_HOOKS) -> None:
+    """Register the ``keo`` data source with ``spark`` (a classic or a Spark Connect session).
+
+    ``hooks`` is the test seam (:mod:`producer.hooks`): it travels with the registered class
+    to the executors and to the driver's commits. Registering again replaces the format.
+    """
+    from spark_jobs.datasource import register_source
+
+    register_source(spark, hooks=hooks)

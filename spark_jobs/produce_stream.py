@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from spark_jobs.sink import ExactlyOnceSink, settings_from_env
+from spark_jobs.session import job_session
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import settings_from_env
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +49,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--log-level", default="INFO", help="Python log level of the job")
     return parser.parse_args(argv)
-
-
-def spark_session(master: str | None, app_name: str = "keo-produce-stream") -> Any:
-    """A session for this job: the workers run this interpreter; nothing is downloaded."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName(app_name)
-    if master is not None:
-        builder = builder.master(master)
-    elif not _master_submitted():
-        builder = builder.master("local[*]")
-    return builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
-
-
-def _master_submitted() -> bool:
-    """True when spark-submit (or spark-defaults.conf) chose a master for this driver."""
-    from pyspark import SparkConf, SparkContext
-
-    SparkContext._ensure_initialized()
-    return bool(SparkConf().contains("spark.master"))
 
 
 def trigger_options(trigger: str) -> dict[str, Any]:
@@ -107,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         routing_key_column="routing_key",
         dead_letter_path=args.dead_letter,
     )
-    spark = spark_session(args.master)
+    spark = job_session(args.master, "keo-produce-stream")
     spark.sparkContext.setLogLevel("WARN")
     try:
         query = start_query(spark, args, sink)

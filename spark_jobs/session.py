@@ -1,33 +1,110 @@
 """The local SparkSession the demo and the tests share: ``local[2]`` on the loopback
 interface, no UI, quiet logs, Python workers running this interpreter (reused across
-batches, so each keeps its clients)."""
+batches, so each keeps its clients) and importing the same code as the driver."""
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
+
+# The folder this package was imported from: a checkout, a worktree or site-packages.
+CODE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def worker_python_path(environ: dict[str, str] | None = None) -> str:
+    """``PYTHONPATH`` for the Python workers: the driver's code first, then what was set.
+
+    Workers do not inherit the driver's ``sys.path``: without this, a worker of a driver run
+    from a checkout imports whatever copy of the packages the interpreter has installed (an
+    editable install of another tree, an older wheel), not the code the driver runs.
+    """
+    current = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    rest = [entry for entry in current.split(os.pathsep) if entry and entry != CODE_ROOT]
+    return os.pathsep.join([CODE_ROOT, *rest])
+
+
+def _local_options(python_path: str) -> dict[str, str]:
+    return {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.python.worker.reuse": "true",
+        "spark.executorEnv.PYTHONPATH": python_path,
+        "spark.sql.streaming.stopTimeout": "10s",
+    }
+
+
+def _prepare_workers() -> str:
+    """Workers run this interpreter and import the driver's code: the JVM starts with this
+    process's environment (its driver-side Python workers, which plan data source reads and
+    writes and run their commits, read it); executors get it through spark.executorEnv."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    python_path = worker_python_path()
+    os.environ["PYTHONPATH"] = python_path
+    return python_path
 
 
 def local_session(app_name: str, *, java_options: str | None = None) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    python_path = _prepare_workers()
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.streaming.stopTimeout", "10s")
-    )
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for name, value in _local_options(python_path).items():
+        builder = builder.config(name, value)
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def local_connect_session(app_name: str) -> Any:
+    """A Spark Connect session on a ``local[2]`` server this process starts (loopback only).
+
+    A process holds either this or :func:`local_session`, never both: PySpark refuses a
+    remote session while a classic one runs. Needs the ``connect`` extra.
+    """
+    python_path = _prepare_workers()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for name, value in _local_options(python_path).items():
+        builder = builder.config(name, value)
+    builder = builder.config("spark.connect.grpc.binding.address", "127.0.0.1")
+    with warnings.catch_warnings():
+        # The options configure the server it starts; the client then sets them again on its
+        # session, where the static ones cannot change and each warns that it was not set.
+        warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
+        return builder.remote("local[2]").getOrCreate()
+
+
+def job_session(master: str | None, app_name: str) -> Any:
+    """A session for a runnable job (``python -m`` or spark-submit): ``master``, else
+    spark-submit's, else ``local[*]``; local workers run this interpreter and import the
+    driver's code; nothing is downloaded."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = worker_python_path()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif not _master_submitted():
+        builder = builder.master("local[*]")
+    return builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
+
+
+def _master_submitted() -> bool:
+    """True when spark-submit (or spark-defaults.conf) chose a master for this driver."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return bool(SparkConf().contains("spark.master"))

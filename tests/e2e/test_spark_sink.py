@@ -8,104 +8,35 @@ product's reader, so a reader bug cannot hide a duplicate.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from threading import Barrier
-from types import ModuleType
 from typing import Any
 
-import planting
 import pytest
-
-from dedupe_store.records import ClaimRequest
-from devstack.failpoints import Failpoints
-from producer.audit import audit_stream
-from producer.errors import UnresolvedKeysError
-from producer.hooks import NO_HOOKS
-from producer.kinesis import create_stream
-from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
-from spark_jobs.produce_stream import start_query
-from spark_jobs.sink import (
-    ExactlyOnceSink,
-    PartitionReport,
-    producer_settings,
+from spark_support import (
+    assert_binary_rows_arrived,
+    assert_exactly_these,
+    batch_complete,
+    events,
+    frame,
+    payloads,
+    plant_unverifiable,
+    streamcheck,
+    write_event_files,
 )
 
+from devstack.failpoints import Failpoints
+from producer.errors import UnresolvedKeysError
+from producer.hooks import NO_HOOKS
+from producer.protocol import Message
+from producer.wiring import Stack
+from spark_jobs.produce_stream import start_query
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import PartitionReport
+
 pytestmark = pytest.mark.spark
-
-SHARDS = 2
-# short leases so a lost race or a replay settles in seconds
-FAST_LEASES = {
-    "KEO_PUT_CONNECT_TIMEOUT_S": "1",
-    "KEO_PUT_READ_TIMEOUT_S": "1",
-    "KEO_CLOCK_SKEW_S": "0.5",
-    "KEO_LEASE_S": "4",
-    # the fence on, as by default, with a 1 s window: the lease is its minimum, 1 + 2 + 2 x 0.5
-    "KEO_SIGNATURE_WINDOW_S": "1",
-    "KEO_INFLIGHT_BUCKETS": "4",
-}
-
-
-def _load_streamcheck() -> ModuleType:
-    if "streamcheck" in sys.modules:
-        return sys.modules["streamcheck"]
-    path = Path(__file__).resolve().parents[1] / "integration" / "streamcheck.py"
-    spec = importlib.util.spec_from_file_location("streamcheck", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["streamcheck"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-streamcheck = _load_streamcheck()
-
-
-# --- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def settings(emulators: Any, names: Any) -> dict[str, str]:
-    """The sink's settings: plain KEO_* strings, as the executors receive them."""
-    return {
-        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
-        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
-        "KEO_REGION": "us-east-1",
-        "KEO_STREAM": names.stream,
-        "KEO_TABLE": names.table,
-        **FAST_LEASES,
-    }
-
-
-@pytest.fixture
-def stack(settings: dict[str, str]) -> Stack:
-    """A fresh stream of two shards and a fresh ledger table, both ACTIVE."""
-    parsed = producer_settings(settings)
-    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
-    ledger_from(parsed).create_table(wait=True)
-    return build_stack(parsed)
-
-
-@pytest.fixture
-def kinesis(emulators: Any) -> Any:
-    return streamcheck.kinesis_client(emulators.kinesis)
-
-
-def _events(count: int, prefix: str = "k") -> list[tuple[str, str]]:
-    return [(f"{prefix}{i:04d}", f"payload of {prefix}{i:04d}") for i in range(count)]
-
-
-def _frame(spark: Any, rows: list[tuple[Any, ...]], schema: str = "key string, data string") -> Any:
-    return spark.createDataFrame(rows, schema).repartition(2)
-
-
-def _payloads(rows: list[tuple[str, str]]) -> dict[str, bytes]:
-    return {key: data.encode("utf-8") for key, data in rows}
 
 
 # --- (1) a batch is delivered exactly once ----------------------------------------------------
@@ -115,11 +46,11 @@ def test_a_batch_is_delivered_exactly_once(
     spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
     # GIVEN 200 rows in two partitions
-    rows = _events(200)
+    rows = events(200)
     sink = ExactlyOnceSink(settings, query_id="q-static")
 
     # WHEN they are written as batch 0
-    report = sink.write_batch(_frame(spark, rows), 0)
+    report = sink.write_batch(frame(spark, rows), 0)
 
     # THEN every key is in the stream once, where the ledger says, and the batch is COMPLETE
     assert report.counts == {
@@ -131,10 +62,10 @@ def test_a_batch_is_delivered_exactly_once(
     }
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(
-        contents, [k for k, _ in rows], stack.ledger, payloads=_payloads(rows)
+        contents, [k for k, _ in rows], stack.ledger, payloads=payloads(rows)
     )
     streamcheck.assert_only(contents, [k for k, _ in rows])
-    assert _batch_complete(stack, "q-static", 0)
+    assert batch_complete(stack, "q-static", 0)
 
 
 def test_binary_data_and_routing_keys_are_sent_as_given(
@@ -142,7 +73,7 @@ def test_binary_data_and_routing_keys_are_sent_as_given(
 ) -> None:
     # GIVEN binary data and a routing key column
     rows = [(f"b{i}", bytes([i, 0, 255]), "tenant-a") for i in range(20)]
-    frame = _frame(spark, rows, "id string, body binary, tenant string")
+    binary = frame(spark, rows, "id string, body binary, tenant string")
     sink = ExactlyOnceSink(
         settings,
         key_column="id",
@@ -152,14 +83,10 @@ def test_binary_data_and_routing_keys_are_sent_as_given(
     )
 
     # WHEN written
-    sink.write_batch(frame, 0)
+    sink.write_batch(binary, 0)
 
     # THEN the bytes arrive unchanged, all on the routing key's shard
-    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
-    streamcheck.assert_exactly_once(
-        contents, [r[0] for r in rows], stack.ledger, payloads={r[0]: r[1] for r in rows}
-    )
-    assert len(contents.per_shard()) == 1
+    assert_binary_rows_arrived(kinesis, stack, rows)
 
 
 # --- (2) replays add nothing ------------------------------------------------------------------
@@ -169,20 +96,20 @@ def test_a_replayed_batch_adds_nothing(
     spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
     # GIVEN batch 0 delivered
-    rows = _events(200)
-    frame = _frame(spark, rows)
+    rows = events(200)
+    batch = frame(spark, rows)
     sink = ExactlyOnceSink(settings, query_id="q-replay")
-    sink.write_batch(frame, 0)
+    sink.write_batch(batch, 0)
 
     # WHEN the same batch is replayed with the same batch id
-    replay = sink.write_batch(frame, 0)
+    replay = sink.write_batch(batch, 0)
 
     # THEN the batch ledger skips it without any per-key work
     assert replay.skipped
     assert sum(replay.counts.values()) == 0
 
     # WHEN the same rows come again under another batch id
-    again = sink.write_batch(frame, 1)
+    again = sink.write_batch(batch, 1)
 
     # THEN every row is a DUPLICATE, and the stream still holds each key once
     assert again.counts["duplicates"] == 200
@@ -200,9 +127,9 @@ def test_two_tasks_writing_the_same_partition_deliver_each_key_once(
 ) -> None:
     # GIVEN one partition's rows and the executor function of its batch (as a speculative
     # task and the original would both run it)
-    rows = [(key, data, None) for key, data in _events(200, prefix="race")]
+    rows = [(key, data, None) for key, data in events(200, prefix="race")]
     sink = ExactlyOnceSink(settings, query_id="q-race")
-    writer = sink.partition_writer(_frame(spark, [(k, d) for k, d, _ in rows]), "q-race", 0)
+    writer = sink.partition_writer(frame(spark, [(k, d) for k, d, _ in rows]), "q-race", 0)
     start = Barrier(2)
 
     def task(_: int) -> list[PartitionReport]:
@@ -229,7 +156,7 @@ def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
 ) -> None:
     # GIVEN a batch with an empty key, an oversized record, and a key already used for other
     # data, among good rows
-    good = _events(30)
+    good = events(30)
     with stack.producer() as producer:
         producer.send([Message("taken", b"the first payload")])
     bad = [
@@ -241,7 +168,7 @@ def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
     sink = ExactlyOnceSink(settings, dead_letter_path=str(dead_letters), query_id="q-dlq")
 
     # WHEN it is written as batch 7
-    report = sink.write_batch(_frame(spark, good + bad), 7)
+    report = sink.write_batch(frame(spark, good + bad), 7)
 
     # THEN the good rows are delivered and the batch is COMPLETE
     assert report.counts["sent"] == 30
@@ -251,7 +178,7 @@ def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
     streamcheck.assert_exactly_once(contents, [k for k, _ in good], stack.ledger)
     streamcheck.assert_only(contents, [k for k, _ in good] + ["taken"])
     assert contents.counts["taken"] == 1
-    assert _batch_complete(stack, "q-dlq", 7)
+    assert batch_complete(stack, "q-dlq", 7)
 
     # AND the bad rows are in the batch's dead-letter file with their reason and data
     files = sorted((dead_letters / "batch=7").glob("part-*.json"))
@@ -278,45 +205,24 @@ def test_a_batch_with_an_unresolved_key_raises_and_is_not_marked_complete(
     spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
     # GIVEN a key whose earlier claim the ledger could not verify within retention
-    rows = _events(20)
-    (stuck,), _ = prepare([Message(rows[0][0], rows[0][1].encode())], DEFAULT_MAX_RECORD_BYTES)
-    request = ClaimRequest(
-        stack.settings.stream, stuck.key, stuck.payload_digest, stuck.explicit_hash_key
-    )
-    _, claims = planting.plant_requests(
-        stack.ledger, [request], owner="lost-host", now_ms=stack.clock.now_ms(), lease_ms=3000
-    )
-    assert stack.ledger.mark_unverifiable(claims[stuck.key]).applied
+    rows = events(20)
+    stuck = plant_unverifiable(stack, *rows[0])
     sink = ExactlyOnceSink(settings, query_id="q-unresolved")
 
     # WHEN a batch with that key is written
     with pytest.raises(UnresolvedKeysError) as raised:
-        sink.write_batch(_frame(spark, rows), 0)
+        sink.write_batch(frame(spark, rows), 0)
 
     # THEN the batch fails for Spark to retry, names the key, and is not marked COMPLETE,
     # while the other rows are delivered
-    assert raised.value.keys == [stuck.key]
-    assert not _batch_complete(stack, "q-unresolved", 0)
+    assert raised.value.keys == [stuck]
+    assert not batch_complete(stack, "q-unresolved", 0)
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
-    streamcheck.assert_absent(contents, [stuck.key])
+    streamcheck.assert_absent(contents, [stuck])
 
 
 # --- (5) a streaming query that dies mid-batch ------------------------------------------------
-
-
-def _write_event_files(source: Path, files: int, per_file: int) -> list[str]:
-    source.mkdir(parents=True)
-    keys: list[str] = []
-    for f in range(files):
-        lines = []
-        for i in range(per_file):
-            key = f"evt-{f}-{i:03d}"
-            keys.append(key)
-            routing = None if i % 2 else f"route-{i % 5}"
-            lines.append(json.dumps({"key": key, "data": f"body {key}", "routing_key": routing}))
-        (source / f"events-{f}.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return keys
 
 
 def _job_args(source: Path, checkpoint: Path, dead_letter: Path) -> argparse.Namespace:
@@ -342,7 +248,7 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
 
     # GIVEN three files of events, one per micro-batch, and a sink that dies after batch 0's
     # puts, before the batch is marked COMPLETE or committed to the checkpoint
-    keys = _write_event_files(tmp_path / "in", files=3, per_file=40)
+    keys = write_event_files(tmp_path / "in", files=3, per_file=40)
     args = _job_args(tmp_path / "in", tmp_path / "checkpoint", tmp_path / "dlq")
     sink = ExactlyOnceSink(
         settings, routing_key_column="routing_key", dead_letter_path=args.dead_letter
@@ -369,19 +275,7 @@ def test_a_query_killed_after_its_puts_replays_the_batch_without_adding_anything
     assert replayed is not None
     assert (replayed.counts["duplicates"], replayed.counts["sent"]) == (40, 0)
     for batch_id in (1, 2):
-        assert _batch_complete(stack, second.id, batch_id)
+        assert batch_complete(stack, second.id, batch_id)
 
     # AND the stream holds every event once, and the audit is clean
-    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
-    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
-    streamcheck.assert_only(contents, keys)
-    report = audit_stream(stack.reader, stack.ledger, expected=keys)
-    assert report.clean, report.as_json()
-    assert report.user_records == 120
-
-
-def _batch_complete(stack: Stack, query: str, batch_id: int) -> bool:
-    completed = stack.ledger.completed_batch(
-        stack.settings.stream, query, batch_id, now_ms=stack.clock.now_ms()
-    )
-    return completed is not None
+    assert_exactly_these(kinesis, stack, keys)

@@ -1,0 +1,458 @@
+"""The ``keo`` Python data source: ``df.write.format("keo")`` and ``df.writeStream.format("keo")``.
+
+::
+
+    driver (a Python worker of the driver)     executors (one task per partition)
+    KeoDataSource.writer/streamWriter            write(rows or Arrow record batches)
+      ├─ options checked (WriteOptions)            ├─ streaming, query_name, batch COMPLETE?
+      ├─ columns checked against the schema        │     └─ skip: nothing sent, nothing read
+      └─ stream and table exist (stack_for)        ├─ PartitionWriter.write     spark_jobs.writer
+                                                   ├─ a key unresolved: raise UnresolvedKeysError
+    commit(messages[, batch_id])                   │     (the task fails; Spark retries it, the
+      └─ settle_batch                              │      claims keep the retry from resending)
+           ├─ dead letters -> JSON lines           └─ KeoCommitMessage(report)
+           └─ batch COMPLETE (streaming, with query_name)
+
+The executors raise for unresolved keys, not the commit: a failed task is retried on its own,
+where a failed commit fails the whole batch. Dead letters come back in the commit messages and
+are written by the driver's commit, once per batch, after every task succeeded: a task attempt
+that failed or was outrun by a speculative copy leaves none behind. The commit runs in a Python
+process of the driver without a Spark session, so it writes them with plain file calls
+(``<dead_letter_path>/batch=<id>/part-00000.json``, or ``write=<time>-<id>/`` for a batch
+write); a replayed batch overwrites its own file.
+
+``spark.read.format("keo")`` reads a stream as a KCL consumer would: one input partition per
+shard (open and closed), aggregated records split into their user records, and user records
+whose hash key is outside their shard's range dropped (``kcl_filter=false`` keeps them, with a
+``visible_to_kcl`` column); ``starting_timestamp`` / ``ending_timestamp`` bound the read by
+arrival time (it starts at the first record at or after the start, and stops at the first one
+after the end, the end of a closed shard, or the tip).
+
+Spark hands the executors a pickled writer; its classes live here, so the executors import this
+module (and pyspark) and nothing else of Spark's driver side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StringType, StructType
+
+from producer.hooks import NO_HOOKS, Hooks
+from producer.kinesis import KinesisReader
+from producer.kpl import UserRecord
+from producer.readback import visible_to_kcl
+from producer.shards import Shard
+from producer.wiring import kinesis_client
+from spark_jobs.options import FORMAT, OptionsError, ReadOptions, WriteOptions, flag
+from spark_jobs.writer import (
+    DEAD_LETTER_FIELDS,
+    BatchReport,
+    PartitionReport,
+    PartitionWriter,
+    completed_before,
+    data_is_binary,
+    log_dead_letters_dropped,
+    producer_settings,
+    raise_unresolved,
+    settle_batch,
+    stack_for,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Row
+
+log = logging.getLogger(__name__)
+
+READ_SCHEMA = (
+    "key string, data binary, shard_id string, sequence_number string, "
+    "sub_sequence_number long, approximate_arrival_timestamp timestamp"
+)
+UNFILTERED_READ_SCHEMA = f"{READ_SCHEMA}, visible_to_kcl boolean"
+
+# Spark sets these local properties on a streaming query's tasks.
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+# --- what a write knows before it starts -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """A checked write: options, where the columns are, and the hooks. Picklable."""
+
+    options: WriteOptions
+    key_index: int
+    data_index: int
+    routing_index: int | None
+    binary: bool
+    hooks: Hooks = NO_HOOKS
+
+    @classmethod
+    def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
+        options = WriteOptions.parse(dict(raw), streaming=streaming)
+        if overwrite:
+            raise OptionsError(
+                "format('keo') only appends: a stream cannot be overwritten "
+                "(use mode('append'), or outputMode('append') for a streaming write)",
+                options=[],
+            )
+        names = schema.fieldNames()
+        key_index = _column(names, options.key_column, "key_column")
+        data_index = _column(names, options.data_column, "data_column")
+        routing_index = (
+            _column(names, options.routing_key_column, "routing_key_column")
+            if options.routing_key_column is not None
+            else None
+        )
+        for index, option in ((key_index, "key_column"), (routing_index, "routing_key_column")):
+            if index is not None and not isinstance(schema.fields[index].dataType, StringType):
+                field = schema.fields[index]
+                raise OptionsError(
+                    f"format('keo'): {option} {field.name!r} must be a string column, got "
+                    f"{field.dataType.simpleString()} (cast it first)",
+                    options=[option],
+                )
+        try:
+            binary = data_is_binary(schema, names[data_index])
+        except TypeError as exc:
+            raise OptionsError(
+                f"format('keo'): data_column: {exc}", options=["data_column"]
+            ) from exc
+        stack_for(options.settings)  # the stream and the table exist, or the write fails now
+        return cls(options, key_index, data_index, routing_index, binary)
+
+    def with_hooks(self, hooks: Hooks) -> WritePlan:
+        return replace(self, hooks=hooks)
+
+    @property
+    def stream(self) -> str:
+        return stack_for(self.options.settings).settings.stream
+
+
+def _column(names: Sequence[str], wanted: str, option: str) -> int:
+    """The index of ``wanted`` (exact, else case-insensitive, as Spark resolves names)."""
+    if wanted in names:
+        return names.index(wanted)
+    folded = [i for i, name in enumerate(names) if name.lower() == wanted.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    raise OptionsError(
+        f"format('keo'): {option} {wanted!r} is not a column of the data frame; its columns: "
+        f"{', '.join(map(repr, names))}",
+        options=[option],
+    )
+
+
+# --- the commit message ----------------------------------------------------------------------
+
+
+@dataclass
+class KeoCommitMessage(WriterCommitMessage):
+    """One partition's outcome counts and dead letters; ``skipped`` when the batch ledger said
+    the batch was complete and nothing was done."""
+
+    report: PartitionReport
+    skipped: bool = False
+
+
+# --- the executor side -----------------------------------------------------------------------
+
+
+def _rows_of(plan: WritePlan, rows: Iterable[Row]) -> Iterator[tuple[Any, Any, Any]]:
+    key, data, routing = plan.key_index, plan.data_index, plan.routing_index
+    for row in rows:
+        yield row[key], row[data], (row[routing] if routing is not None else None)
+
+
+def _rows_of_arrow(
+    plan: WritePlan, batches: Iterable[pa.RecordBatch]
+) -> Iterator[tuple[Any, Any, Any]]:
+    for batch in batches:
+        keys = batch.column(plan.key_index).to_pylist()
+        data = batch.column(plan.data_index).to_pylist()
+        routing = (
+            batch.column(plan.routing_index).to_pylist()
+            if plan.routing_index is not None
+            else [None] * batch.num_rows
+        )
+        yield from zip(keys, data, routing, strict=True)
+
+
+def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> KeoCommitMessage:
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    batch_property = context.getLocalProperty(_BATCH_ID_PROPERTY) if context else None
+    batch_id = int(batch_property) if batch_property is not None else None
+    options = plan.options
+    stack = stack_for(options.settings)
+    if (
+        options.query_name is not None
+        and batch_id is not None
+        and completed_before(stack, options.query_name, batch_id)
+    ):
+        return KeoCommitMessage(PartitionReport(partition), skipped=True)
+    query = options.query_name or (
+        context.getLocalProperty(_QUERY_ID_PROPERTY) if context else None
+    )
+    writer = PartitionWriter(
+        settings=options.settings,
+        query_id=query or "write",
+        batch_id=batch_id if batch_id is not None else 0,
+        data_is_binary=plan.binary,
+        hooks=plan.hooks,
+    )
+    report = writer.write(partition, rows)
+    # the task fails, so Spark retries it; the per-key claims keep the retry from resending
+    raise_unresolved(stack.settings.stream, report)
+    return KeoCommitMessage(report)
+
+
+# --- the driver side -------------------------------------------------------------------------
+
+
+def _commit(
+    plan: WritePlan, messages: Sequence[WriterCommitMessage | None], batch_id: int | None
+) -> BatchReport:
+    options = plan.options
+    stack = stack_for(options.settings)
+    parts = [m for m in messages if isinstance(m, KeoCommitMessage)]
+    report = BatchReport(options.query_name, batch_id)
+    if parts and all(m.skipped for m in parts):
+        report.skipped = True
+        return report
+    for message in parts:
+        report.add(message.report)
+    settle_batch(
+        report,
+        stack=stack,
+        hooks=plan.hooks,
+        write_dead_letters=lambda done: _write_dead_letters(plan, done),
+        record_as=options.query_name,
+    )
+    return report
+
+
+def _abort(
+    plan: WritePlan, messages: Sequence[WriterCommitMessage | None], batch_id: int | None
+) -> None:
+    done = [m for m in messages if isinstance(m, KeoCommitMessage)]
+    log.warning(
+        "write aborted stream=%s query=%s batch=%s partitions_done=%d sent=%d: a replay "
+        "resolves the rest through the per-key claims",
+        plan.stream,
+        plan.options.query_name,
+        batch_id,
+        len(done),
+        sum(m.report.counts.get("sent", 0) for m in done),
+    )
+
+
+def _write_dead_letters(plan: WritePlan, report: BatchReport) -> None:
+    root = plan.options.dead_letter_path
+    stream = plan.stream
+    if root is None:
+        log_dead_letters_dropped(stream, report)
+        return
+    if report.batch_id is not None:
+        folder = Path(root) / f"batch={report.batch_id}"
+    else:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        folder = Path(root) / f"write={stamp}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(
+        json.dumps(dict(zip(DEAD_LETTER_FIELDS, row, strict=True)), ensure_ascii=False) + "\n"
+        for row in report.dead_letter_rows()
+    )
+    # whole or not at all, and a replayed batch replaces its own file
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".part-", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(lines)
+    Path(temporary).replace(folder / "part-00000.json")
+    log.info(
+        "dead letters written stream=%s batch=%s rows=%d path=%s",
+        stream,
+        report.batch_id,
+        len(report.dead_letters),
+        folder,
+    )
+
+
+class _Writes:
+    """The commit and the abort the four writer classes share. One signature serves both
+    kinds: Spark calls a batch writer's ``commit(messages)`` and a streaming writer's
+    ``commit(messages, batch_id)``."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def deliver(self, rows: Iterator[tuple[Any, Any, Any]]) -> WriterCommitMessage:
+        """One partition's ``(key, data, routing_key)`` rows, however Spark handed them over."""
+        return _write_partition(self.plan, rows)
+
+    def commit(
+        self,
+        messages: list[WriterCommitMessage | None],
+        batchId: int | None = None,  # noqa: N803 - Spark's name
+    ) -> None:
+        _commit(self.plan, messages, batchId)
+
+    def abort(
+        self,
+        messages: list[WriterCommitMessage | None],
+        batchId: int | None = None,  # noqa: N803 - Spark's name
+    ) -> None:
+        _abort(self.plan, messages, batchId)
+
+
+class _RowWrites(_Writes):
+    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
+        return self.deliver(_rows_of(self.plan, iterator))
+
+
+class _ArrowWrites(_Writes):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self.deliver(_rows_of_arrow(self.plan, iterator))
+
+
+class KeoRowWriter(_RowWrites, DataSourceWriter):
+    """``df.write`` with ``arrow=false``: Spark rows."""
+
+
+class KeoArrowWriter(_ArrowWrites, DataSourceArrowWriter):
+    """``df.write``: Arrow record batches."""
+
+
+class KeoRowStreamWriter(_RowWrites, DataSourceStreamWriter):
+    """``df.writeStream`` with ``arrow=false``: Spark rows."""
+
+
+class KeoArrowStreamWriter(_ArrowWrites, DataSourceStreamArrowWriter):
+    """``df.writeStream``: Arrow record batches."""
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardPartition(InputPartition):
+    """One shard: the unit of a read."""
+
+    shard: Shard
+
+
+class KeoReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[ShardPartition]:
+        """Every shard the stream still has, open and closed (listed on the driver)."""
+        settings = producer_settings(self.options.settings)
+        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        return [ShardPartition(shard) for shard in reader.shards()]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, ShardPartition):
+            raise TypeError(f"not a partition of format('keo'): {partition!r}")
+        settings = producer_settings(self.options.settings)
+        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        shard = partition.shard
+        for record in self._records(reader, shard.shard_id):
+            visible = visible_to_kcl(record, shard)
+            if self.options.kcl_filter:
+                if visible:
+                    yield _row(record)
+            else:
+                yield (*_row(record), visible)
+
+    def _records(self, reader: KinesisReader, shard_id: str) -> Iterator[UserRecord]:
+        starting, ending = self.options.starting_ms, self.options.ending_ms
+        if starting is None and ending is None:
+            return reader.read_all(shard_id)
+        end_ms = ending if ending is not None else self.options.planned_ms
+
+        def window_closed() -> int:
+            return end_ms + 1  # a read of what has arrived: never wait for late arrivals
+
+        return reader.read_window(shard_id, starting or 0, end_ms, now_ms=window_closed)
+
+
+def _row(record: UserRecord) -> tuple[Any, ...]:
+    return (
+        record.partition_key,
+        record.data,
+        record.shard_id,
+        record.sequence_number,
+        record.sub_sequence_number,
+        datetime.fromtimestamp(record.arrival_ms / 1000, tz=UTC),
+    )
+
+
+# --- the format ------------------------------------------------------------------------------
+
+
+class KeoDataSource(DataSource):
+    """``format("keo")``. ``hooks`` is the test seam; :func:`register_source` binds it."""
+
+    hooks: ClassVar[Hooks] = NO_HOOKS
+    # the writer classes, replaceable by a subclass (devstack.spark_bench counts rows instead)
+    arrow_writer: ClassVar[type[KeoArrowWriter]] = KeoArrowWriter
+    row_writer: ClassVar[type[KeoRowWriter]] = KeoRowWriter
+    arrow_stream_writer: ClassVar[type[KeoArrowStreamWriter]] = KeoArrowStreamWriter
+    row_stream_writer: ClassVar[type[KeoRowStreamWriter]] = KeoRowStreamWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        kcl_filter = flag("kcl_filter", self.options.get("kcl_filter", "true"))
+        return READ_SCHEMA if kcl_filter else UNFILTERED_READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - fixed schema
+        return KeoReader(ReadOptions.parse(dict(self.options)))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)
+        plan = plan.with_hooks(self.hooks)
+        return self.arrow_writer(plan) if plan.options.arrow else self.row_writer(plan)
+
+    def streamWriter(  # noqa: N802 - Spark's name
+        self, schema: StructType, overwrite: bool
+    ) -> DataSourceStreamWriter:
+        plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=True)
+        plan = plan.with_hooks(self.hooks)
+        if plan.options.arrow:
+            return self.arrow_stream_writer(plan)
+        return self.row_stream_writer(plan)
+
+
+def register_source(spark: Any, *, hooks: Hooks = NO_HOOKS) -> None:
+    """Register ``format("keo")``; with hooks, as a subclass that carries them (pickled by
+    value with the class, so they reach the executors and the commits)."""
+    source: type[KeoDataSource] = KeoDataSource
+    if hooks is not NO_HOOKS:
+        source = type("KeoDataSourceWithHooks", (KeoDataSource,), {"hooks": hooks})
+    spark.dataSource.register(source)

@@ -1,0 +1,207 @@
+"""The options of ``format("keo")``, read and checked once, on the driver (pure: no pyspark).
+
+Every ``KEO_*`` setting is an option under its lower-case name without the prefix
+(``kinesis_endpoint_url``, ``lease_s``, ...); the rest say which columns hold what, where dead
+letters go, and which query a streaming write belongs to. Spark hands options over
+lower-cased; an option nobody knows is refused, naming it, before any row is read.
+
+An option left unset falls back to the driver's ``KEO_*`` environment, then to the setting's
+default; the values are resolved on the driver and shipped to the executors as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlparse
+
+from producer.errors import ConfigurationError
+from producer.settings import ProducerSettings
+from spark_jobs.writer import producer_settings, settings_from_env
+
+FORMAT: Final = "keo"
+
+# Every setting of the producer, by its field name (KEO_LEASE_S -> lease_s).
+SETTING_OPTIONS: Final = frozenset(ProducerSettings.model_fields)
+# Write options beyond the settings, with their defaults.
+WRITE_OPTIONS: Final = {
+    "key_column": "key",
+    "data_column": "data",
+    "routing_key_column": None,
+    "dead_letter_path": None,
+    "query_name": None,
+    "arrow": "true",
+}
+# Read options beyond the settings, with their defaults.
+READ_OPTIONS: Final = {
+    "starting_timestamp": None,
+    "ending_timestamp": None,
+    "kcl_filter": "true",
+}
+# Spark adds these to a streaming write's options itself.
+SPARK_STREAMING_OPTIONS: Final = frozenset({"checkpointlocation", "queryname"})
+_TRUE: Final = frozenset({"true", "1", "yes"})
+_FALSE: Final = frozenset({"false", "0", "no"})
+
+
+class OptionsError(ConfigurationError):
+    """Options ``format("keo")`` cannot work with; ``options`` names the ones at fault."""
+
+    def __init__(self, message: str, *, options: list[str]) -> None:
+        super().__init__(message, setting=options[0] if options else None)
+        self.options = options
+
+
+def refuse_unknown(options: Mapping[str, str], known: frozenset[str], doing: str) -> None:
+    unknown = sorted(name for name in options if name.lower() not in known)
+    if unknown:
+        raise OptionsError(
+            f"format('keo') {doing}: unknown option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}",
+            options=unknown,
+        )
+
+
+def settings_values(options: Mapping[str, str]) -> dict[str, str]:
+    """The ``KEO_*`` values the executors receive: the options over the driver's environment,
+    validated here so a bad value fails the query before any task runs."""
+    values = settings_from_env(
+        None, **{name: options[name] for name in options if name in SETTING_OPTIONS}
+    )
+    try:
+        producer_settings(values)
+    except ValueError as exc:  # pydantic's ValidationError names the field and the rule
+        raise OptionsError(f"format('keo'): {exc}", options=_named_in(str(exc))) from exc
+    return values
+
+
+def _named_in(message: str) -> list[str]:
+    return sorted(name for name in SETTING_OPTIONS if name in message)
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """A write's options, checked; ``settings`` are the ``KEO_*`` values for the executors."""
+
+    settings: dict[str, str]
+    key_column: str
+    data_column: str
+    routing_key_column: str | None
+    dead_letter_path: str | None
+    query_name: str | None
+    arrow: bool
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> WriteOptions:
+        options = {name.lower(): value for name, value in raw.items()}
+        known = SETTING_OPTIONS | frozenset(WRITE_OPTIONS)
+        if streaming:
+            known |= SPARK_STREAMING_OPTIONS
+        refuse_unknown(options, known, "write")
+        chosen = {name: options.get(name, default) for name, default in WRITE_OPTIONS.items()}
+        query_name = chosen["query_name"]
+        if query_name is not None and not streaming:
+            raise OptionsError(
+                "format('keo'): query_name names a streaming query, whose batch ids name the "
+                "same rows on a replay; a batch write has no such id (the per-key claims "
+                "already make running it again safe)",
+                options=["query_name"],
+            )
+        if query_name is not None and not query_name.strip():
+            raise OptionsError("format('keo'): query_name is empty", options=["query_name"])
+        for name in ("key_column", "data_column", "routing_key_column"):
+            if chosen[name] is not None and not chosen[name]:
+                raise OptionsError(f"format('keo'): {name} is empty", options=[name])
+        return cls(
+            settings=settings_values(options),
+            key_column=chosen["key_column"] or "key",
+            data_column=chosen["data_column"] or "data",
+            routing_key_column=chosen["routing_key_column"],
+            dead_letter_path=local_path(chosen["dead_letter_path"]),
+            query_name=query_name,
+            arrow=flag("arrow", chosen["arrow"] or "true"),
+        )
+
+
+def local_path(value: str | None) -> str | None:
+    """A dead-letter folder the driver can write with plain file calls: a local or mounted
+    path, or a ``file:`` URI. Other schemes (``s3://``, ``hdfs://``) are refused by name: the
+    data source's commit runs in a Python process of the driver, which has no Spark session
+    to write through (``foreachBatch(ExactlyOnceSink)`` writes dead letters with Spark)."""
+    if value is None:
+        return None
+    parsed = urlparse(value)
+    if parsed.scheme == "file":
+        return str(Path(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # one letter: a Windows drive
+        raise OptionsError(
+            f"format('keo'): dead_letter_path {value!r}: only local or mounted paths (or "
+            f"file: URIs) are written; for {parsed.scheme}:// use a mount, or "
+            "foreachBatch(ExactlyOnceSink), which writes through Spark",
+            options=["dead_letter_path"],
+        )
+    return str(Path(value))
+
+
+def flag(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise OptionsError(
+        f"format('keo'): {name} must be true or false, got {value!r}", options=[name]
+    )
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """A read's options, checked; time bounds in epoch milliseconds."""
+
+    settings: dict[str, str]
+    starting_ms: int | None
+    ending_ms: int | None
+    kcl_filter: bool
+    planned_ms: int  # when the read was planned: the end of a read given only a start
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+        options = {name.lower(): value for name, value in raw.items()}
+        refuse_unknown(options, SETTING_OPTIONS | frozenset(READ_OPTIONS), "read")
+        chosen = {name: options.get(name, default) for name, default in READ_OPTIONS.items()}
+        starting_ms = _epoch_ms("starting_timestamp", chosen["starting_timestamp"])
+        ending_ms = _epoch_ms("ending_timestamp", chosen["ending_timestamp"])
+        if starting_ms is not None and ending_ms is not None and ending_ms < starting_ms:
+            raise OptionsError(
+                "format('keo'): ending_timestamp is before starting_timestamp",
+                options=["starting_timestamp", "ending_timestamp"],
+            )
+        return cls(
+            settings=settings_values(options),
+            starting_ms=starting_ms,
+            ending_ms=ending_ms,
+            kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
+            planned_ms=int(datetime.now(UTC).timestamp() * 1000),
+        )
+
+
+def _epoch_ms(name: str, value: str | None) -> int | None:
+    """Epoch milliseconds, or an ISO-8601 time (UTC unless it names its offset)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise OptionsError(
+            f"format('keo'): {name} must be epoch milliseconds or an ISO-8601 time, got {value!r}",
+            options=[name],
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

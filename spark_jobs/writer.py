@@ -1,0 +1,376 @@
+"""The writer the ``foreachBatch`` sink and the ``keo`` data source share.
+
+::
+
+    executors                                     driver
+    PartitionWriter.write(partition, rows)        settle_batch(report, ...)
+      └─ producer.send(rows) per chunk              ├─ hooks: batch_after_puts
+         ── PartitionReport: counts,                ├─ dead letters (the caller's writer)
+            dead letters, unresolved keys           ├─ any key unresolved: UnresolvedKeysError
+                                                    ├─ hooks: batch_before_complete
+                                                    └─ record the batch COMPLETE (if it has a query)
+
+Rows are ``(key, data, routing_key)`` tuples, whatever the input's columns were: each caller
+selects them its own way (the sink with a Spark ``select``, the data source from Arrow record
+batches or Spark rows). Nothing here imports pyspark.
+
+Executors rebuild :class:`producer.settings.ProducerSettings` from a plain dict of ``KEO_*``
+values (picklable), and keep one client set per Python worker process, reused across batches.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dedupe_store.settings import ENV_PREFIX, env_var
+from producer.errors import UnresolvedKeysError
+from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.outcomes import Outcome, OutcomeStatus
+from producer.producer import default_owner
+from producer.protocol import Message, chunked
+from producer.settings import ProducerSettings
+from producer.wiring import Stack, build_stack
+
+log = logging.getLogger(__name__)
+
+# Seams for tests, not settings: they never travel to the executors as KEO_* values.
+_NOT_SETTINGS: Final = frozenset({"KEO_FAILPOINTS"})
+DEFAULT_ROWS_PER_SEND: Final = 1000
+
+# Everything that is not settled: retrying the batch may still settle it.
+UNRESOLVED_STATUSES: Final = frozenset(
+    {
+        OutcomeStatus.IN_FLIGHT,
+        OutcomeStatus.FAILED,
+        OutcomeStatus.TAKEN_OVER,
+        OutcomeStatus.UNVERIFIABLE,
+    }
+)
+DEAD_LETTER_STATUSES: Final = frozenset({OutcomeStatus.REJECTED, OutcomeStatus.CONFLICT})
+_COUNTED: Final = {
+    OutcomeStatus.SENT: "sent",
+    OutcomeStatus.DUPLICATE: "duplicates",
+    OutcomeStatus.CONFLICT: "conflicts",
+    OutcomeStatus.REJECTED: "rejected",
+}
+COUNT_NAMES: Final = ("sent", "duplicates", "conflicts", "rejected", "unresolved")
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+def settings_from_env(
+    environ: Mapping[str, str] | None = None, **overrides: str | None
+) -> dict[str, str]:
+    """The ``KEO_*`` values of ``environ`` (default: the process's), with ``overrides``
+    (``stream="orders"`` sets ``KEO_STREAM``); ``None`` overrides are left out."""
+    values = {
+        name: value
+        for name, value in (os.environ if environ is None else environ).items()
+        if name.startswith(ENV_PREFIX) and name not in _NOT_SETTINGS
+    }
+    for name, value in overrides.items():
+        if value is not None:
+            values[env_var(name)] = value
+    return values
+
+
+def producer_settings(values: Mapping[str, str]) -> ProducerSettings:
+    """Validate a dict of ``KEO_*`` values; it wins over the process environment."""
+    kwargs: dict[str, Any] = {
+        name[len(ENV_PREFIX) :].lower(): value
+        for name, value in values.items()
+        if name.startswith(ENV_PREFIX)
+    }
+    return ProducerSettings(**kwargs)
+
+
+# One client set per Python worker process, keyed by the settings; rebuilt after a fork
+# (boto3 clients must not cross one).
+_STACKS: dict[tuple[int, tuple[tuple[str, str], ...]], Stack] = {}
+_STACKS_LOCK = threading.Lock()
+
+
+def stack_for(values: Mapping[str, str]) -> Stack:
+    cache_key = (os.getpid(), tuple(sorted(values.items())))
+    with _STACKS_LOCK:
+        stack = _STACKS.get(cache_key)
+        if stack is None:
+            stack = build_stack(producer_settings(values))
+            _STACKS[cache_key] = stack
+            log.info(
+                "spark clients built pid=%d stream=%s table=%s",
+                os.getpid(),
+                stack.settings.stream,
+                stack.settings.table,
+            )
+        return stack
+
+
+# --- what comes back from a partition ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A row that can never be delivered as it is: rejected input or a key conflict."""
+
+    key: str | None
+    status: str
+    reason: str
+    data: str | None  # text data as it was
+    data_base64: str | None  # binary data
+    routing_key: str | None
+
+    def as_row(self, query_id: str | None, batch_id: int | None) -> tuple[Any, ...]:
+        """In the order of :data:`DEAD_LETTER_SCHEMA`."""
+        return (
+            query_id,
+            batch_id,
+            self.key,
+            self.status,
+            self.reason,
+            self.data,
+            self.data_base64,
+            self.routing_key,
+        )
+
+
+DEAD_LETTER_SCHEMA: Final = (
+    "query_id string, batch_id long, key string, status string, reason string, "
+    "data string, data_base64 string, routing_key string"
+)
+DEAD_LETTER_FIELDS: Final = tuple(column.split()[0] for column in DEAD_LETTER_SCHEMA.split(", "))
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    key: str | None
+    status: str
+    reason: str | None
+
+
+@dataclass(slots=True)
+class PartitionReport:
+    partition: int
+    counts: dict[str, int] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    unresolved: list[Unresolved] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class BatchReport:
+    """A batch's totals on the driver. ``query_id`` and ``batch_id`` are None for a batch
+    write that no streaming query names."""
+
+    query_id: str | None
+    batch_id: int | None
+    skipped: bool = False
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_NAMES, 0))
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    unresolved: list[Unresolved] = field(default_factory=list)
+    task_seconds: float = 0.0  # summed over the partitions: their wall time, not the batch's
+
+    def add(self, part: PartitionReport) -> None:
+        for name, count in part.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + count
+        self.task_seconds += part.seconds
+        self.dead_letters.extend(part.dead_letters)
+        self.unresolved.extend(part.unresolved)
+
+    def dead_letter_rows(self) -> list[tuple[Any, ...]]:
+        return [d.as_row(self.query_id, self.batch_id) for d in self.dead_letters]
+
+
+# --- the executor side ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Sends one partition's rows ``(key, data, routing_key)``; picklable, runs on executors.
+
+    Each call has its own producer identity (the clients are shared per process), so two tasks
+    writing the same partition at once, even in one process, race on the per-key claim.
+    """
+
+    settings: dict[str, str]
+    query_id: str
+    batch_id: int
+    data_is_binary: bool
+    rows_per_send: int = DEFAULT_ROWS_PER_SEND
+    hooks: Hooks = NO_HOOKS
+
+    def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
+        """For ``rdd.mapPartitionsWithIndex``."""
+        yield self.write(partition, rows)
+
+    def write(self, partition: int, rows: Iterable[Any]) -> PartitionReport:
+        stack = stack_for(self.settings)
+        owner = f"{default_owner()}:q{self.query_id[:8]}:b{self.batch_id}:p{partition}"
+        report = PartitionReport(partition)
+        counts: Counter[str] = Counter()
+        started = time.perf_counter()
+        with stack.producer(owner=owner, hooks=self.hooks) as producer:
+            for chunk in chunked(rows, self.rows_per_send):
+                messages = [_message(row) for row in chunk]
+                for row, outcome in zip(chunk, producer.send(messages), strict=True):
+                    self._tally(row, outcome, counts, report)
+        report.counts = {name: counts[name] for name in COUNT_NAMES}
+        report.seconds = time.perf_counter() - started
+        log.info(
+            "partition written query=%s batch=%d partition=%d sent=%d duplicates=%d "
+            "conflicts=%d rejected=%d unresolved=%d seconds=%.3f",
+            self.query_id,
+            self.batch_id,
+            partition,
+            counts["sent"],
+            counts["duplicates"],
+            counts["conflicts"],
+            counts["rejected"],
+            counts["unresolved"],
+            report.seconds,
+        )
+        return report
+
+    def _tally(
+        self, row: Any, outcome: Outcome, counts: Counter[str], report: PartitionReport
+    ) -> None:
+        if outcome.status in UNRESOLVED_STATUSES:
+            counts["unresolved"] += 1
+            report.unresolved.append(Unresolved(outcome.key, outcome.status.value, outcome.reason))
+            return
+        counts[_COUNTED[outcome.status]] += 1
+        if outcome.status in DEAD_LETTER_STATUSES:
+            report.dead_letters.append(_dead_letter(row, outcome, binary=self.data_is_binary))
+
+
+def _data_bytes(value: Any) -> Any:
+    """UTF-8 for text, bytes for binary; anything else is left for validation to reject."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return value
+
+
+def _message(row: Any) -> Message:
+    # Null keys or data reach the producer's validation, which rejects them with a reason.
+    return Message(row[0], _data_bytes(row[1]), row[2])
+
+
+def _dead_letter(row: Any, outcome: Outcome, *, binary: bool) -> DeadLetter:
+    data = row[1]
+    text: str | None = None
+    encoded: str | None = None
+    if binary and data is not None:
+        encoded = base64.b64encode(bytes(data)).decode("ascii")
+    elif isinstance(data, str):
+        text = data
+    return DeadLetter(
+        key=row[0] if isinstance(row[0], str) else None,
+        status=outcome.status.value,
+        reason=outcome.reason or outcome.status.value,
+        data=text,
+        data_base64=encoded,
+        routing_key=row[2],
+    )
+
+
+def data_is_binary(schema: Any, column: str) -> bool:
+    """Whether ``column`` of a Spark schema holds binary data (else text); refuses other types."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    data_type = schema[column].dataType
+    if isinstance(data_type, BinaryType):
+        return True
+    if isinstance(data_type, StringType):
+        return False
+    raise TypeError(f"column {column!r} must be string or binary, got {data_type.simpleString()}")
+
+
+# --- the driver side --------------------------------------------------------------------------
+
+
+def settle_batch(
+    report: BatchReport,
+    *,
+    stack: Stack,
+    hooks: Hooks,
+    write_dead_letters: Callable[[BatchReport], None],
+    record_as: str | None,
+) -> None:
+    """What the driver does once every partition of a batch has reported.
+
+    Dead letters are written first, so a batch that fails for its unresolved keys has still
+    kept them (a replay writes the same ones again, in the same place). The batch is recorded
+    COMPLETE under the query ``record_as`` (None records nothing) only when it settled every
+    row: that record is what lets a replay of the batch skip all per-key work.
+    """
+    stream = stack.settings.stream
+    hooks.at(Step.BATCH_AFTER_PUTS)
+    log.info(
+        "batch written stream=%s query=%s batch=%s sent=%d duplicates=%d conflicts=%d "
+        "rejected=%d unresolved=%d task_seconds=%.3f",
+        stream,
+        report.query_id,
+        report.batch_id,
+        report.counts["sent"],
+        report.counts["duplicates"],
+        report.counts["conflicts"],
+        report.counts["rejected"],
+        report.counts["unresolved"],
+        report.task_seconds,
+    )
+    if report.dead_letters:
+        write_dead_letters(report)
+    raise_unresolved(stream, report)
+    hooks.at(Step.BATCH_BEFORE_COMPLETE)
+    if record_as is not None and report.batch_id is not None:
+        stack.ledger.mark_batch_complete(
+            stream, record_as, report.batch_id, counts=report.counts, now_ms=stack.clock.now_ms()
+        )
+
+
+def raise_unresolved(stream: str, report: BatchReport | PartitionReport) -> None:
+    """:class:`UnresolvedKeysError` when any row is neither delivered nor dead-lettered."""
+    if not report.unresolved:
+        return
+    by_status = Counter(u.status for u in report.unresolved)
+    log.warning(
+        "keys left unresolved, raising for a retry stream=%s unresolved=%d statuses=%s",
+        stream,
+        len(report.unresolved),
+        dict(by_status),
+    )
+    raise UnresolvedKeysError(stream, [u.key or "" for u in report.unresolved])
+
+
+def completed_before(stack: Stack, query_id: str, batch_id: int) -> bool:
+    """True when the batch ledger says this query's batch settled every row already."""
+    ledger = stack.ledger
+    stream = stack.settings.stream
+    if ledger.completed_batch(stream, query_id, batch_id, now_ms=stack.clock.now_ms()) is None:
+        return False
+    log.info(
+        "batch already complete, skipped stream=%s query=%s batch=%d", stream, query_id, batch_id
+    )
+    return True
+
+
+def log_dead_letters_dropped(stream: str, report: BatchReport) -> None:
+    log.warning(
+        "no dead-letter path: rows dropped stream=%s query=%s batch=%s rejected=%d conflicts=%d",
+        stream,
+        report.query_id,
+        report.batch_id,
+        report.counts["rejected"],
+        report.counts["conflicts"],
+    )

@@ -1,0 +1,39 @@
+"""Run by test_spark_connect.py in a process of its own (PySpark refuses a Spark Connect
+session in a process that holds a classic one): on a local Spark Connect session, write rows
+with format("keo") and read them back.
+
+    python connect_write.py '{"options": {...}, "rows": [[key, data], ...]}'
+
+Prints one JSON line: what the session was, whether it had df.rdd, and how many rows the
+read found.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import spark_jobs
+from spark_jobs.session import local_connect_session
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    spark = local_connect_session("keo-connect-test")
+    try:
+        spark_jobs.register(spark)
+        frame = spark.createDataFrame([tuple(r) for r in job["rows"]], "key string, data string")
+        try:
+            has_rdd = frame.rdd is not None
+        except Exception:
+            has_rdd = False
+        frame.write.format("keo").mode("append").options(**job["options"]).save()
+        read = spark.read.format("keo").options(**job["options"]).load().count()
+        result = {"session": type(spark).__module__, "has_rdd": has_rdd, "read": read}
+    finally:
+        spark.stop()
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

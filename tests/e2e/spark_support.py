@@ -1,0 +1,117 @@
+"""Helpers of the Spark tests (the fixtures are in conftest.py).
+
+``streamcheck`` (tests/integration/streamcheck.py) reads a stream back with plain boto3 calls,
+never with the product's reader, so a reader bug cannot hide a duplicate; it is loaded here so
+e2e test modules can ``from spark_support import streamcheck``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import planting
+
+from dedupe_store.records import ClaimRequest
+from producer.audit import audit_stream
+from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
+from producer.wiring import Stack
+
+SHARDS = 2
+# short leases so a lost race or a replay settles in seconds
+FAST_LEASES = {
+    "KEO_PUT_CONNECT_TIMEOUT_S": "1",
+    "KEO_PUT_READ_TIMEOUT_S": "1",
+    "KEO_CLOCK_SKEW_S": "0.5",
+    "KEO_LEASE_S": "4",
+    # the fence on, as by default, with a 1 s window: the lease is its minimum, 1 + 2 + 2 x 0.5
+    "KEO_SIGNATURE_WINDOW_S": "1",
+    "KEO_INFLIGHT_BUCKETS": "4",
+}
+
+
+def _load_streamcheck() -> Any:
+    if "streamcheck" in sys.modules:
+        return sys.modules["streamcheck"]
+    path = Path(__file__).resolve().parents[1] / "integration" / "streamcheck.py"
+    spec = importlib.util.spec_from_file_location("streamcheck", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["streamcheck"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+streamcheck = _load_streamcheck()
+
+
+def batch_complete(stack: Stack, query: str, batch_id: int) -> bool:
+    completed = stack.ledger.completed_batch(
+        stack.settings.stream, query, batch_id, now_ms=stack.clock.now_ms()
+    )
+    return completed is not None
+
+
+def events(count: int, prefix: str = "k") -> list[tuple[str, str]]:
+    return [(f"{prefix}{i:04d}", f"payload of {prefix}{i:04d}") for i in range(count)]
+
+
+def frame(spark: Any, rows: list[tuple[Any, ...]], schema: str = "key string, data string") -> Any:
+    return spark.createDataFrame(rows, schema).repartition(2)
+
+
+def payloads(rows: list[tuple[str, str]]) -> dict[str, bytes]:
+    return {key: data.encode("utf-8") for key, data in rows}
+
+
+def write_event_files(source: Path, files: int, per_file: int) -> list[str]:
+    source.mkdir(parents=True)
+    keys: list[str] = []
+    for f in range(files):
+        lines = []
+        for i in range(per_file):
+            key = f"evt-{f}-{i:03d}"
+            keys.append(key)
+            routing = None if i % 2 else f"route-{i % 5}"
+            lines.append(json.dumps({"key": key, "data": f"body {key}", "routing_key": routing}))
+        (source / f"events-{f}.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return keys
+
+
+def plant_unverifiable(stack: Stack, key: str, data: str) -> str:
+    """An earlier claim of ``key`` that the ledger could not verify within the stream's
+    retention: no batch can settle the key; returns the key."""
+    (stuck,), _ = prepare([Message(key, data.encode())], DEFAULT_MAX_RECORD_BYTES)
+    request = ClaimRequest(
+        stack.settings.stream, stuck.key, stuck.payload_digest, stuck.explicit_hash_key
+    )
+    _, claims = planting.plant_requests(
+        stack.ledger, [request], owner="lost-host", now_ms=stack.clock.now_ms(), lease_ms=3000
+    )
+    assert stack.ledger.mark_unverifiable(claims[stuck.key]).applied
+    return stuck.key
+
+
+def assert_exactly_these(kinesis: Any, stack: Stack, keys: list[str]) -> Any:
+    """The stream holds each of ``keys`` once, where the ledger says, and nothing else, and
+    the product's audit agrees; returns the stream's contents."""
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
+    streamcheck.assert_only(contents, keys)
+    report = audit_stream(stack.reader, stack.ledger, expected=keys)
+    assert report.clean, report.as_json()
+    assert report.user_records == len(keys)
+    return contents
+
+
+def assert_binary_rows_arrived(kinesis: Any, stack: Stack, rows: list[tuple[Any, ...]]) -> None:
+    """``(key, bytes, routing key)`` rows: the bytes arrived unchanged, all on one shard."""
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(
+        contents, [r[0] for r in rows], stack.ledger, payloads={r[0]: r[1] for r in rows}
+    )
+    assert len(contents.per_shard()) == 1

@@ -1,0 +1,59 @@
+"""``format("keo")`` on Spark Connect (``SparkSession.builder.remote("local[2]")``), where a
+DataFrame has no ``rdd``: the write path and the read path work all the same.
+
+PySpark refuses a Spark Connect session in a process that holds a classic one (the other
+Spark tests share one), so connect_write.py runs in a process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import events, streamcheck
+
+from producer.wiring import Stack
+from spark_jobs import audit as spark_audit
+from spark_jobs.session import worker_python_path
+
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).with_name("connect_write.py")
+JOB_TIMEOUT_S = 240
+
+
+def test_a_batch_write_on_spark_connect_delivers_each_key_once(
+    settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    pytest.importorskip("pyspark.sql.connect.session")
+    pytest.importorskip("grpc")
+    # GIVEN rows, and the options of format("keo") for a fresh stream
+    rows = events(40, prefix="connect")
+    job = {"options": spark_audit.read_options(settings), "rows": rows}
+
+    # WHEN a process writes them on a Spark Connect session, then reads the stream back
+    env = {
+        **os.environ,
+        "PYTHONPATH": worker_python_path(),
+        "SPARK_TESTING": "1",  # the Connect server on an ephemeral port, not 15002
+    }
+    result = subprocess.run(
+        [sys.executable, str(JOB), json.dumps(job)],
+        env=env,
+        capture_output=True,
+        timeout=JOB_TIMEOUT_S,
+        check=False,
+    )
+
+    # THEN the session was a Connect one, without rdd, and every key is in the stream once
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    found = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert found == {"session": "pyspark.sql.connect.session", "has_rdd": False, "read": 40}
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, [key for key, _ in rows], stack.ledger)
+    streamcheck.assert_only(contents, [key for key, _ in rows])

@@ -1,0 +1,282 @@
+"""``format("keo")`` on a real local Spark against the real emulators: batch and streaming
+writes, replays, dead letters, a query killed after its puts, and options refused by name.
+
+Each test gets its own stream and ledger table; the SparkSession is shared (conftest.py). The
+stream is read back with plain boto3 calls (streamcheck), never with the product's reader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import (
+    assert_binary_rows_arrived,
+    assert_exactly_these,
+    batch_complete,
+    events,
+    frame,
+    payloads,
+    plant_unverifiable,
+    streamcheck,
+    write_event_files,
+)
+
+import spark_jobs
+from dedupe_store.settings import ENV_PREFIX
+from dedupe_store.states import LedgerState
+from devstack.failpoints import Failpoints
+from producer.hooks import Step
+from producer.protocol import Message
+from producer.wiring import Stack
+from spark_jobs.produce_stream import EVENT_SCHEMA
+
+pytestmark = pytest.mark.spark
+
+QUERY_TIMEOUT_S = 180
+
+
+@pytest.fixture
+def keo(spark: Any) -> Iterator[Any]:
+    """The session with ``format("keo")`` registered; hooks a test installs are removed after."""
+    spark_jobs.register(spark)
+    yield spark
+    spark_jobs.register(spark)
+
+
+def keo_options(settings: dict[str, str], **more: str) -> dict[str, str]:
+    """KEO_* settings as the data source's options: ``KEO_LEASE_S`` -> ``lease_s``."""
+    options = {name[len(ENV_PREFIX) :].lower(): value for name, value in settings.items()}
+    return {**options, **more}
+
+
+def _dead_letters(folder: Path) -> dict[str | None, dict[str, Any]]:
+    (file,) = folder.glob("part-*.json")
+    return {
+        row["key"]: row for row in map(json.loads, file.read_text(encoding="utf-8").splitlines())
+    }
+
+
+def _ledger_positions(stack: Stack, keys: list[str]) -> dict[str, Any]:
+    return {
+        key: (record.state, record.attempt, record.position)
+        for key, record in stack.ledger.batch_get(stack.settings.stream, keys).items()
+    }
+
+
+# --- batch writes ----------------------------------------------------------------------------
+
+
+def test_a_batch_write_delivers_each_key_once_dead_letters_bad_rows_and_adds_nothing_twice(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    # GIVEN good rows with a routing key column, and among them an empty key, an oversized
+    # record and a key already delivered with other data
+    good = [(key, data, f"tenant-{i % 3}") for i, (key, data) in enumerate(events(60))]
+    with stack.producer() as producer:
+        producer.send([Message("taken", b"the first payload")])
+    bad = [
+        ("", "no key", None),
+        ("huge", "x" * (1024 * 1024 + 1), None),
+        ("taken", "another payload", None),
+    ]
+    rows = frame(keo, good + bad, "key string, data string, tenant string")
+    dead_letters = tmp_path / "dlq"
+    options = keo_options(settings, routing_key_column="tenant", dead_letter_path=str(dead_letters))
+
+    # WHEN the frame is written with format("keo")
+    rows.write.format("keo").mode("append").options(**options).save()
+
+    # THEN every good row is in the stream once, where the ledger says, and nothing else
+    good_keys = [key for key, _, _ in good]
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(
+        contents, good_keys, stack.ledger, payloads=payloads([(k, d) for k, d, _ in good])
+    )
+    streamcheck.assert_only(contents, [*good_keys, "taken"])
+    assert contents.counts["taken"] == 1
+
+    # AND the bad rows are dead-lettered with their reason and data
+    (written,) = dead_letters.glob("write=*")
+    letters = _dead_letters(written)
+    assert set(letters) == {"", "huge", "taken"}
+    assert letters[""]["status"] == "REJECTED"
+    assert "key is empty" in letters[""]["reason"]
+    assert letters["huge"]["status"] == "REJECTED"
+    assert len(letters["huge"]["data"]) == 1024 * 1024 + 1
+    assert letters["taken"]["status"] == "CONFLICT"
+    assert letters["taken"]["data"] == "another payload"
+
+    # WHEN the same frame is written again
+    before = _ledger_positions(stack, good_keys)
+    rows.write.format("keo").mode("append").options(**options).save()
+
+    # THEN every good row was a DUPLICATE: nothing sent, no claim taken again, the stream
+    # as it was; the bad rows are dead-lettered again
+    again = streamcheck.read_stream(kinesis, stack.settings.stream)
+    assert len(again.records) == len(contents.records)
+    assert _ledger_positions(stack, good_keys) == before
+    assert {state for state, _, _ in before.values()} == {LedgerState.DELIVERED}
+    assert len(list(dead_letters.glob("write=*"))) == 2
+
+
+def test_binary_data_through_the_row_writer_arrives_as_sent(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN binary data with a routing key, written through Spark rows instead of Arrow
+    rows = [(f"b{i}", bytes([i, 0, 255]), "tenant-a") for i in range(20)]
+    binary = frame(keo, rows, "id string, body binary, tenant string")
+    options = keo_options(
+        settings, key_column="id", data_column="body", routing_key_column="tenant", arrow="false"
+    )
+
+    # WHEN written
+    binary.write.format("keo").mode("append").options(**options).save()
+
+    # THEN the bytes arrive unchanged, all on the routing key's shard
+    assert_binary_rows_arrived(kinesis, stack, rows)
+
+
+def test_a_write_with_an_unresolved_key_fails_and_delivers_the_rest(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+) -> None:
+    # GIVEN a key whose earlier claim the ledger could not verify within retention
+    rows = events(20)
+    stuck = plant_unverifiable(stack, *rows[0])
+
+    # WHEN a frame with that key is written
+    # THEN the write fails, naming the key, for Spark to retry it
+    with pytest.raises(Exception, match=f"keys left unresolved.*{stuck}"):
+        frame(keo, rows).write.format("keo").mode("append").options(**keo_options(settings)).save()
+
+    # AND the other rows are delivered, the stuck key is not sent
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
+    streamcheck.assert_absent(contents, [stuck])
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"strem": "orders"}, "unknown option 'strem'"),
+        ({"lease": "30", "key_col": "id"}, "unknown options 'key_col', 'lease'"),
+        ({"key_column": "id"}, "key_column 'id' is not a column"),
+        ({"lease_s": "0.5"}, "KEO_LEASE_S=0.5 is too short"),
+        ({"query_name": "q"}, "query_name names a streaming query"),
+        ({"dead_letter_path": "s3://bucket/dlq"}, "only local or mounted paths"),
+    ],
+)
+def test_an_option_it_cannot_use_fails_the_write_naming_it(
+    keo: Any, settings: dict[str, str], extra: dict[str, str], named: str
+) -> None:
+    # GIVEN options with an unknown name, a missing column or a bad value (for a stream
+    # that does not exist: options are checked before the stream is looked at)
+    options = keo_options(settings, **extra)
+
+    # WHEN a frame is written with them
+    # THEN the write fails before any task runs, and the message names the option
+    with pytest.raises(Exception, match=named):
+        frame(keo, events(3)).write.format("keo").mode("append").options(**options).save()
+
+
+# --- streaming writes ------------------------------------------------------------------------
+
+
+def _start(spark: Any, source: Path, checkpoint: Path, options: dict[str, str]) -> Any:
+    return (
+        spark.readStream.schema(EVENT_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("keo")
+        .options(**options)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_restart(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    # GIVEN three files of events (one micro-batch each, one bad row among them), and a
+    # data source whose driver commit dies after batch 0's puts, before the batch is recorded
+    keys = write_event_files(tmp_path / "in", files=3, per_file=40)
+    bad_row = {"key": "", "data": "no key", "routing_key": None}
+    with (tmp_path / "in" / "events-1.json").open("a", encoding="utf-8") as more:
+        more.write(json.dumps(bad_row) + "\n")
+    dead_letters = tmp_path / "dlq"
+    options = keo_options(
+        settings,
+        routing_key_column="routing_key",
+        dead_letter_path=str(dead_letters),
+        query_name="orders-to-kinesis",
+    )
+    spark_jobs.register(keo, hooks=Failpoints(f"{Step.BATCH_AFTER_PUTS}=raise"))
+
+    # WHEN the query runs and dies
+    first = _start(keo, tmp_path / "in", tmp_path / "checkpoint", options)
+    with pytest.raises(StreamingQueryException, match="batch_after_puts"):
+        first.awaitTermination(QUERY_TIMEOUT_S)
+    assert len(streamcheck.read_stream(kinesis, stack.settings.stream).records) == 40
+    assert not batch_complete(stack, "orders-to-kinesis", 0)
+
+    # AND is restarted from the same checkpoint, without the fault
+    spark_jobs.register(keo)
+    second = _start(keo, tmp_path / "in", tmp_path / "checkpoint", options)
+    assert second.awaitTermination(QUERY_TIMEOUT_S)
+    assert second.exception() is None
+
+    # THEN batch 0 was replayed: every row a duplicate, nothing sent again
+    replayed = stack.ledger.completed_batch(
+        stack.settings.stream, "orders-to-kinesis", 0, now_ms=stack.clock.now_ms()
+    )
+    assert replayed is not None
+    assert (replayed.counts["duplicates"], replayed.counts["sent"]) == (40, 0)
+    assert batch_complete(stack, "orders-to-kinesis", 1)
+    assert batch_complete(stack, "orders-to-kinesis", 2)
+
+    # AND the stream holds every event once, and the audit is clean
+    assert_exactly_these(kinesis, stack, keys)
+
+    # AND the bad row is in its batch's dead letters, named by the query
+    (folder,) = dead_letters.glob("batch=*")
+    letter = _dead_letters(folder)[""]
+    assert letter["status"] == "REJECTED"
+    assert letter["query_id"] == "orders-to-kinesis"
+    assert letter["batch_id"] == int(folder.name.removeprefix("batch="))
+
+
+def test_a_replayed_batch_recorded_complete_is_skipped(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    # GIVEN a query that delivered two batches, whose last commit Spark never recorded (the
+    # driver died between the batch record and the checkpoint's commit log)
+    keys = write_event_files(tmp_path / "in", files=2, per_file=30)
+    options = keo_options(settings, query_name="skipping")
+    checkpoint = tmp_path / "checkpoint"
+    assert _start(keo, tmp_path / "in", checkpoint, options).awaitTermination(QUERY_TIMEOUT_S)
+    first = stack.ledger.completed_batch(
+        stack.settings.stream, "skipping", 1, now_ms=stack.clock.now_ms()
+    )
+    assert first is not None
+    for written in (checkpoint / "commits").glob("*1*"):
+        written.unlink()  # the commit and its checksum file
+
+    # WHEN the query is restarted
+    assert _start(keo, tmp_path / "in", checkpoint, options).awaitTermination(QUERY_TIMEOUT_S)
+
+    # THEN Spark replayed batch 1 and the data source skipped it: its record is the first one
+    # (a re-run would have rewritten it with 30 duplicates), and the stream is unchanged
+    again = stack.ledger.completed_batch(
+        stack.settings.stream, "skipping", 1, now_ms=stack.clock.now_ms()
+    )
+    assert again == first
+    assert (checkpoint / "commits" / "1").exists()
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
+    streamcheck.assert_only(contents, keys)

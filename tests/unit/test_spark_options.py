@@ -1,0 +1,89 @@
+"""The options of format("keo"), checked on the driver before any task runs (no Spark here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.options import OptionsError, ReadOptions, WriteOptions
+
+STREAM = {"stream": "orders", "table": "orders-ledger"}
+
+
+def test_write_options_default_to_key_and_data_columns_and_arrow() -> None:
+    # GIVEN only the stream and the table
+    # WHEN the write's options are read
+    options = WriteOptions.parse(STREAM, streaming=False)
+    # THEN the columns are key and data, no routing, Arrow, and the settings travel as KEO_*
+    assert (options.key_column, options.data_column, options.routing_key_column) == (
+        "key",
+        "data",
+        None,
+    )
+    assert options.arrow
+    assert options.settings["KEO_STREAM"] == "orders"
+
+
+def test_settings_are_options_by_their_lower_case_name() -> None:
+    # GIVEN a setting given as an option, in any case (Spark lower-cases option names)
+    options = WriteOptions.parse({**STREAM, "Lease_S": "120"}, streaming=False)
+    # THEN it is the KEO_* value the executors get
+    assert options.settings["KEO_LEASE_S"] == "120"
+
+
+def test_unknown_options_are_refused_by_name() -> None:
+    # GIVEN two misspelt options
+    # WHEN the write's options are read
+    with pytest.raises(OptionsError, match="unknown options 'key_col', 'strem'") as raised:
+        WriteOptions.parse({**STREAM, "strem": "x", "key_col": "id"}, streaming=False)
+    # THEN the error names both
+    assert raised.value.options == ["key_col", "strem"]
+
+
+def test_spark_streaming_options_are_accepted_on_streaming_writes_only() -> None:
+    spark_added = {**STREAM, "checkpointLocation": "ckpt", "queryName": "q"}
+    assert WriteOptions.parse(spark_added, streaming=True).query_name is None
+    with pytest.raises(OptionsError, match="checkpointlocation"):
+        WriteOptions.parse(spark_added, streaming=False)
+
+
+def test_query_name_is_for_streaming_writes() -> None:
+    assert WriteOptions.parse({**STREAM, "query_name": "q"}, streaming=True).query_name == "q"
+    with pytest.raises(OptionsError, match="query_name names a streaming query"):
+        WriteOptions.parse({**STREAM, "query_name": "q"}, streaming=False)
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [("/data/dlq", "/data/dlq"), ("file:///data/dlq", "/data/dlq"), ("dlq", "dlq")],
+)
+def test_dead_letters_go_to_local_or_mounted_paths(given: str, kept: str) -> None:
+    options = WriteOptions.parse({**STREAM, "dead_letter_path": given}, streaming=False)
+    assert options.dead_letter_path == kept
+
+
+def test_a_dead_letter_path_the_driver_cannot_write_is_refused() -> None:
+    with pytest.raises(OptionsError, match=r"for s3:// use a mount"):
+        WriteOptions.parse({**STREAM, "dead_letter_path": "s3://b/dlq"}, streaming=False)
+
+
+def test_a_bad_setting_is_refused_before_any_task() -> None:
+    with pytest.raises(OptionsError, match="KEO_LEASE_S=1 is too short"):
+        WriteOptions.parse({**STREAM, "lease_s": "1"}, streaming=False)
+
+
+def test_read_bounds_take_epoch_milliseconds_or_iso_times() -> None:
+    options = ReadOptions.parse(
+        {**STREAM, "starting_timestamp": "1000", "ending_timestamp": "1970-01-01T00:00:02"}
+    )
+    assert (options.starting_ms, options.ending_ms) == (1000, 2000)
+    assert options.kcl_filter
+
+
+def test_read_bounds_in_the_wrong_order_are_refused() -> None:
+    with pytest.raises(OptionsError, match="ending_timestamp is before starting_timestamp"):
+        ReadOptions.parse({**STREAM, "starting_timestamp": "2000", "ending_timestamp": "1000"})
+
+
+def test_write_options_are_unknown_to_a_read() -> None:
+    with pytest.raises(OptionsError, match="read: unknown option 'key_column'"):
+        ReadOptions.parse({**STREAM, "key_column": "id"})
