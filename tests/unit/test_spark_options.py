@@ -25,9 +25,9 @@ def test_write_options_default_to_key_and_data_columns_and_arrow() -> None:
 
 def test_settings_are_options_by_their_lower_case_name() -> None:
     # GIVEN a setting given as an option, in any case (Spark lower-cases option names)
-    options = WriteOptions.parse({**STREAM, "Lease_S": "120"}, streaming=False)
+    options = WriteOptions.parse({**STREAM, "Lease_S": "420"}, streaming=False)
     # THEN it is the KEO_* value the executors get
-    assert options.settings["KEO_LEASE_S"] == "120"
+    assert options.settings["KEO_LEASE_S"] == "420"
 
 
 def test_unknown_options_are_refused_by_name() -> None:
