@@ -667,13 +667,7 @@ class DynamoDBLedger:
         self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
     ) -> GroupUpdate:
         next_group_state(group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD)
-        merged = dict(group.positions)
-        index_of = {key: i for i, key in enumerate(group.members)}
-        for key, position in positions.items():
-            index = index_of.get(key)
-            if index is None:
-                raise ValueError(f"{key!r} is not a member of group {group.group_id}")
-            merged[index] = position
+        merged = group.with_positions(positions)
         values = {
             **_group_held(group.epoch),
             ":positions": x.b(pack_positions(len(group.members), merged)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -137,6 +138,18 @@ class Group:
     def position_of(self, key: str) -> Position | None:
         index = self.index_of(key)
         return None if index is None else self.positions.get(index)
+
+    def with_positions(self, positions: Mapping[str, Position]) -> dict[int, Position]:
+        """The group's positions by member index, with ``positions`` (by key) added: what a
+        holder of the epoch records. A key that is not a member is a bug of the caller."""
+        index_of = {key: i for i, key in enumerate(self.members)}
+        merged = dict(self.positions)
+        for key, position in positions.items():
+            index = index_of.get(key)
+            if index is None:
+                raise ValueError(f"{key!r} is not a member of group {self.group_id}")
+            merged[index] = position
+        return merged
 
     def positions_by_key(self) -> dict[str, Position]:
         return {self.members[i]: position for i, position in self.positions.items()}

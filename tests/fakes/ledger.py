@@ -388,12 +388,7 @@ class InMemoryLedger:
         target = next_group_state(
             group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD
         )
-        merged = dict(group.positions)
-        for key, position in positions.items():
-            index = group.index_of(key)
-            if index is None:
-                raise ValueError(f"{key!r} is not a member of group {group.group_id}")
-            merged[index] = position
+        merged = group.with_positions(positions)
 
         def change(current: Group | None, token: str) -> Group:
             return dataclasses.replace(
