@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from cli import logs
 from cli.exit_codes import ExitCode
 from cli.input_lines import BadLine, DataEncoding, decode_line, numbered_lines, parse_line
 from cli.options import (
@@ -22,6 +24,8 @@ from cli.options import (
 from cli.progress import Progress
 from cli.stdout import write_json_line
 from dedupe_store.records import MAX_KEY_CHARS
+from producer.audit import LISTED_KEYS
+from producer.errors import AuditTooLargeError
 from producer.kinesis import KinesisReader
 from producer.kpl import UserRecord
 from producer.protocol import Message
@@ -31,14 +35,29 @@ if TYPE_CHECKING:
     from producer.audit import AuditReport
 
 
-def read_expected(path: Path) -> list[str]:
+# keys one process audits: beyond, python -m spark_jobs.audit (its driver holds no key).
+# keo audit holds each key of the stream and of the ledger, with its positions and items: 1.1 KB
+# a key measured (sequential keys, 56-digit sequence numbers), so 2,000,000 keys take 2.3 GB.
+DEFAULT_MAX_KEYS = 2_000_000
+
+
+def read_expected(path: Path, *, max_keys: int | None = None) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
     "key" of every row that 'keo send' would accept (rows it rejects are not expected).
 
     A line that is not UTF-8, or a row 'keo send' would reject, is skipped with a warning on
-    stderr naming its line: it cannot have been delivered.
+    stderr naming its line: it cannot have been delivered. Past ``max_keys`` keys it raises
+    :class:`AuditTooLargeError`.
     """
     keys: list[str] = []
+    for key in _expected_keys(path):
+        keys.append(key)
+        if max_keys is not None and len(keys) > max_keys:
+            raise AuditTooLargeError(f"--expected {path}", max_keys=max_keys)
+    return keys
+
+
+def _expected_keys(path: Path) -> Iterator[str]:
     json_lines: bool | None = None  # decided by the first readable line
     with path.open("rb") as source:
         for number, raw in numbered_lines(source):
@@ -46,7 +65,7 @@ def read_expected(path: Path) -> list[str]:
             if json_lines is None and isinstance(line, str):
                 json_lines = line.lstrip().startswith("{")
             if isinstance(line, str) and not json_lines:
-                keys.append(line.rstrip("\r\n"))
+                yield line.rstrip("\r\n")
                 continue
             parsed = line if isinstance(line, BadLine) else parse_line(line, DataEncoding.TEXT)
             if isinstance(parsed, Message) and not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
@@ -57,8 +76,7 @@ def read_expected(path: Path) -> list[str]:
                     err=True,
                 )
                 continue
-            keys.append(parsed.key)
-    return keys
+            yield parsed.key
 
 
 def audit(
@@ -87,6 +105,23 @@ def audit(
         ),
     ] = None,
     show_keys: Annotated[int, typer.Option(help="keys listed per anomaly in the summary")] = 10,
+    list_keys: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="keys listed per anomaly in the JSON report, the first in key order "
+            "(the counts are exact)",
+        ),
+    ] = LISTED_KEYS,
+    max_keys: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="stop, exit 2, when the stream, its ledger or --expected holds more keys: "
+            "this process holds every key (audit larger streams with python -m "
+            "spark_jobs.audit)",
+        ),
+    ] = DEFAULT_MAX_KEYS,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
 ) -> None:
@@ -95,7 +130,8 @@ def audit(
     know, DELIVERED keys missing from the stream, ledger positions that disagree with the
     stream, and claims still IN_FLIGHT. With --expected, every listed key must be present.
 
-    Exit 0 when clean, 1 on any anomaly.
+    Exit 0 when clean, 1 on any anomaly, 2 when the stream is too large for one process
+    (--max-keys): audit it on Spark with python -m spark_jobs.audit.
 
     Example: keo audit --stream orders --table orders-ledger --expected events.jsonl --json
     """
@@ -108,13 +144,33 @@ def audit(
     from producer.audit import audit_stream
     from producer.wiring import kinesis_client, ledger_from
 
-    wanted = read_expected(expected) if expected is not None else None
     show = progress if progress is not None else sys.stderr.isatty()
     with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
-        reader = ReaderWithProgress(kinesis_client(settings, for_put=False), settings.stream, bar)
-        ledger = ledger_from(settings)
-        ledger.ensure_ready()
-        report = audit_stream(reader, ledger, expected=wanted, progress=bar.advance)
+        try:
+            wanted = read_expected(expected, max_keys=max_keys) if expected is not None else None
+            reader = ReaderWithProgress(
+                kinesis_client(settings, for_put=False), settings.stream, bar
+            )
+            ledger = ledger_from(settings)
+            ledger.ensure_ready()
+            report = audit_stream(
+                reader,
+                ledger,
+                expected=wanted,
+                progress=bar.advance,
+                listed=list_keys,
+                max_keys=max_keys,
+            )
+        except AuditTooLargeError as exc:
+            logs.report(
+                f"keo audit: {exc} (--max-keys {max_keys}); audit it on Spark, whose driver "
+                f"holds no key: python -m spark_jobs.audit --stream {settings.stream} "
+                f"--table {settings.table}{f' --expected {expected}' if expected else ''}"
+                f"{' --json' if as_json else ''}",
+                event="command_failed",
+                level=logging.ERROR,
+            )
+            raise typer.Exit(ExitCode.USAGE) from None
     if as_json:
         write_json_line(report.as_json())
     _summary(report, show_keys, to_stderr=as_json)

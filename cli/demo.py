@@ -158,12 +158,12 @@ _ROWS: Final[Sequence[tuple[str, Callable[[DemoResult], object]]]] = (
     ("messages in", lambda r: r.messages_in),
     ("records in the stream", lambda r: r.report.user_records),
     ("distinct keys in the stream", lambda r: r.report.distinct_keys),
-    ("duplicated keys", lambda r: len(r.report.duplicates)),
+    ("duplicated keys", lambda r: r.duplicated),
     ("extra records (duplicates)", lambda r: r.report.user_records - r.report.distinct_keys),
     ("missing keys", lambda r: r.missing),
     ("batches replayed", lambda r: r.batches_replayed),
     ("stale claims reconciled", lambda r: r.reconciled.scanned if r.reconciled else "-"),
-    ("claims still in flight", lambda r: len(r.report.in_flight) if r.table else "-"),
+    ("claims still in flight", lambda r: r.in_flight if r.table else "-"),
     ("seconds", lambda r: f"{r.seconds:.1f}"),
 )
 

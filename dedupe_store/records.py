@@ -152,7 +152,14 @@ class Group:
         return merged
 
     def positions_by_key(self) -> dict[str, Position]:
-        return {self.members[i]: position for i, position in self.positions.items()}
+        """Each member's position as :meth:`position_of` gives it: a key listed twice has
+        the position of its first index, if any."""
+        first: dict[str, int] = {}
+        for index, key in enumerate(self.members):
+            first.setdefault(key, index)
+        return {
+            key: self.positions[index] for key, index in first.items() if index in self.positions
+        }
 
     def lease_expired(self, now_ms: int, skew_ms: int = 0) -> bool:
         return self.lease_expires_at_ms + skew_ms <= now_ms

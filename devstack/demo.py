@@ -25,7 +25,7 @@ import botocore.exceptions
 from tenacity import stop_after_attempt, wait_exponential, wait_random_exponential
 
 from devstack.fault_proxy import FaultProxy
-from producer.audit import AuditReport, audit_stream
+from producer.audit import Anomaly, AuditReport, audit_stream
 from producer.hooks import Step
 from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
@@ -65,13 +65,22 @@ class DemoResult:
         return sum(self.faults.values())
 
     @property
+    def duplicated(self) -> int:
+        """Keys in the stream more than once."""
+        return self.report.count(Anomaly.DUPLICATE)
+
+    @property
+    def in_flight(self) -> int:
+        return self.report.count(Anomaly.IN_FLIGHT)
+
+    @property
     def missing(self) -> int:
-        return len(self.report.expected_missing) + len(self.report.missing_delivered)
+        return self.report.missing
 
     @property
     def exactly_once(self) -> bool:
         """Every expected key in the stream exactly once."""
-        return not self.report.duplicates and not self.missing
+        return not self.duplicated and not self.missing
 
 
 class LostResponses:

@@ -9,8 +9,9 @@ The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hook
 
 from __future__ import annotations
 
-from producer.audit import AuditReport, audit_stream
+from producer.audit import Anomaly, AuditReport, audit_stream
 from producer.errors import (
+    AuditTooLargeError,
     ConfigurationError,
     KeoError,
     StreamError,
@@ -29,7 +30,9 @@ from producer.wiring import Stack, build_stack
 
 __all__ = [
     "NO_HOOKS",
+    "Anomaly",
     "AuditReport",
+    "AuditTooLargeError",
     "ConfigurationError",
     "ExactlyOnceProducer",
     "Hooks",

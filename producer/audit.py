@@ -5,32 +5,62 @@ ledger is only compared against it (unknown records, DELIVERED keys missing, pos
 disagree, claims still IN_FLIGHT). Aggregated records are deaggregated, and user records
 whose hash falls outside their shard's range are dropped, as KCL drops them.
 
-Reading and judging are apart: :func:`read_tally` reads the stream here, in one process
-(``keo audit``); ``spark_jobs.audit`` reads it on Spark, one task per shard. Either hands a
-:class:`StreamTally` to :func:`judge`, the one comparison, which gives the same report.
+The verdict is key by key: :func:`key_anomalies` is the one rule, over what the stream, the
+ledger and the expected keys say of one key. :class:`Findings` adds keys up (exact counts, and
+the first ``listed`` keys of each anomaly in key order) and merges with other findings, so the
+report does not depend on how the keys were split:
+
+- ``keo audit`` reads the stream here, in one process (:func:`read_tally`), and :func:`judge`
+  adds up every key; it holds every key of the stream, so it stops past ``max_keys``
+  (:class:`~producer.errors.AuditTooLargeError`).
+- ``spark_jobs.audit`` groups the stream, the ledger and the expected keys by key on Spark;
+  each partition adds up its keys on an executor, and the driver gets the merged findings.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import chain
 from typing import Any
 
 from dedupe_store.contract import Ledger
 from dedupe_store.records import LedgerRecord, Position
 from dedupe_store.states import LedgerState
+from producer.errors import AuditTooLargeError
 from producer.kinesis import KinesisReader
 from producer.readback import visible_to_kcl
+
+# keys listed per anomaly in a report: the counts are exact, the lists are the first keys
+LISTED_KEYS = 1000
+
+
+class Anomaly(StrEnum):
+    """What can be wrong with a key; each counts once per key."""
+
+    DUPLICATE = "duplicate"  # in the stream more than once
+    EXPECTED_MISSING = "expected_missing"  # expected, not in the stream
+    DELIVERED_MISSING = "missing_delivered"  # DELIVERED in the ledger, not in the stream
+    UNKNOWN = "unknown"  # in the stream, not in the ledger
+    POSITION_MISMATCH = "position_mismatch"  # DELIVERED at a position the stream does not hold
+    IN_FLIGHT = "in_flight"  # a claim not settled
+    UNVERIFIABLE = "unverifiable"  # a claim the ledger could not verify within retention
 
 
 @dataclass
 class AuditReport:
+    """The verdict. ``counts`` are exact; the key lists hold the first ``listed`` keys of each
+    anomaly, in key order."""
+
     stream: str
     shards: int = 0
     user_records: int = 0
     distinct_keys: int = 0
     dropped_by_kcl: int = 0
+    counts: dict[Anomaly, int] = field(default_factory=dict)
+    listed: int = LISTED_KEYS
     duplicates: dict[str, list[Position]] = field(default_factory=dict)
     unknown_keys: list[str] = field(default_factory=list)
     missing_delivered: list[str] = field(default_factory=list)
@@ -40,36 +70,35 @@ class AuditReport:
     expected: int | None = None
     expected_missing: list[str] = field(default_factory=list)
 
+    def count(self, anomaly: Anomaly) -> int:
+        return self.counts.get(anomaly, 0)
+
     @property
     def anomalies(self) -> int:
-        return (
-            len(self.duplicates)
-            + len(self.unknown_keys)
-            + len(self.missing_delivered)
-            + len(self.position_mismatches)
-            + len(self.in_flight)
-            + len(self.unverifiable)
-            + len(self.expected_missing)
-        )
+        return sum(self.counts.values())
 
     @property
     def clean(self) -> bool:
         return self.anomalies == 0
 
+    @property
+    def missing(self) -> int:
+        return self.count(Anomaly.EXPECTED_MISSING) + self.count(Anomaly.DELIVERED_MISSING)
+
     def summary(self, show_keys: int = 10) -> str:
-        """The report for a person: counts, the first ``show_keys`` keys of each anomaly, and
-        the verdict."""
+        """The report for a person: counts, the first ``show_keys`` keys of each anomaly (at
+        most the ``listed`` ones), and the verdict."""
         lines = [
             f"keo audit: stream {self.stream}: {self.shards} shards, "
             f"{self.user_records} records, {self.distinct_keys} keys",
-            f"  duplicates:           {len(self.duplicates)}",
-            f"  missing (expected):   {len(self.expected_missing)}"
+            f"  duplicates:           {self.count(Anomaly.DUPLICATE)}",
+            f"  missing (expected):   {self.count(Anomaly.EXPECTED_MISSING)}"
             + ("" if self.expected is not None else " (no --expected given)"),
-            f"  missing (delivered):  {len(self.missing_delivered)}",
-            f"  unknown to ledger:    {len(self.unknown_keys)}",
-            f"  position mismatches:  {len(self.position_mismatches)}",
-            f"  still in flight:      {len(self.in_flight)}",
-            f"  unverifiable:         {len(self.unverifiable)}",
+            f"  missing (delivered):  {self.count(Anomaly.DELIVERED_MISSING)}",
+            f"  unknown to ledger:    {self.count(Anomaly.UNKNOWN)}",
+            f"  position mismatches:  {self.count(Anomaly.POSITION_MISMATCH)}",
+            f"  still in flight:      {self.count(Anomaly.IN_FLIGHT)}",
+            f"  unverifiable:         {self.count(Anomaly.UNVERIFIABLE)}",
         ]
         if self.dropped_by_kcl:
             lines.append(f"  dropped as KCL would: {self.dropped_by_kcl}")
@@ -92,11 +121,14 @@ class AuditReport:
             "user_records": self.user_records,
             "distinct_keys": self.distinct_keys,
             "dropped_by_kcl": self.dropped_by_kcl,
+            "anomalies": self.anomalies,
+            "counts": {anomaly.value: self.count(anomaly) for anomaly in Anomaly},
+            "listed_keys": self.listed,
             "duplicates": {
                 key: [_position_json(p) for p in positions]
                 for key, positions in self.duplicates.items()
             },
-            "duplicate_count": len(self.duplicates),
+            "duplicate_count": self.count(Anomaly.DUPLICATE),
             "unknown_keys": self.unknown_keys,
             "missing_delivered": self.missing_delivered,
             "position_mismatches": self.position_mismatches,
@@ -104,8 +136,172 @@ class AuditReport:
             "unverifiable": self.unverifiable,
             "expected": self.expected,
             "expected_missing": self.expected_missing,
-            "missing_count": len(self.expected_missing) + len(self.missing_delivered),
+            "missing_count": self.missing,
         }
+
+
+def key_anomalies(
+    positions: Sequence[Position],
+    *,
+    ledger_read: bool,
+    ledger_state: LedgerState | None,
+    ledger_position: Position | None,
+    expected: bool,
+) -> list[tuple[Anomaly, Any]]:
+    """The rule: what is wrong with one key, each anomaly with its detail (JSON-ready).
+
+    ``positions`` are the key's records in the stream (those KCL delivers); ``ledger_state``
+    and ``ledger_position`` its delivery in the ledger (None: the ledger has no claim of it),
+    compared only when ``ledger_read``; ``expected``: the key was listed as sent.
+    """
+    found: list[tuple[Anomaly, Any]] = []
+    if len(positions) > 1:
+        found.append((Anomaly.DUPLICATE, [_position_json(p) for p in _in_stream_order(positions)]))
+    if expected and not positions:
+        found.append((Anomaly.EXPECTED_MISSING, None))
+    if not ledger_read:
+        return found
+    if ledger_state is None:
+        if positions:
+            found.append((Anomaly.UNKNOWN, None))
+    elif ledger_state is LedgerState.IN_FLIGHT:
+        found.append((Anomaly.IN_FLIGHT, None))
+    elif ledger_state is LedgerState.UNVERIFIABLE:
+        found.append((Anomaly.UNVERIFIABLE, None))
+    elif ledger_state is LedgerState.DELIVERED:
+        if not positions:
+            found.append((Anomaly.DELIVERED_MISSING, None))
+        elif ledger_position is not None and not any(
+            _same_record(ledger_position, p) for p in positions
+        ):
+            detail = {
+                "ledger": _position_json(ledger_position),
+                "stream": [_position_json(p) for p in _in_stream_order(positions)],
+            }
+            found.append((Anomaly.POSITION_MISMATCH, detail))
+    return found
+
+
+@dataclass
+class Findings:
+    """Keys added up: totals, exact counts of each anomaly, and the first ``listed`` keys of
+    each (in key order) with their details. Any split of the keys, each part added up and
+    the parts merged, gives the same findings: its memory is bounded by ``listed``, never by
+    the number of keys."""
+
+    listed: int = LISTED_KEYS
+    user_records: int = 0
+    distinct_keys: int = 0
+    dropped_by_kcl: int = 0
+    expected: int | None = None  # None: no expected keys were given
+    counts: dict[Anomaly, int] = field(default_factory=dict)
+    keys: dict[Anomaly, list[tuple[str, Any]]] = field(default_factory=dict)
+
+    def add_key(
+        self,
+        key: str,
+        positions: Sequence[Position],
+        *,
+        ledger_read: bool,
+        ledger_state: LedgerState | None,
+        ledger_position: Position | None,
+        expected: bool,
+    ) -> None:
+        """One key, with everything known of it (see :func:`key_anomalies`); once per key."""
+        if positions:
+            self.distinct_keys += 1
+            self.user_records += len(positions)
+        if expected:
+            self.expected = (self.expected or 0) + 1
+        for anomaly, detail in key_anomalies(
+            positions,
+            ledger_read=ledger_read,
+            ledger_state=ledger_state,
+            ledger_position=ledger_position,
+            expected=expected,
+        ):
+            self.counts[anomaly] = self.counts.get(anomaly, 0) + 1
+            kept = self.keys.setdefault(anomaly, [])
+            kept.append((key, detail))
+            if len(kept) >= 2 * self.listed + 1:  # sort now and then: amortised O(log listed)
+                self._trim(anomaly)
+
+    def merge(self, other: Findings) -> None:
+        self.user_records += other.user_records
+        self.distinct_keys += other.distinct_keys
+        self.dropped_by_kcl += other.dropped_by_kcl
+        if other.expected is not None:
+            self.expected = (self.expected or 0) + other.expected
+        for anomaly, count in other.counts.items():
+            self.counts[anomaly] = self.counts.get(anomaly, 0) + count
+        for anomaly, kept in other.keys.items():
+            self.keys.setdefault(anomaly, []).extend(kept)
+            self._trim(anomaly)
+
+    def _trim(self, anomaly: Anomaly) -> None:
+        kept = self.keys[anomaly]
+        kept.sort(key=lambda entry: entry[0])
+        del kept[self.listed :]
+
+    def listed_keys(self, anomaly: Anomaly) -> list[tuple[str, Any]]:
+        if anomaly in self.keys:
+            self._trim(anomaly)
+        return self.keys.get(anomaly, [])
+
+    def report(self, stream: str, *, shards: int) -> AuditReport:
+        def keys_of(anomaly: Anomaly) -> list[str]:
+            return [key for key, _ in self.listed_keys(anomaly)]
+
+        return AuditReport(
+            stream,
+            shards=shards,
+            user_records=self.user_records,
+            distinct_keys=self.distinct_keys,
+            dropped_by_kcl=self.dropped_by_kcl,
+            counts={anomaly: self.counts.get(anomaly, 0) for anomaly in Anomaly},
+            listed=self.listed,
+            duplicates={
+                key: [_position_of_json(p) for p in detail]
+                for key, detail in self.listed_keys(Anomaly.DUPLICATE)
+            },
+            unknown_keys=keys_of(Anomaly.UNKNOWN),
+            missing_delivered=keys_of(Anomaly.DELIVERED_MISSING),
+            position_mismatches=dict(self.listed_keys(Anomaly.POSITION_MISMATCH)),
+            in_flight=keys_of(Anomaly.IN_FLIGHT),
+            unverifiable=keys_of(Anomaly.UNVERIFIABLE),
+            expected=self.expected,
+            expected_missing=keys_of(Anomaly.EXPECTED_MISSING),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON, for findings that travel between processes (Spark's executors)."""
+        return {
+            "listed": self.listed,
+            "user_records": self.user_records,
+            "distinct_keys": self.distinct_keys,
+            "dropped_by_kcl": self.dropped_by_kcl,
+            "expected": self.expected,
+            "counts": {anomaly.value: count for anomaly, count in self.counts.items()},
+            "keys": {
+                anomaly.value: [list(entry) for entry in self.listed_keys(anomaly)]
+                for anomaly in self.keys
+            },
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Findings:
+        return cls(
+            listed=int(body["listed"]),
+            user_records=int(body["user_records"]),
+            distinct_keys=int(body["distinct_keys"]),
+            dropped_by_kcl=int(body["dropped_by_kcl"]),
+            expected=body["expected"],
+            counts={Anomaly(name): int(count) for name, count in body["counts"].items()},
+            keys={
+                Anomaly(name): [(str(key), detail) for key, detail in kept]
+                for name, kept in body["keys"].items()
+            },
+        )
 
 
 @dataclass
@@ -125,15 +321,26 @@ def audit_stream(
     *,
     expected: Iterable[str] | None = None,
     progress: Callable[[int], None] | None = None,
+    listed: int = LISTED_KEYS,
+    max_keys: int | None = None,
 ) -> AuditReport:
-    tally = read_tally(reader, progress=progress)
+    """The audit in this process; past ``max_keys`` keys in the stream it raises
+    :class:`~producer.errors.AuditTooLargeError` rather than run out of memory."""
+    tally = read_tally(reader, progress=progress, max_keys=max_keys)
     return judge(
-        tally, ledger.scan(reader.stream) if ledger is not None else None, expected=expected
+        tally,
+        ledger.scan(reader.stream) if ledger is not None else None,
+        expected=expected,
+        listed=listed,
+        max_keys=max_keys,
     )
 
 
 def read_tally(
-    reader: KinesisReader, *, progress: Callable[[int], None] | None = None
+    reader: KinesisReader,
+    *,
+    progress: Callable[[int], None] | None = None,
+    max_keys: int | None = None,
 ) -> StreamTally:
     """Read every shard, open and closed, from TRIM_HORIZON to its end, as KCL would."""
     tally = StreamTally(reader.stream)
@@ -148,6 +355,8 @@ def read_tally(
             tally.seen[record.partition_key].append(
                 Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
             )
+            if max_keys is not None and len(tally.seen) > max_keys:
+                raise AuditTooLargeError(f"stream {reader.stream}", max_keys=max_keys)
         if progress is not None:
             progress(1)
     return tally
@@ -158,53 +367,40 @@ def judge(
     ledger_records: Iterable[LedgerRecord] | None,
     *,
     expected: Iterable[str] | None = None,
+    listed: int = LISTED_KEYS,
+    max_keys: int | None = None,
 ) -> AuditReport:
     """The verdict on a read stream: keys twice, expected keys absent and, given the ledger's
-    records of the stream, everything the ledger and the stream disagree on."""
+    records of the stream, everything the ledger and the stream disagree on. Past
+    ``max_keys`` keys in the ledger it raises :class:`~producer.errors.AuditTooLargeError`."""
     seen = tally.seen
-    report = AuditReport(
-        tally.stream,
-        shards=tally.shards,
-        user_records=tally.user_records,
-        distinct_keys=len(seen),
+    in_ledger: dict[str, LedgerRecord] = {}
+    for record in ledger_records if ledger_records is not None else ():
+        in_ledger[record.key] = record
+        if max_keys is not None and len(in_ledger) > max_keys:
+            raise AuditTooLargeError(f"the ledger of stream {tally.stream}", max_keys=max_keys)
+    wanted = set(expected) if expected is not None else set()
+    findings = Findings(
+        listed=listed,
         dropped_by_kcl=tally.dropped_by_kcl,
+        expected=0 if expected is not None else None,
     )
-    report.duplicates = {
-        key: sorted(pos, key=_stream_order) for key, pos in seen.items() if len(pos) > 1
-    }
-
-    if expected is not None:
-        wanted = list(dict.fromkeys(expected))
-        report.expected = len(wanted)
-        report.expected_missing = [key for key in wanted if key not in seen]
-
-    if ledger_records is not None:
-        _compare_with_ledger(report, ledger_records, seen)
-    return report
-
-
-def _compare_with_ledger(
-    report: AuditReport, records: Iterable[LedgerRecord], seen: dict[str, list[Position]]
-) -> None:
-    known: set[str] = set()
-    for record in records:
-        known.add(record.key)
-        positions = seen.get(record.key)
-        if record.state is LedgerState.IN_FLIGHT:
-            report.in_flight.append(record.key)
-        elif record.state is LedgerState.UNVERIFIABLE:
-            report.unverifiable.append(record.key)
-        elif record.state is LedgerState.DELIVERED:
-            if not positions:
-                report.missing_delivered.append(record.key)
-            elif record.position is not None and not any(
-                _same_record(record.position, p) for p in positions
-            ):
-                report.position_mismatches[record.key] = {
-                    "ledger": _position_json(record.position),
-                    "stream": [_position_json(p) for p in positions],
-                }
-    report.unknown_keys = sorted(key for key in seen if key not in known)
+    # every key anyone knows of, once: the stream's, then the ledger's, then the expected
+    for key in chain(
+        seen,
+        (k for k in in_ledger if k not in seen),
+        (k for k in wanted if k not in seen and k not in in_ledger),
+    ):
+        found = in_ledger.get(key)
+        findings.add_key(
+            key,
+            seen.get(key, ()),
+            ledger_read=ledger_records is not None,
+            ledger_state=found.state if found is not None else None,
+            ledger_position=found.position if found is not None else None,
+            expected=key in wanted,
+        )
+    return findings.report(tally.stream, shards=tally.shards)
 
 
 def _same_record(a: Position, b: Position) -> bool:
@@ -216,8 +412,10 @@ def _same_record(a: Position, b: Position) -> bool:
     )
 
 
-def _stream_order(position: Position) -> tuple[str, int, int]:
-    return (position.shard_id, int(position.sequence_number), position.sub_sequence_number or 0)
+def _in_stream_order(positions: Iterable[Position]) -> list[Position]:
+    return sorted(
+        positions, key=lambda p: (p.shard_id, int(p.sequence_number), p.sub_sequence_number or 0)
+    )
 
 
 def _position_json(position: Position) -> dict[str, Any]:
@@ -228,3 +426,7 @@ def _position_json(position: Position) -> dict[str, Any]:
     if position.sub_sequence_number is not None:
         body["sub_sequence_number"] = position.sub_sequence_number
     return body
+
+
+def _position_of_json(body: dict[str, Any]) -> Position:
+    return Position(body["shard_id"], body["sequence_number"], body.get("sub_sequence_number"))

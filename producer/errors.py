@@ -10,7 +10,8 @@ The tree::
     │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
     ├── PutFencedError                the signature fence kept a put from leaving: not sent
     │                                 (KinesisWriter turns it into a NOT_WRITTEN result)
-    └── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
+    ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
+    └── AuditTooLargeError            more keys than one process audits (use the Spark audit)
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
 of :class:`producer.outcomes.Outcome`, never exceptions. Ledger failures are
@@ -79,3 +80,16 @@ class UnresolvedKeysError(KeoError):
         super().__init__(f"{len(keys)} keys left unresolved in stream {stream}: {shown}{more}")
         self.stream = stream
         self.keys = list(keys)
+
+
+class AuditTooLargeError(KeoError):
+    """The audit in one process stopped: ``source`` (the stream, its ledger or the expected
+    keys) holds more than ``max_keys`` keys, and it would hold every one in memory. The
+    Spark audit (``python -m spark_jobs.audit``) holds none on its driver."""
+
+    def __init__(self, source: str, *, max_keys: int) -> None:
+        super().__init__(
+            f"{source} holds more than {max_keys:,} keys: too many to audit in one process"
+        )
+        self.source = source
+        self.max_keys = max_keys

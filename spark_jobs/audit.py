@@ -1,13 +1,29 @@
-"""The audit on Spark: ``keo audit``'s verdict, report and exit codes, the stream read by Spark.
+"""The audit on Spark: ``keo audit``'s verdict, report and exit codes, for a stream of any size.
 
 Example::
 
     python -m spark_jobs.audit --stream orders --table orders-ledger --expected keys.txt --json
 
-Spark reads the stream (``format("keo")``, one task per shard, every shard at once) and groups
-its user records by key; the driver gets one row per key with its positions, scans the ledger,
-and hands both to :func:`producer.audit.judge`, the comparison ``keo audit`` uses. The driver
-holds one entry per key, as ``keo audit`` does; the reading, the long part, is parallel.
+Every key is judged on the executors; the driver holds no key, only the findings::
+
+    executors                                              driver
+    the stream: format("keo"), one task per shard ──┐
+    the ledger: a parallel Scan, one task a segment ├─ union, grouped by key
+    --expected: spark.read.text                   ──┘    (one shuffle)
+        └─ each partition of keys: Findings.add_key per key (producer.audit's rule)
+             └─ its findings (counts, the first --list-keys keys of each anomaly)
+                  └─ one task merges them ──────────────────────> one row: the report
+
+The ledger is read by ``--ledger-segments`` tasks (default: ``spark.sql.shuffle.partitions``),
+each scanning one segment of the table (DynamoDB's ``Segment`` / ``TotalSegments``) and
+emitting its key items (state, group) and, for each group item, the position of every member
+it records (members are unpacked on the executors). Grouped by key, a key's delivery is its
+claim's state and the position its claim's group records for it, as
+:meth:`dedupe_store.records.LedgerRecord.of` joins the two items.
+
+So the report is the same as ``keo audit``'s, counts exact and the key lists bounded
+(``--list-keys``, the first keys in key order); the driver's memory does not grow with the
+stream. Only DataFrame operations and ``mapInArrow``: it runs on Spark Connect too.
 
 ``--expected`` is read by Spark too: keys one per line, or JSON lines (the input of
 ``keo send``) whose ``key`` is a string of 1 to 256 characters and whose ``data`` is present
@@ -24,18 +40,43 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import MAX_KEY_CHARS, Position
-from producer.audit import AuditReport, StreamTally, judge
+from dedupe_store.records import MAX_KEY_CHARS, Group, Position
+from dedupe_store.states import KeyState, delivery_state
+from producer.audit import LISTED_KEYS, AuditReport, Findings
 from producer.errors import KeoError, StreamNotFoundError
 from producer.kinesis import KinesisReader
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs.options import SETTING_OPTIONS
 from spark_jobs.writer import producer_settings, settings_from_env
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger(__name__)
+
+POSITION_TYPE = "struct<shard_id:string,sequence_number:string,sub_sequence_number:bigint>"
+# what is known of a key, one row per fact: a record of the stream (``position`` if KCL
+# delivers it, else ``dropped``), its key item, its position in a group, its being expected
+EVIDENCE_COLUMNS = {
+    "key": "string",
+    "position": POSITION_TYPE,
+    "dropped": "int",
+    "claim_state": "string",
+    "claim_group": "string",
+    "member_group": "string",
+    "member_position": POSITION_TYPE,
+    "expected": "boolean",
+}
+LEDGER_SCHEMA = (
+    "key string, claim_state string, claim_group string, member_group string, "
+    f"member_position {POSITION_TYPE}"
+)
+FINDINGS_SCHEMA = "findings string"
+_ROWS_PER_BATCH = 10_000
 
 
 class ExitCode(IntEnum):
@@ -62,9 +103,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--json", action="store_true", help="the full report as JSON on stdout (summary: stderr)"
     )
     parser.add_argument("--show-keys", type=int, default=10, help="keys listed per anomaly")
+    parser.add_argument(
+        "--list-keys",
+        type=_not_negative,
+        default=LISTED_KEYS,
+        help="keys listed per anomaly in the report, the first in key order (counts are exact)",
+    )
+    parser.add_argument(
+        "--ledger-segments",
+        type=_positive,
+        help="parallel Scan segments of the ledger, one task each "
+        "(default: spark.sql.shuffle.partitions)",
+    )
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--log-level", default="WARNING", help="Python log level of the job")
     return parser.parse_args(argv)
+
+
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
 
 
 def read_options(values: dict[str, str]) -> dict[str, str]:
@@ -73,8 +140,23 @@ def read_options(values: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in options.items() if name in SETTING_OPTIONS}
 
 
-def spark_tally(spark: Any, values: dict[str, str], shards: int) -> StreamTally:
-    """Every visible user record's position by key, read and grouped on Spark."""
+# --- the evidence, one row per fact about a key ----------------------------------------------
+
+
+def _evidence(frame: Any, **columns: Any) -> Any:
+    """``frame`` as evidence rows: ``columns`` by name, every other column null."""
+    from pyspark.sql import functions as f
+
+    return frame.select(
+        *(
+            columns.get(name, f.lit(None)).cast(kind).alias(name)
+            for name, kind in EVIDENCE_COLUMNS.items()
+        )
+    )
+
+
+def stream_evidence(spark: Any, values: dict[str, str]) -> Any:
+    """Every user record of the stream, read on Spark (one task per shard)."""
     from pyspark.sql import functions as f
 
     stream = (
@@ -83,29 +165,72 @@ def spark_tally(spark: Any, values: dict[str, str], shards: int) -> StreamTally:
         .option("kcl_filter", "false")
         .load()
     )
-    position = f.struct("shard_id", "sequence_number", "sub_sequence_number")
-    by_key = stream.groupBy("key").agg(
-        f.collect_list(f.when(f.col("visible_to_kcl"), position)).alias("positions"),
-        f.sum(f.when(f.col("visible_to_kcl"), 0).otherwise(1)).alias("dropped"),
+    visible = f.col("visible_to_kcl")
+    return _evidence(
+        stream,
+        key=f.col("key"),
+        position=f.when(visible, f.struct("shard_id", "sequence_number", "sub_sequence_number")),
+        dropped=f.when(visible, 0).otherwise(1),
     )
-    tally = StreamTally(producer_settings(values).stream, shards=shards)
-    for row in by_key.toLocalIterator():
-        tally.dropped_by_kcl += row["dropped"]
-        if row["positions"]:
-            tally.user_records += len(row["positions"])
-            tally.seen[row["key"]] = [Position(*p) for p in row["positions"]]
-    return tally
 
 
-def expected_keys(spark: Any, path: str) -> Iterator[str]:
+def ledger_evidence(spark: Any, values: dict[str, str], segments: int) -> Any:
+    """The stream's key items and its groups' recorded positions, scanned by ``segments``
+    tasks (one segment of a parallel Scan each)."""
+    from pyspark.sql import functions as f
+
+    rows = spark.range(0, segments, 1, segments).mapInArrow(
+        partial(_scan_segments, values, segments), LEDGER_SCHEMA
+    )
+    return _evidence(rows, **{name: f.col(name) for name in rows.columns})
+
+
+def _scan_segments(
+    values: dict[str, str], total_segments: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """On an executor: the segments whose numbers come in ``batches``, as ledger rows."""
+    import pyarrow as pa
+
+    settings = producer_settings(values)
+    ledger = ledger_from(settings)
+    schema = _ledger_arrow_schema()
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        for segment in batch.column(0).to_pylist():
+            for item in ledger.scan_items(
+                settings.stream, segment=segment, total_segments=total_segments
+            ):
+                if isinstance(item, Group):
+                    rows.extend(
+                        {
+                            "key": key,
+                            "member_group": item.group_id,
+                            "member_position": _position_row(position),
+                        }
+                        for key, position in item.positions_by_key().items()
+                    )
+                else:
+                    rows.append(
+                        {
+                            "key": item.key,
+                            "claim_state": item.state.value,
+                            "claim_group": item.group_id,
+                        }
+                    )
+                if len(rows) >= _ROWS_PER_BATCH:
+                    yield pa.RecordBatch.from_pylist(rows, schema=schema)
+                    rows = []
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def expected_evidence(spark: Any, path: str) -> Any:
     """The keys of ``--expected``, read on Spark (see the module's docstring)."""
     from pyspark.sql import functions as f
 
     lines = spark.read.text(path).where(f.length(f.trim("value")) > 0)
     first = lines.first()
-    if first is None:
-        return iter(())
-    if not first["value"].lstrip().startswith("{"):
+    if first is None or not first["value"].lstrip().startswith("{"):
         keys = lines.select(f.col("value").alias("key"))
     else:
         rows = lines.select(
@@ -121,21 +246,166 @@ def expected_keys(spark: Any, path: str) -> Iterator[str]:
                 f"spark_jobs.audit: --expected {path}: {skipped} rows keo send would refuse "
                 "were skipped\n"
             )
-    return (row["key"] for row in keys.toLocalIterator())
+    return _evidence(keys, key=f.col("key"), expected=f.lit(True))
 
 
-def audit(spark: Any, values: dict[str, str], *, expected: str | None) -> AuditReport:
+# --- the judgement, key by key on the executors ------------------------------------------------
+
+
+def findings_frame(
+    spark: Any,
+    values: dict[str, str],
+    *,
+    expected: str | None,
+    listed: int = LISTED_KEYS,
+    segments: int | None = None,
+) -> Any:
+    """One row, one column: the audit's findings as JSON (:meth:`Findings.to_json`)."""
+    from pyspark.sql import functions as f
+
+    evidence = stream_evidence(spark, values).unionByName(
+        ledger_evidence(spark, values, segments or default_segments(spark))
+    )
+    if expected is not None:
+        evidence = evidence.unionByName(expected_evidence(spark, expected))
+    member = f.col("member_group").isNotNull()
+    by_key = evidence.groupBy("key").agg(
+        f.collect_list("position").alias("positions"),  # nulls (dropped records) left out
+        f.sum("dropped").alias("dropped"),
+        f.max("claim_state").alias("claim_state"),  # one key item per key, or none
+        f.max("claim_group").alias("claim_group"),
+        f.collect_list(f.when(member, f.struct("member_group", "member_position"))).alias(
+            "memberships"
+        ),
+        f.max("expected").alias("expected"),
+    )
+    expecting = expected is not None
+    partials = by_key.mapInArrow(partial(_judge_keys, listed, expecting), FINDINGS_SCHEMA)
+    return partials.repartition(1).mapInArrow(
+        partial(_merge_findings, listed, expecting), FINDINGS_SCHEMA
+    )
+
+
+def default_segments(spark: Any) -> int:
+    """As many segments as the session's shuffle partitions: the parallelism it is tuned for."""
+    try:
+        return max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    except (TypeError, ValueError):  # "auto" on some platforms
+        return 200
+
+
+def _judge_keys(
+    listed: int, expecting: bool, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """On an executor: the findings of one partition of keys."""
+    findings = Findings(listed=listed, expected=0 if expecting else None)
+    for batch in batches:
+        for row in batch.to_pylist():
+            findings.dropped_by_kcl += row["dropped"] or 0
+            claim_state = row["claim_state"]
+            # the claim's group's position for the key: LedgerRecord.of's join of the items
+            position = next(
+                (
+                    _position(m["member_position"])
+                    for m in row["memberships"]
+                    if m["member_group"] == row["claim_group"]
+                ),
+                None,
+            )
+            findings.add_key(
+                row["key"],
+                [_position(p) for p in row["positions"]],
+                ledger_read=True,
+                ledger_state=(
+                    delivery_state(KeyState(claim_state), has_position=position is not None)
+                    if claim_state is not None
+                    else None
+                ),
+                ledger_position=position,
+                expected=bool(row["expected"]),
+            )
+    yield _findings_batch(findings)
+
+
+def _merge_findings(
+    listed: int, expecting: bool, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """In one task: the partitions' findings merged."""
+    total = Findings(listed=listed, expected=0 if expecting else None)
+    for batch in batches:
+        for text in batch.column(0).to_pylist():
+            total.merge(Findings.from_json(json.loads(text)))
+    yield _findings_batch(total)
+
+
+def _findings_batch(findings: Findings) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist(
+        [{"findings": json.dumps(findings.to_json(), ensure_ascii=False)}],
+        schema=pa.schema([("findings", pa.string())]),
+    )
+
+
+def _ledger_arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    position = pa.struct(
+        [
+            ("shard_id", pa.string()),
+            ("sequence_number", pa.string()),
+            ("sub_sequence_number", pa.int64()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("claim_state", pa.string()),
+            ("claim_group", pa.string()),
+            ("member_group", pa.string()),
+            ("member_position", position),
+        ]
+    )
+
+
+def _position_row(position: Position) -> dict[str, Any]:
+    return {
+        "shard_id": position.shard_id,
+        "sequence_number": position.sequence_number,
+        "sub_sequence_number": position.sub_sequence_number,
+    }
+
+
+def _position(row: dict[str, Any]) -> Position:
+    return Position(row["shard_id"], row["sequence_number"], row["sub_sequence_number"])
+
+
+# --- the job -----------------------------------------------------------------------------------
+
+
+def audit(
+    spark: Any,
+    values: dict[str, str],
+    *,
+    expected: str | None,
+    listed: int = LISTED_KEYS,
+    segments: int | None = None,
+) -> AuditReport:
     settings = producer_settings(values)
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
     shards = len(reader.shards())  # also: the stream exists, before Spark starts reading
-    ledger = ledger_from(settings)
-    ledger.ensure_ready()
+    ledger_from(settings).ensure_ready()
     from spark_jobs import register
 
     register(spark)
-    tally = spark_tally(spark, values, shards)
-    wanted = list(expected_keys(spark, expected)) if expected is not None else None
-    return judge(tally, ledger.scan(settings.stream), expected=wanted)
+    frame = findings_frame(spark, values, expected=expected, listed=listed, segments=segments)
+    rows = frame.collect()  # one row: the merged findings, never a key per row
+    findings = (
+        Findings.from_json(json.loads(rows[0]["findings"]))
+        if rows
+        else Findings(listed=listed, expected=0 if expected is not None else None)
+    )
+    return findings.report(settings.stream, shards=shards)
 
 
 def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
@@ -154,7 +424,13 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
 
     spark = session if session is not None else job_session(args.master, "keo-audit")
     try:
-        report = audit(spark, values, expected=args.expected)
+        report = audit(
+            spark,
+            values,
+            expected=args.expected,
+            listed=args.list_keys,
+            segments=args.ledger_segments,
+        )
     except StreamNotFoundError as exc:
         sys.stderr.write(f"spark_jobs.audit: {exc}\n")
         return ExitCode.CONFIG

@@ -14,6 +14,7 @@ import json
 import sys
 
 import spark_jobs
+from spark_jobs import audit as spark_audit
 from spark_jobs.session import local_connect_session
 
 
@@ -29,7 +30,13 @@ def main() -> None:
             has_rdd = False
         frame.write.format("keo").mode("append").options(**job["options"]).save()
         read = spark.read.format("keo").options(**job["options"]).load().count()
-        result = {"session": type(spark).__module__, "has_rdd": has_rdd, "read": read}
+        report = spark_audit.audit(spark, job["settings"], expected=None)
+        result = {
+            "session": type(spark).__module__,
+            "has_rdd": has_rdd,
+            "read": read,
+            "audit": {"clean": report.clean, "user_records": report.user_records},
+        }
     finally:
         spark.stop()
     sys.stdout.write(json.dumps(result) + "\n")

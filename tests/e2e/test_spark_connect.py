@@ -1,5 +1,5 @@
 """``format("keo")`` on Spark Connect (``SparkSession.builder.remote("local[2]")``), where a
-DataFrame has no ``rdd``: the write path and the read path work all the same.
+DataFrame has no ``rdd``: the write path, the read path and the Spark audit work all the same.
 
 PySpark refuses a Spark Connect session in a process that holds a classic one (the other
 Spark tests share one), so connect_write.py runs in a process of its own.
@@ -34,9 +34,10 @@ def test_a_batch_write_on_spark_connect_delivers_each_key_once(
     pytest.importorskip("grpc")
     # GIVEN rows, and the options of format("keo") for a fresh stream
     rows = events(40, prefix="connect")
-    job = {"options": spark_audit.read_options(settings), "rows": rows}
+    job = {"options": spark_audit.read_options(settings), "settings": settings, "rows": rows}
 
-    # WHEN a process writes them on a Spark Connect session, then reads the stream back
+    # WHEN a process writes them on a Spark Connect session, reads the stream back and
+    # audits it
     env = {
         **os.environ,
         "PYTHONPATH": worker_python_path(),
@@ -50,10 +51,16 @@ def test_a_batch_write_on_spark_connect_delivers_each_key_once(
         check=False,
     )
 
-    # THEN the session was a Connect one, without rdd, and every key is in the stream once
+    # THEN the session was a Connect one, without rdd, every key is in the stream once, and
+    # the audit on Spark Connect says so
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     found = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    assert found == {"session": "pyspark.sql.connect.session", "has_rdd": False, "read": 40}
+    assert found == {
+        "session": "pyspark.sql.connect.session",
+        "has_rdd": False,
+        "read": 40,
+        "audit": {"clean": True, "user_records": 40},
+    }
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, [key for key, _ in rows], stack.ledger)
     streamcheck.assert_only(contents, [key for key, _ in rows])

@@ -2,7 +2,8 @@
 
 The stream gets plain records from the producer, one KPL aggregate put by hand whose second
 user record hashes outside its shard (KCL drops it), a second copy of a delivered key (a
-planted duplicate) and, in the expected keys, a key never sent (a planted loss).
+planted duplicate) and, in the expected keys, a key never sent (a planted loss). The last
+test plants more of every anomaly than the report lists, in the stream and in the ledger.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import planting
 import pytest
-from spark_support import events, streamcheck
+from spark_support import events, plant_unverifiable, streamcheck
 
 import spark_jobs
-from producer.audit import audit_stream
+from dedupe_store.records import Position
+from producer.audit import Anomaly, Findings, audit_stream
 from producer.kpl import Aggregate
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, put_entry
 from producer.wiring import Stack
@@ -128,3 +131,77 @@ def test_the_spark_audit_reports_what_keo_audit_reports(
     assert report["unknown_keys"] == [INSIDE]
     assert report["dropped_by_kcl"] == 1
     assert f"verdict: {keo_report.anomalies} ANOMALIES" in err
+
+
+def test_the_spark_audit_counts_every_anomaly_and_brings_the_driver_one_row(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    # GIVEN 8 keys delivered by the producer, 5 of them written a second time, 4 records
+    # the ledger never claimed, 5 expected keys never sent (each more than the 3 listed)
+    stream = stack.settings.stream
+    rows = events(8)
+    with stack.producer() as producer:
+        producer.send([Message(key, data.encode()) for key, data in rows])
+    delivered = [key for key, _ in rows]
+    strangers = [f"stranger-{i}" for i in range(4)]
+    kinesis.put_records(
+        StreamName=stream,
+        Records=[put_entry(key, b"again") for key in [*delivered[:5], *strangers]],
+    )
+    never_sent = [f"never-{i}" for i in range(5)]
+    expected = tmp_path / "expected.txt"
+    expected.write_text("\n".join([*delivered, *never_sent]) + "\n", encoding="utf-8")
+    # and in the ledger: 4 claims in flight, 2 keys DELIVERED that the stream lacks, one
+    # DELIVERED at a position its record is not at, one claim unverifiable
+    now_ms = stack.clock.now_ms()
+
+    def claims(*keys: str) -> Any:
+        messages = [Message(key, key.encode()) for key in keys]
+        group, _ = planting.plant_claims(
+            stack.ledger, stream, messages, owner="test", now_ms=now_ms, lease_ms=60_000
+        )
+        return group
+
+    stuck = [f"stuck-{i}" for i in range(4)]
+    claims(*stuck)
+    lost = ["lost-0", "lost-1"]
+    nowhere = Position("shardId-000000000000", "49000000000000000000000000000000000000000000000001")
+    planting.plant_delivery(
+        stack.ledger, claims(*lost), dict.fromkeys(lost, nowhere), now_ms=now_ms
+    )
+    put = kinesis.put_record(StreamName=stream, PartitionKey="moved", Data=b"moved")
+    elsewhere = Position(put["ShardId"], str(int(put["SequenceNumber"]) + 1))
+    planting.plant_delivery(stack.ledger, claims("moved"), {"moved": elsewhere}, now_ms=now_ms)
+    unverifiable = plant_unverifiable(stack, "lost-host-key", "data")
+
+    # WHEN the stream is audited on Spark listing 3 keys per anomaly, the ledger read in
+    # 3 segments
+    frame = spark_audit.findings_frame(keo, settings, expected=str(expected), listed=3, segments=3)
+    found = frame.collect()
+
+    # THEN the driver gets one row whatever the keys: the merged findings
+    assert len(found) == 1
+    report = Findings.from_json(json.loads(found[0]["findings"])).report(stream, shards=2)
+    # AND the counts are exact, each list holds the first 3 keys in key order
+    assert report.counts == {
+        Anomaly.DUPLICATE: 5,
+        Anomaly.EXPECTED_MISSING: 5,
+        Anomaly.DELIVERED_MISSING: 2,
+        Anomaly.UNKNOWN: 4,
+        Anomaly.POSITION_MISMATCH: 1,
+        Anomaly.IN_FLIGHT: 4,
+        Anomaly.UNVERIFIABLE: 1,
+    }
+    assert list(report.duplicates) == sorted(delivered[:5])[:3]
+    assert report.expected_missing == never_sent[:3]
+    assert report.unknown_keys == strangers[:3]
+    assert report.in_flight == stuck[:3]
+    assert report.missing_delivered == lost
+    assert list(report.position_mismatches) == ["moved"]
+    assert report.unverifiable == [unverifiable]
+    assert (report.user_records, report.expected) == (8 + 5 + 4 + 1, 13)
+    # AND it is the report keo audit gives, listing as many keys
+    keo_report = audit_stream(
+        stack.reader, stack.ledger, expected=[*delivered, *never_sent], listed=3
+    )
+    assert report.as_json() == keo_report.as_json()

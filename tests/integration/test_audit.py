@@ -206,3 +206,31 @@ def test_every_planted_anomaly_is_reported(
     }
     assert body["in_flight"] == [STUCK]
     assert "6 ANOMALIES" in stderr
+
+
+def test_keo_audit_says_when_a_stream_is_too_large_for_it(
+    stack: Stack, kinesis: Any, cli_env: dict[str, str]
+) -> None:
+    # GIVEN a stream of 3 keys
+    stream = stack.settings.stream
+    for key in ("a", "b", "c"):
+        put_directly(kinesis, stream, key, b"x")
+
+    # WHEN keo audit may hold 2 keys
+    result = subprocess.run(
+        [KEO, "audit", "--max-keys", "2", "--json"],
+        env=cli_env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    # THEN it gives no verdict: exit 2, and it names the audit that scales, for this stream
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert f"stream {stream} holds more than 2 keys: too many to audit in one process" in (
+        result.stderr
+    )
+    table = stack.settings.table
+    assert f"python -m spark_jobs.audit --stream {stream} --table {table} --json" in (result.stderr)

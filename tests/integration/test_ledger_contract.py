@@ -22,7 +22,7 @@ from moto.server import ThreadedMotoServer
 from dedupe_store.errors import LedgerSchemaError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
-from dedupe_store.records import ClaimStatus
+from dedupe_store.records import ClaimStatus, Group, KeyClaim
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector, FaultKind
@@ -197,6 +197,31 @@ def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: DynamoDBLed
     assert found["k-batch-249"].lease_expires_at_ms == T0_MS + LEASE_MS
     assert found["k-batch-000"].owner == ALICE
     assert ledger.get(STREAM, "k-absent-1") is None
+
+
+def test_the_segments_of_a_parallel_scan_hold_each_item_of_the_stream_once(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN 30 keys claimed in two groups, and a key of another stream
+    keys = [f"k-scan-{i:02d}" for i in range(30)]
+    claimed(ledger, *keys[:20])
+    claimed(ledger, *keys[20:])
+    other = ledger.open_group("payments", ["k-other"], owner=BOB, now_ms=T0_MS, lease_ms=LEASE_MS)
+    ledger.claim(request_for("k-other", stream="payments"), other, now_ms=T0_MS)
+    # WHEN the table is scanned in 4 segments
+    items = [
+        item
+        for segment in range(4)
+        for item in ledger.scan_items(STREAM, segment=segment, total_segments=4)
+    ]
+    # THEN together they hold every key item and group item of the stream once, no other
+    claims = sorted(item.key for item in items if isinstance(item, KeyClaim))
+    groups = [item for item in items if isinstance(item, Group)]
+    assert claims == keys
+    assert sorted(len(group.members) for group in groups) == [10, 20]
+    assert {item.stream for item in items} == {STREAM}
+    # AND the whole scan joins them as before
+    assert sorted(record.key for record in ledger.scan(STREAM)) == keys
 
 
 # --- the schema version -------------------------------------------------------------------------

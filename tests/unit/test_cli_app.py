@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,3 +194,26 @@ def test_version_prints_the_package_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.stdout == f"keo {importlib.metadata.version('kinesis-exactly-once')}\n"
+
+
+def test_keo_audit_says_when_the_expected_keys_are_too_many_for_it_and_names_the_spark_audit(
+    tmp_path: Path,
+) -> None:
+    # GIVEN an expected-keys file of 3 keys, and endpoints nothing listens on
+    expected = tmp_path / "keys.txt"
+    expected.write_text("a\nb\nc\n", encoding="utf-8")
+    env = {
+        "KEO_KINESIS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "KEO_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:9",
+        "KEO_REGION": "us-east-1",
+    }
+    # WHEN keo audit may hold 2 keys
+    argv = ["audit", "--stream", "orders", "--table", "orders-ledger", "--max-keys", "2"]
+    result = runner.invoke(app, [*argv, "--expected", str(expected)], env=env)
+    # THEN it stops before reading the stream, exit 2, and says which audit to run instead
+    assert result.exit_code == 2, result.output
+    assert "holds more than 2 keys: too many to audit in one process" in result.stderr
+    assert (
+        "python -m spark_jobs.audit --stream orders --table orders-ledger "
+        f"--expected {expected}" in result.stderr
+    )

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from dedupe_store.records import LedgerRecord
-from dedupe_store.states import LedgerState
+from dedupe_store.records import Group, LedgerRecord, Position
+from dedupe_store.states import GroupState, LedgerState
 
 CLAIMED_AT_MS = 1_700_000_000_000
 
@@ -100,3 +100,22 @@ def test_lease_expiry_waits_for_the_skew_margin(now_ms: int, expired: bool) -> N
     # WHEN asked with that margin
     # THEN it counts as expired only once the margin has also passed
     assert record.lease_expired(now_ms, skew_ms=5_000) is expired
+
+
+def test_a_groups_positions_by_key_are_what_position_of_gives_each_member() -> None:
+    # GIVEN a group listing "k-a" twice, a position at its second index only, and "k-b" placed
+    first, second = Position("shardId-0", "1"), Position("shardId-0", "2")
+    group = Group(
+        stream="orders",
+        group_id="g",
+        state=GroupState.OPEN,
+        epoch=1,
+        owner="producer-a",
+        claimed_at_ms=CLAIMED_AT_MS,
+        lease_expires_at_ms=CLAIMED_AT_MS + 60_000,
+        members=("k-a", "k-b", "k-a"),
+        positions={1: first, 2: second},
+    )
+    # THEN by key, as by position_of: a key counts at its first index
+    assert group.positions_by_key() == {"k-b": first}
+    assert group.position_of("k-a") is None
