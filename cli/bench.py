@@ -31,6 +31,15 @@ def bench(
     reconcile: Annotated[
         str, typer.Option(help="stale-claim counts for the reconciler, comma-separated")
     ] = "100,10000",
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=20,
+            help="ceiling and producer runs back to back per concurrency; the median ratio "
+            "is reported (rates swing on a shared machine)",
+        ),
+    ] = 3,
     output: Annotated[
         Path | None, typer.Option(help="JSON results (default bench/results/<date>.json)")
     ] = None,
@@ -56,6 +65,7 @@ def bench(
             size=size,
             concurrencies=concurrencies,
             reconcile_sizes=reconcile_sizes,
+            repeat=repeat,
             say=lambda text: typer.echo(f"keo bench: {text}", err=True),
         )
     target = output or Path("bench/results") / f"{time.strftime('%Y-%m-%d')}.json"

@@ -128,12 +128,17 @@ class Group:
     recorded_at_ms: int | None = None
     expires_at_s: int | None = None
     write_token: str | None = None
+    # member -> index, built on first use: a group of 500 is asked about each of its keys
+    _member_index: dict[str, int] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def index_of(self, key: str) -> int | None:
-        try:
-            return self.members.index(key)
-        except ValueError:
-            return None
+        index = self._member_index
+        if index is None:
+            index = {member: i for i, member in enumerate(self.members)}
+            object.__setattr__(self, "_member_index", index)  # a cache: the group stays frozen
+        return index.get(key)
 
     def position_of(self, key: str) -> Position | None:
         index = self.index_of(key)
@@ -142,10 +147,9 @@ class Group:
     def with_positions(self, positions: Mapping[str, Position]) -> dict[int, Position]:
         """The group's positions by member index, with ``positions`` (by key) added: what a
         holder of the epoch records. A key that is not a member is a bug of the caller."""
-        index_of = {key: i for i, key in enumerate(self.members)}
         merged = dict(self.positions)
         for key, position in positions.items():
-            index = index_of.get(key)
+            index = self.index_of(key)
             if index is None:
                 raise ValueError(f"{key!r} is not a member of group {self.group_id}")
             merged[index] = position

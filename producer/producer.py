@@ -29,8 +29,9 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -93,6 +94,7 @@ class ProducerPolicy:
     ledger_concurrency: int = 32
     store_payload_max_bytes: int | None = None  # None: never store payloads in claims
     group_size: int = MAX_GROUP_KEYS
+    groups_in_flight: int = 2  # a group's claims start once the one before it has claimed
 
 
 @dataclass(slots=True)
@@ -161,6 +163,8 @@ class ExactlyOnceProducer:
         self._executor = executor or ThreadPoolExecutor(
             policy.ledger_concurrency, thread_name_prefix="keo-ledger"
         )
+        # the groups of one send in flight at once: one claims while the others put and settle
+        self._groups = ThreadPoolExecutor(policy.groups_in_flight, thread_name_prefix="keo-group")
         self._resend_wait = wait_full_jitter(
             initial_s=policy.retry_initial_ms / 1000,
             max_s=policy.retry_max_ms / 1000,
@@ -177,6 +181,7 @@ class ExactlyOnceProducer:
         self._interrupted = threading.Event()
 
     def close(self) -> None:
+        self._groups.shutdown(wait=True)
         if self._own_executor and isinstance(self._executor, ThreadPoolExecutor):
             self._executor.shutdown(wait=True)
 
@@ -218,25 +223,60 @@ class ExactlyOnceProducer:
     # --- the protocol -----------------------------------------------------------------------
 
     def _deliver_all(self, items: list[PreparedMessage], outcomes: dict[int, Outcome]) -> None:
-        """One group per chunk: at most ``group_size`` keys, and a group item of bounded size."""
-        for chunk in batch_by_size(
+        """One group per chunk: at most ``group_size`` keys, and a group item of bounded size.
+
+        Groups are pipelined: a group opens and claims once the group before it has made its
+        claims, so its claims fill the time the other spends putting and settling (the ledger
+        and the client sit idle during a put otherwise). At most ``groups_in_flight`` at once.
+        """
+        chunks = batch_by_size(
             items,
             lambda item: group_member_bytes(item.key),
             max_records=self._policy.group_size,
             max_request_bytes=MAX_GROUP_MEMBER_BYTES,
-        ):
-            self._deliver(chunk, outcomes)
+        )
+        in_flight: deque[Future[dict[int, Outcome]]] = deque()
+        try:
+            for chunk in chunks:
+                if len(in_flight) == self._policy.groups_in_flight:
+                    outcomes.update(in_flight.popleft().result())
+                if self._interrupted.is_set():
+                    for item in chunk:
+                        outcomes[item.index] = _failed(
+                            item, "interrupted before it was claimed; send it again"
+                        )
+                    continue
+                claimed = threading.Event()
+                in_flight.append(self._groups.submit(self._deliver, chunk, claimed))
+                claimed.wait()
+        finally:
+            # every group started finishes its protocol, even when one of them raised
+            failures: list[BaseException] = []
+            for future in in_flight:
+                try:
+                    outcomes.update(future.result())
+                except BaseException as exc:  # the first one is raised below
+                    failures.append(exc)
+            if failures:
+                raise failures[0]
 
-    def _deliver(self, items: list[PreparedMessage], outcomes: dict[int, Outcome]) -> None:
-        ours: dict[str, _Ours] = {}
-        group = self._open([item.key for item in items], ours)
-        if isinstance(group, LedgerError):
-            for item in items:
-                outcomes[item.index] = _failed(item, f"ledger unavailable at open: {group}")
-            return
+    def _deliver(
+        self, items: list[PreparedMessage], claimed: threading.Event
+    ) -> dict[int, Outcome]:
+        """One group's protocol; ``claimed`` is set once its claims are made (or abandoned)."""
+        outcomes: dict[int, Outcome] = {}
+        try:
+            ours: dict[str, _Ours] = {}
+            group = self._open([item.key for item in items], ours)
+            if isinstance(group, LedgerError):
+                for item in items:
+                    outcomes[item.index] = _failed(item, f"ledger unavailable at open: {group}")
+                return outcomes
+            claims = self._map(lambda item: self._claim(item, group), items)
+        finally:
+            claimed.set()
         to_send: list[_Held] = []
         lost: list[tuple[PreparedMessage, KeyClaim | None]] = []
-        claims = self._map(lambda item: self._claim(item, group), items)
         for item, result in zip(items, claims, strict=True):
             if isinstance(result, LedgerError):
                 # it may have applied: the group keeps it unresolved, the reconciler settles it
@@ -268,6 +308,7 @@ class ExactlyOnceProducer:
                 entry, "claim changed hands repeatedly; run 'keo reconcile'"
             )
         self._settle_groups(ours, items, outcomes)
+        return outcomes
 
     def _release_unsent(
         self, entries: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]

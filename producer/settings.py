@@ -174,6 +174,19 @@ class ProducerSettings(LedgerSettings):
             "keys are then released, and sent again by the caller's retry"
         ),
     )
+    groups_in_flight: int = setting(
+        2,
+        ge=1,
+        le=8,
+        description=(
+            "claim groups of one send in flight at once: a group claims its keys while the "
+            "group before it puts and settles"
+        ),
+        why=(
+            "2 keeps the ledger busy while a put is in flight (a put of 500 records is about a "
+            "tenth of a group's time); more only adds claims competing for the same connections"
+        ),
+    )
     store_payload_max_bytes: int = setting(
         4096,
         ge=0,

@@ -74,6 +74,7 @@ def policy_from(settings: ProducerSettings) -> ProducerPolicy:
         wait_initial_ms=round(settings.wait_initial_s * 1000),
         wait_max_ms=round(settings.wait_max_s * 1000),
         ledger_concurrency=settings.ledger_concurrency,
+        groups_in_flight=settings.groups_in_flight,
         store_payload_max_bytes=settings.store_payload_max_bytes
         if settings.store_payload
         else None,

@@ -1,0 +1,72 @@
+"""``keo bench`` end to end, tiny: every figure the docs and the issue name is in the JSON, and
+the docs table is rewritten between its markers. Nothing about speed is asserted (figures are
+for ``make bench``); this only proves the benchmark runs and reports what it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from devstack import emulators as local_stack
+
+KEO = str(Path(sys.executable).with_name("keo"))
+
+PER_MESSAGE = (
+    "messages_per_second",
+    "client_cpu_ms_per_message",
+    "dynamodb_requests_per_message",
+    "dynamodb_write_requests_per_message",
+    "billed_write_units_per_message",
+    "billed_read_units_per_message",
+    "ceiling_fraction",
+    "ratio_to_baseline",
+)
+
+
+def test_keo_bench_writes_every_figure_and_the_docs_table(
+    emulators: local_stack.Endpoints, tmp_path: Path
+) -> None:
+    # GIVEN a docs page with the bench markers, and the emulators' endpoints
+    docs = tmp_path / "performance.md"
+    docs.write_text(
+        "# perf\n\n<!-- bench:begin (written by keo bench) -->\nold\n<!-- bench:end -->\ntail\n",
+        encoding="utf-8",
+    )
+    output = tmp_path / "bench.json"
+    env = {**os.environ, **emulators.as_env()}
+    # WHEN a tiny benchmark runs, two ceiling/producer pairs at one concurrency
+    tiny = ["--messages", "100", "--concurrency", "4", "--reconcile", "10", "--repeat", "2"]
+    done = subprocess.run(
+        [KEO, "bench", *tiny, "--output", str(output), "--docs", str(docs)],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=600,
+    )
+    # THEN it succeeds, with progress on stderr and the table on stdout
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"keo bench: ledger ceiling at concurrency 4 (2/2)" in done.stderr
+    assert b"| exactly-once | new | 4 |" in done.stdout
+    # AND the JSON holds every per-message figure, for new keys and for the resend
+    results = json.loads(output.read_text(encoding="utf-8"))
+    (run,) = results["exactly_once"]
+    for path in (run, run["duplicate_path"]):
+        missing = [name for name in PER_MESSAGE if not isinstance(path.get(name), int | float)]
+        assert missing == []
+    assert len(run["repeats"]) == 2
+    assert run["ledger_ceiling"]["messages_per_second_ceiling"] > 0
+    assert set(run["cost"]) >= {
+        "on_demand_per_million_messages_usd",
+        "provisioned_per_million_messages_usd",
+        "on_demand_per_day_at_2_billion_usd",
+        "provisioned_per_day_at_2_billion_usd",
+    }
+    assert run["delivered"] == 100
+    # AND the docs table was replaced between the markers, the rest of the page kept
+    page = docs.read_text(encoding="utf-8")
+    assert "old" not in page
+    assert page.startswith("# perf\n")
+    assert page.endswith("<!-- bench:end -->\ntail\n")
