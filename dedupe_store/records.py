@@ -134,11 +134,17 @@ class Group:
     )
 
     def index_of(self, key: str) -> int | None:
+        """A member's index; a key listed twice (never written so) has its first one."""
+        return self._indexes().get(key)
+
+    def _indexes(self) -> dict[str, int]:
         index = self._member_index
         if index is None:
-            index = {member: i for i, member in enumerate(self.members)}
+            index = {}
+            for i, member in enumerate(self.members):
+                index.setdefault(member, i)
             object.__setattr__(self, "_member_index", index)  # a cache: the group stays frozen
-        return index.get(key)
+        return index
 
     def position_of(self, key: str) -> Position | None:
         index = self.index_of(key)
@@ -158,11 +164,10 @@ class Group:
     def positions_by_key(self) -> dict[str, Position]:
         """Each member's position as :meth:`position_of` gives it: a key listed twice has
         the position of its first index, if any."""
-        first: dict[str, int] = {}
-        for index, key in enumerate(self.members):
-            first.setdefault(key, index)
         return {
-            key: self.positions[index] for key, index in first.items() if index in self.positions
+            key: self.positions[index]
+            for key, index in self._indexes().items()
+            if index in self.positions
         }
 
     def lease_expired(self, now_ms: int, skew_ms: int = 0) -> bool:
