@@ -73,7 +73,8 @@ def cluster_session(
     The workers put each executor's folder (its logs, its Python workers' working directory)
     under ``$SPARK_HOME/work``; so that is not the installed pyspark's own folder,
     ``SPARK_HOME`` becomes ``work_dir/spark-home``, which links to its ``bin`` and ``jars``.
-    The session starts once every executor has registered, so the first job runs on all.
+    The session starts once every executor has registered, and tasks do not wait for
+    locality, so the tasks of a stage spread over the executors.
     """
     python_path = _prepare_workers()
     os.environ["SPARK_HOME"] = str(_spark_home_in(work_dir))
@@ -86,6 +87,9 @@ def cluster_session(
         "spark.cores.max": str(executors * cores),
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        # a task goes to the first free executor: on one machine, waiting for the one that
+        # holds its input buys nothing, and it could put every task of a stage on one executor
+        "spark.locality.wait": "0s",
     }
     master = f"local-cluster[{executors},{cores},{memory_mb}]"
     return _classic_session(master, app_name, options, java_options)

@@ -51,7 +51,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
     # the module's scenario runs in its first test's setup: two drivers, two clusters
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1200),  # beyond the deadlines below, which say what they waited for
 ]
 
 JOB = Path(__file__).with_name("cluster_job.py")
