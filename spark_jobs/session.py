@@ -1,6 +1,7 @@
-"""The local SparkSession the demo and the tests share: ``local[2]`` on the loopback
+"""The local SparkSessions the demo and the tests share: ``local[2]`` on the loopback
 interface, no UI, quiet logs, Python workers running this interpreter (reused across
-batches, so each keeps its clients) and importing the same code as the driver."""
+batches, so each keeps its clients) and importing the same code as the driver; and
+``local-cluster``, where each executor is a JVM of its own with its own Python workers."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ def worker_python_path(environ: dict[str, str] | None = None) -> str:
     return os.pathsep.join([CODE_ROOT, *rest])
 
 
-def _local_options(python_path: str) -> dict[str, str]:
+def _local_options(python_path: str, parallelism: int = 2) -> dict[str, str]:
     return {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
+        "spark.sql.shuffle.partitions": str(parallelism),
+        "spark.default.parallelism": str(parallelism),
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
         "spark.python.worker.reuse": "true",
@@ -53,10 +54,67 @@ def _prepare_workers() -> str:
 
 def local_session(app_name: str, *, java_options: str | None = None) -> Any:
     python_path = _prepare_workers()
+    return _classic_session("local[2]", app_name, _local_options(python_path), java_options)
+
+
+def cluster_session(
+    app_name: str,
+    work_dir: Path,
+    *,
+    executors: int = 2,
+    cores: int = 1,
+    memory_mb: int = 1024,
+    java_options: str | None = None,
+) -> Any:
+    """A ``local-cluster[executors,cores,memory_mb]`` session: a standalone master and its
+    workers inside this driver's JVM, each executor a JVM of its own (its own Python workers,
+    tasks and results crossing the network), on the loopback interface.
+
+    The workers put each executor's folder (its logs, its Python workers' working directory)
+    under ``$SPARK_HOME/work``; so that is not the installed pyspark's own folder,
+    ``SPARK_HOME`` becomes ``work_dir/spark-home``, which links to its ``bin`` and ``jars``.
+    The session starts once every executor has registered, and tasks do not wait for
+    locality, so the tasks of a stage spread over the executors.
+    """
+    python_path = _prepare_workers()
+    os.environ["SPARK_HOME"] = str(_spark_home_in(work_dir))
+    # the master, the workers and the executors bind where this says, not to the host's name
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    options = {
+        **_local_options(python_path, parallelism=executors * cores),
+        "spark.executor.memory": f"{memory_mb}m",
+        # the session waits for every core it expects (spark.cores.max, else none)
+        "spark.cores.max": str(executors * cores),
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        # a task goes to the first free executor: on one machine, waiting for the one that
+        # holds its input buys nothing, and it could put every task of a stage on one executor
+        "spark.locality.wait": "0s",
+    }
+    master = f"local-cluster[{executors},{cores},{memory_mb}]"
+    return _classic_session(master, app_name, options, java_options)
+
+
+def _spark_home_in(work_dir: Path) -> Path:
+    import pyspark
+
+    installed = Path(pyspark.__file__).resolve().parent
+    home = work_dir / "spark-home"
+    home.mkdir(parents=True, exist_ok=True)
+    for part in ("bin", "jars"):
+        link = home / part
+        if not link.exists():
+            link.symlink_to(installed / part, target_is_directory=True)
+    return home
+
+
+def _classic_session(
+    master: str, app_name: str, options: dict[str, str], java_options: str | None
+) -> Any:
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for name, value in _local_options(python_path).items():
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for name, value in options.items():
         builder = builder.config(name, value)
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)

@@ -1,0 +1,337 @@
+"""``format("keo")`` on ``local-cluster[2,1,1024]``: two executor JVMs with Python workers of
+their own, the driver in a process of its own (cluster_job.py), killed with SIGKILL while it
+commits a streaming micro-batch, then restarted from the same checkpoint.
+
+One scenario for the module, since every driver start launches a cluster (seconds each):
+
+1. the driver streams the first of two event files (one micro-batch, two partitions); the
+   executors put the rows; ``KEO_FAILPOINTS=batch_before_complete=stop`` freezes the driver's
+   commit before it records the batch; the test kills the driver (its Python process, its JVM,
+   which holds the standalone master and workers, and the frozen commit worker) with SIGKILL;
+2. a new driver restarts the query from the checkpoint (Spark replays batch 0, then runs
+   batch 1), writes a batch of other rows, and reads the stream back with ``format("keo")``.
+
+The tests then check what each part left: every key once in the stream, the writes spread
+over both executors, the read, and no process left behind by the killed driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import (
+    FAST_LEASES,
+    SHARDS,
+    assert_exactly_these,
+    events,
+    streamcheck,
+    write_event_files,
+)
+
+from dedupe_store.records import BatchRecord
+from producer.kinesis import create_stream
+from producer.wiring import Stack, build_stack, kinesis_client
+from spark_jobs import audit as spark_audit
+from spark_jobs.session import worker_python_path
+from spark_jobs.writer import producer_settings
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+    # the module's scenario runs in its first test's setup: two drivers, two clusters
+    pytest.mark.timeout(1200),  # beyond the deadlines below, which say what they waited for
+]
+
+JOB = Path(__file__).with_name("cluster_job.py")
+QUERY = "cluster-orders"
+FILES, PER_FILE, BATCH_ROWS = 2, 60, 80
+DRIVER_TIMEOUT_S = 360
+EXIT_TIMEOUT_S = 120
+POLL_S = 0.2
+
+
+# --- processes, as /proc shows them ----------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """``(parent pid, state)`` of a live process; None once it is gone or a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, parent = text[text.rindex(")") + 2 :].split()[:2]  # the name may hold spaces
+    return (int(parent), state) if state not in {"Z", "X"} else None
+
+
+def _live() -> dict[int, tuple[int, str]]:
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            table[int(entry.name)] = stat
+    return table
+
+
+def _tree(root: int) -> dict[int, str]:
+    """``root`` and its live descendants, each with its state (``T`` when stopped)."""
+    table = _live()
+    found = {root: table[root][1]} if root in table else {}
+    grew = True
+    while grew:
+        more = {pid: st for pid, (parent, st) in table.items() if parent in found}
+        grew = bool(more.keys() - found.keys())
+        found.update(more)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _under(folder: Path) -> set[int]:
+    """Live processes working in ``folder``: a standalone executor and its Python workers
+    run in ``<SPARK_HOME>/work/<app>/<executor>``."""
+    inside = set()
+    for pid in _live():
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if cwd.is_relative_to(folder.resolve()):
+            inside.add(pid)
+    return inside
+
+
+def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    """The ``pids`` still alive after waiting up to ``timeout_s`` for them to end."""
+    deadline = time.monotonic() + timeout_s
+    alive = {pid for pid in pids if _stat(pid) is not None}
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        alive = {pid for pid in alive if _stat(pid) is not None}
+    return alive
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --- the scenario ----------------------------------------------------------------------------
+
+
+@dataclass
+class ClusterRun:
+    stream_keys: list[str]
+    batch_keys: list[str]
+    work_dir: Path
+    stack: Stack
+    kinesis: Any
+    first_steps: dict[str, Any] = field(default_factory=dict)
+    second_steps: dict[str, Any] = field(default_factory=dict)
+    records_at_kill: int = -1
+    recorded_at_kill: BatchRecord | None = None
+    frozen: list[str] = field(default_factory=list)
+    killed_tree: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    left_by_restart: list[str] = field(default_factory=list)
+
+    def executors(self, step: str) -> set[str]:
+        """The executor ids that put records in ``step`` (files named by cluster_job.py)."""
+        names = (path.name for path in (self.work_dir / "where" / step).iterdir())
+        return {name.split("-")[1] for name in names}
+
+
+def _steps(stdout: Path) -> dict[str, Any]:
+    lines = stdout.read_text(encoding="utf-8").splitlines()
+    return {line["step"]: line for line in map(json.loads, lines)}
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")[-4000:]
+
+
+def _driver(job: dict[str, Any], logs: Path, **env: str) -> subprocess.Popen[bytes]:
+    """cluster_job.py, working in the scenario's folder: every process it starts (its JVM,
+    the Python workers, the executors) works under that folder, which tells them apart."""
+    environment = {**os.environ, "PYTHONPATH": worker_python_path()}
+    for inherited in ("SPARK_HOME", "KEO_FAILPOINTS"):
+        environment.pop(inherited, None)
+    environment.update(env)
+    with (logs.with_suffix(".out")).open("wb") as out, logs.with_suffix(".err").open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, str(JOB), json.dumps(job)],
+            env=environment,
+            stdout=out,
+            stderr=err,
+            cwd=job["work_dir"],
+        )
+
+
+def _kill_the_driver_when_frozen(driver: subprocess.Popen[bytes], run: ClusterRun) -> None:
+    """Waits for the failpoint to freeze the commit, then SIGKILLs the driver's Python
+    process, its JVM (which holds the standalone master and workers) and the frozen worker:
+    the executors are left to notice on their own."""
+    deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    while driver.poll() is None and time.monotonic() < deadline:
+        tree = _tree(driver.pid)
+        frozen = [pid for pid, state in tree.items() if state == "T"]
+        if frozen:
+            break
+        time.sleep(POLL_S)
+    else:
+        raise AssertionError(
+            f"the driver never reached the failpoint (exit {driver.returncode}): "
+            + _tail(run.work_dir / "first.err")
+        )
+    run.frozen = [_cmdline(pid) for pid in frozen]
+    run.killed_tree = [_cmdline(pid) for pid in tree]
+    # the point of the kill: the executors have put batch 0, the batch is not recorded
+    run.records_at_kill = len(
+        streamcheck.read_stream(run.kinesis, run.stack.settings.stream).records
+    )
+    run.recorded_at_kill = _completed(run.stack, 0)
+    jvm = [pid for pid in tree if Path(_cmdline(pid).split(" ")[0]).name == "java"]
+    executors = [pid for pid in tree if "CoarseGrainedExecutorBackend" in _cmdline(pid)]
+    driver_jvm = set(jvm) - set(executors)
+    _kill({driver.pid, *driver_jvm, *frozen})
+    driver.wait()
+
+
+def _completed(stack: Stack, batch_id: int) -> BatchRecord | None:
+    return stack.ledger.completed_batch(
+        stack.settings.stream, QUERY, batch_id, now_ms=stack.clock.now_ms()
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster_run(
+    emulators: Any, spark_table: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterRun]:
+    pytest.importorskip("pyspark.sql")
+    work_dir = tmp_path_factory.mktemp("keo-cluster")
+    settings = {
+        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
+        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
+        "KEO_REGION": "us-east-1",
+        "KEO_STREAM": f"cluster-{os.getpid()}-stream",
+        "KEO_TABLE": spark_table,
+        **FAST_LEASES,
+    }
+    parsed = producer_settings(settings)
+    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
+    run = ClusterRun(
+        stream_keys=write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE),
+        batch_keys=[key for key, _ in events(BATCH_ROWS, prefix="cluster-batch")],
+        work_dir=work_dir,
+        stack=build_stack(parsed),
+        kinesis=streamcheck.kinesis_client(emulators.kinesis),
+    )
+    job: dict[str, Any] = {
+        "run": "first",
+        "work_dir": str(work_dir),
+        "options": spark_audit.read_options(settings),
+        "stream": {
+            "source": str(work_dir / "in"),
+            "checkpoint": str(work_dir / "checkpoint"),
+            "query_name": QUERY,
+        },
+        "batch_rows": None,
+        "read": False,
+    }
+    drivers: list[subprocess.Popen[bytes]] = []
+    try:
+        drivers.append(
+            _driver(job, work_dir / "first", KEO_FAILPOINTS="batch_before_complete=stop")
+        )
+        _kill_the_driver_when_frozen(drivers[0], run)
+        run.first_steps = _steps(work_dir / "first.out")
+        left = _wait_gone(_under(work_dir), EXIT_TIMEOUT_S)
+        run.orphans = [f"{pid} {_cmdline(pid)}" for pid in left]
+
+        batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
+        job.update(run="second", batch_rows=batch_rows, read=True)
+        drivers.append(_driver(job, work_dir / "second"))
+        assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, _tail(work_dir / "second.err")
+        run.second_steps = _steps(work_dir / "second.out")
+        left = _wait_gone(_under(work_dir), EXIT_TIMEOUT_S)
+        run.left_by_restart = [f"{pid} {_cmdline(pid)}" for pid in left]
+        yield run
+    finally:
+        # whatever a failed run left
+        _kill(_under(work_dir))
+        for driver in drivers:
+            driver.wait()
+
+
+# --- what it left ----------------------------------------------------------------------------
+
+
+def test_a_driver_killed_in_its_commit_restarts_from_the_checkpoint_and_adds_nothing(
+    cluster_run: ClusterRun,
+) -> None:
+    run = cluster_run
+    # GIVEN a driver frozen by the failpoint in the commit of batch 0, killed with SIGKILL
+    assert run.first_steps["session"]["executors"] == 2
+    assert "stream" not in run.first_steps  # it never finished
+    (frozen,) = run.frozen
+    assert "python_streaming_sink_runner" in frozen  # the driver's worker for sink commits
+    # at that point the executors had put batch 0, and the batch was not recorded
+    assert run.records_at_kill == PER_FILE
+    assert run.recorded_at_kill is None
+
+    # WHEN a new driver restarted the query from the checkpoint
+    assert run.second_steps["stream"]["batches"] == [0, 1]
+
+    # THEN batch 0 was replayed, every row found delivered, and batch 1 sent its rows
+    replayed, second = _completed(run.stack, 0), _completed(run.stack, 1)
+    assert replayed is not None
+    assert (replayed.counts["sent"], replayed.counts["duplicates"]) == (0, PER_FILE)
+    assert second is not None
+    assert (second.counts["sent"], second.counts["duplicates"]) == (PER_FILE, 0)
+    # AND, with the batch write after it, the stream holds every key once; the audit is clean
+    assert run.second_steps["batch"]["rows"] == BATCH_ROWS
+    assert_exactly_these(run.kinesis, run.stack, run.stream_keys + run.batch_keys)
+
+
+def test_the_writes_ran_on_both_executors(cluster_run: ClusterRun) -> None:
+    # GIVEN two partitions per write on a cluster of two one-core executors
+    # WHEN the streaming write (before the kill) and the batch write put their rows
+    # THEN each executor put some of them, from its own Python workers
+    assert cluster_run.executors("first-stream") == {"0", "1"}
+    assert cluster_run.executors("second-batch") == {"0", "1"}
+
+
+def test_the_reader_on_the_cluster_reads_each_key_once(cluster_run: ClusterRun) -> None:
+    # GIVEN the stream after both writes
+    # WHEN the restarted driver read it with spark.read.format("keo")
+    read = Counter(cluster_run.second_steps["read"]["keys"])
+    # THEN it found every key, each once, and nothing else
+    assert read == Counter(cluster_run.stream_keys + cluster_run.batch_keys)
+
+
+def test_no_process_outlives_its_driver(cluster_run: ClusterRun) -> None:
+    # GIVEN a driver killed with SIGKILL while it had two executor JVMs with Python workers
+    executors = [cmd for cmd in cluster_run.killed_tree if "CoarseGrainedExecutorBackend" in cmd]
+    workers = [cmd for cmd in cluster_run.killed_tree if "pyspark.daemon pyspark.worker" in cmd]
+    assert len(executors) == 2
+    assert len(workers) >= 2
+    # AND a driver that stopped its session
+    # THEN their executors and every Python worker ended on their own
+    assert cluster_run.orphans == []
+    assert cluster_run.left_by_restart == []
