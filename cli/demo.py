@@ -49,8 +49,9 @@ def demo(
         bool,
         typer.Option(
             "--spark/--no-spark",
-            help="run through two Spark foreachBatch sinks (default), or, with --no-spark, "
-            "through two producers in this process (faster, no JVM)",
+            help="run through two Spark streaming queries (default): a plain foreachBatch "
+            "sink and format('keo'); or, with --no-spark, through two producers in this "
+            "process (faster, no JVM)",
         ),
     ] = True,
     seed: Annotated[int, typer.Option(help="seed of the fault schedule (Spark demo)")] = 7,
@@ -66,12 +67,14 @@ def demo(
     exactly-once sink, under the same injected faults, then audit both streams.
 
     The Spark demo writes a sample data set of JSON event files and streams it
-    (local[2], one file per micro-batch) into two foreachBatch sinks. Both meet,
-    through a seeded fault proxy on 127.0.0.1, PutRecords responses lost after
-    the write and throttled records; the driver killed after one batch's puts
-    and restarted from its checkpoint (Spark replays the batch); and one shard
-    split mid-run. The exactly-once stream is then reconciled, both streams are
-    audited, and the results are printed side by side.
+    (local[2], one file per micro-batch) twice: into a plain put_records sink in
+    foreachBatch (at least once), and with writeStream.format("keo") (exactly
+    once). Both meet, through a seeded fault proxy on 127.0.0.1, PutRecords
+    responses lost after the write and throttled records; the driver killed
+    after one batch's puts, before its commit, and restarted from its checkpoint
+    (Spark replays the batch); and one shard split between two batches. The
+    exactly-once stream is then reconciled, both streams are audited, and the
+    results are printed side by side.
 
     With --no-spark, two producers in this process meet lost responses, a replayed
     batch, and a producer stalled past its lease right before its put while another

@@ -202,10 +202,10 @@ class PutCounter:
         self._inner = inner
         self._on_put = on_put
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
         if step is Step.AFTER_PUT:
             self._on_put()
-        self._inner.at(step)
+        self._inner.at(step, batch_id=batch_id)
 
 
 def _parse_lines(

@@ -6,8 +6,9 @@ Faults injected into both identically: PutRecords responses lost after the write
 replayed as Spark replays a crashed micro-batch, and a producer stalled past its lease right
 before its put while another one sends its keys (Kinesis reached through the fault proxy,
 which enforces the signature window the fence relies on). Both streams are then audited by
-the same audit. The Spark demo (``spark_jobs/demo.py``) runs the same comparison, without the
-stalled producer, through two ``foreachBatch`` sinks and returns the same :class:`DemoResult`.
+the same audit. The Spark demo (``devstack/spark_demo.py``) runs the same comparison, without
+the stalled producer, through a plain ``foreachBatch`` sink and ``format("keo")``, and returns
+the same :class:`DemoResult`.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class _StallBeforePut:
     def __init__(self) -> None:
         self.stalled, self.resume = threading.Event(), threading.Event()
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
         if step is Step.BEFORE_PUT and not self.stalled.is_set():
             self.stalled.set()
             self.resume.wait()

@@ -77,7 +77,8 @@ class Failpoints:
     def disarm(self) -> None:
         self._actions = {}
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
+        # a failpoint acts at its step in every batch
         action = self._actions.get(step)
         if action is None:
             return

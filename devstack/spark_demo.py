@@ -1,23 +1,29 @@
-"""The Spark demo: the same events, the same faults, two ``foreachBatch`` sinks, two audits.
+"""The Spark demo: the same events, the same faults, two streaming queries, two audits.
 
 ::
 
-    events/part-*.json ──readStream (one file per micro-batch)──┬─ AtLeastOnceSink ──┐
-                                                                 └─ ExactlyOnceSink ──┤
-         FaultProxy on 127.0.0.1 (one per sink, the same seeded schedule) <───────────┘
+    events/part-*.json ──readStream (one file per micro-batch)──┬─ foreachBatch(AtLeastOnceSink)
+                                                                 └─ format("keo")
+         FaultProxy on 127.0.0.1 (one per query, the same seeded schedule) <── both write through
            PutRecords: response dropped after the write; some records throttled
          ── kinesalite
 
-    per query, on the driver (FaultyDriver):
-      before batch ``split_batch``   split one shard (the stream reshards mid-run)
-      in batch ``crash_batch``       die after the batch's puts, before it is committed;
-                                     the query is restarted from its checkpoint, so Spark
-                                     replays that batch with the same id and rows
+    DriverFaults, a producer.hooks.Hooks, at the driver's batch steps; format("keo")'s commit
+    calls them (the data source is registered with them), FaultyDriver calls them after the
+    plain sink's puts:
+      batch_after_puts of batch ``crash_batch``         the driver dies after the batch's puts,
+                                                        before it is committed; the query is
+                                                        restarted from its checkpoint (without
+                                                        that fault), so Spark replays the batch
+                                                        with the same id and rows
+      batch_before_complete of ``split_batch`` - 1      a shard is split: the stream reshards
+                                                        between two batches
 
 The plain sink is what users have today: ``put_records`` from the executors, the whole request
 resent when its response is lost (as the SDK's retries do), records with a per-record error
 resent. Then the exactly-once stream is reconciled, and both streams are audited as a consumer
-would read them. One SparkSession serves the whole demo; the caller owns it.
+would read them. One SparkSession serves the whole demo; the caller owns it, and gets it back
+with ``format("keo")`` registered without hooks.
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from dedupe_store.settings import ENV_PREFIX
 from devstack.demo import (
     DRIVER_KILLS,
     LOST_RESPONSES,
@@ -40,18 +47,17 @@ from devstack.demo import (
     DemoResult,
     put_at_least_once,
 )
-from devstack.failpoints import FailpointError, Failpoints
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
-from producer.hooks import NO_HOOKS, Step
+from producer.hooks import Step
 from producer.kinesis import create_stream, wait_active
 from producer.producer import default_owner
 from producer.protocol import MAX_RECORDS_PER_PUT, put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
+from spark_jobs import register
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import local_session
-from spark_jobs.sink import ExactlyOnceSink
 from spark_jobs.writer import producer_settings
 
 log = logging.getLogger(__name__)
@@ -69,21 +75,28 @@ Say = Callable[[str], None]
 class DriverKilledError(RuntimeError):
     """The demo's stand-in for a driver killed after a batch's puts, before its commit."""
 
+    MESSAGE = "driver killed after the puts of batch"
+
     def __init__(self, batch_id: int) -> None:
-        super().__init__(f"driver killed after the puts of batch {batch_id}")
+        super().__init__(f"{self.MESSAGE} {batch_id}")
         self.batch_id = batch_id
 
 
 @dataclass(frozen=True)
 class DemoFaults:
-    """The faults both sinks meet. The proxy's draws are seeded: a run can be replayed."""
+    """The faults both queries meet. The proxy's draws are seeded: a run can be replayed."""
 
     seed: int = 7
     lost_response_probability: float = 0.15  # per PutRecords: written, response dropped
     throttle_probability: float = 0.25  # per PutRecords: some records refused, not written
     throttled_fraction: float = 0.1  # ... this share of its records
     crash_batch: int = 1  # the driver dies after this batch's puts
-    split_batch: int = 3  # a shard is split before this batch
+    split_batch: int = 3  # a shard is split before this batch (once the one before settled)
+
+    def __post_init__(self) -> None:
+        if self.split_batch < 1:
+            # the split happens on the driver as the batch before it settles
+            raise ValueError(f"split_batch must be at least 1, got {self.split_batch}")
 
     def schedule(self) -> FaultSchedule:
         return FaultSchedule(
@@ -98,6 +111,11 @@ class DemoFaults:
             ],
             seed=self.seed,
         )
+
+    def on_the_driver(self, admin: Mapping[str, str]) -> DriverFaults:
+        """The driver's share; ``admin`` holds the ``KEO_*`` values of a client that reaches
+        the stream directly, not through the fault proxy."""
+        return DriverFaults(dict(admin), crash_batch=self.crash_batch, split_batch=self.split_batch)
 
 
 # --- the sample data ---------------------------------------------------------------------------
@@ -186,53 +204,59 @@ class AtLeastOnceSink:
 # --- the driver's bad day ----------------------------------------------------------------------
 
 
-class FaultyDriver:
-    """Wraps a sink on the driver: splits a shard before one batch, dies in another.
+@dataclass(frozen=True)
+class DriverFaults:
+    """Hooks: the driver's bad day, at the batch steps of :mod:`producer.hooks`.
 
-    The death comes after the batch's puts and before the batch is committed: the exactly-once
-    sink is stopped at its ``batch_after_puts`` step (before it marks the batch COMPLETE), the
-    plain sink right after it returns. Either way Spark has not committed the batch, so the
-    restarted query replays it. Each happens once per wrapper.
+    ``format("keo")`` pickles its hooks to the Python workers that run its commits, so this
+    holds plain values and builds its Kinesis client where it acts. The split happens once
+    per stream whichever process asks (a stream with a closed shard has been split); the
+    death happens in every run that is armed with it, so a restarted driver gets
+    :meth:`restarted`.
     """
 
+    admin: dict[str, str]
+    crash_batch: int | None
+    split_batch: int
+
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
+        if batch_id is None:
+            return  # a producer's step, on an executor
+        if step is Step.BATCH_AFTER_PUTS and batch_id == self.crash_batch:
+            log.info("demo: the driver dies after the puts of batch %d", batch_id)
+            raise DriverKilledError(batch_id)
+        if step is Step.BATCH_BEFORE_COMPLETE and batch_id == self.split_batch - 1:
+            settings = producer_settings(self.admin)
+            admin = kinesis_client(settings, for_put=False)
+            if not closed_shards(admin, settings.stream):
+                split_a_shard(admin, settings.stream)
+
+    def restarted(self) -> DriverFaults:
+        """What the driver meets once restarted: the same, but it does not die again."""
+        return replace(self, crash_batch=None)
+
+
+class FaultyDriver:
+    """Wraps the plain ``foreachBatch`` sink on the driver: after the batch's puts, the driver
+    meets :class:`DriverFaults` at the steps where ``format("keo")``'s commit meets them."""
+
     def __init__(
-        self,
-        sink: Callable[[Any, int], object],
-        *,
-        admin: Any,
-        stream: str,
-        faults: DemoFaults,
-        partitions: int = 2,
+        self, sink: Callable[[Any, int], object], faults: DriverFaults, *, partitions: int = 2
     ) -> None:
         self._sink = sink
-        self._admin = admin
-        self._stream = stream
         self._faults = faults
         self._partitions = partitions
-        self.crashes = 0
-        self.splits = 0
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        if batch_id >= self._faults.split_batch and not self.splits:
-            split_a_shard(self._admin, self._stream)
-            self.splits += 1
-        frame = df.repartition(self._partitions)
-        if batch_id != self._faults.crash_batch or self.crashes:
-            self._sink(frame, batch_id)
-            return
-        self.crashes += 1
-        # the driver dies after the batch's puts, before the batch is recorded or committed
-        sink = self._sink
-        if isinstance(sink, ExactlyOnceSink):
-            sink.hooks = Failpoints(f"{Step.BATCH_AFTER_PUTS}=raise")
-        try:
-            sink(frame, batch_id)
-        except FailpointError:
-            raise DriverKilledError(batch_id) from None
-        finally:
-            if isinstance(sink, ExactlyOnceSink):
-                sink.hooks = NO_HOOKS
-        raise DriverKilledError(batch_id)
+        self._sink(df.repartition(self._partitions), batch_id)
+        self._faults.at(Step.BATCH_AFTER_PUTS, batch_id=batch_id)
+        self._faults.at(Step.BATCH_BEFORE_COMPLETE, batch_id=batch_id)
+
+
+def closed_shards(admin: Any, stream: str) -> int:
+    """Shards of ``stream`` closed by a split or a merge."""
+    shards = admin.list_shards(StreamName=stream)["Shards"]
+    return sum(1 for s in shards if "EndingSequenceNumber" in s["SequenceNumberRange"])
 
 
 def split_a_shard(admin: Any, stream: str) -> None:
@@ -292,6 +316,14 @@ def sink_values(settings: ProducerSettings, **overrides: str) -> dict[str, str]:
     return values
 
 
+def keo_options(settings: ProducerSettings, **overrides: str) -> dict[str, str]:
+    """Settings as ``format("keo")``'s options: ``KEO_LEASE_S`` is ``lease_s``."""
+    return {
+        name.removeprefix(ENV_PREFIX).lower(): value
+        for name, value in sink_values(settings, **overrides).items()
+    }
+
+
 def run_spark_demo(
     spark: Any,
     settings: ProducerSettings,
@@ -303,7 +335,7 @@ def run_spark_demo(
     shards: int = DEFAULT_SHARDS,
     files: int = DEFAULT_EVENT_FILES,
 ) -> list[DemoResult]:
-    """Both sinks over the same events and faults; ``settings`` names the table and endpoints.
+    """Both queries over the same events and faults; ``settings`` names the table and endpoints.
 
     ``workdir`` receives the events, the checkpoints, and ``expected-keys.txt``.
     """
@@ -318,22 +350,29 @@ def run_spark_demo(
     )
     ledger_from(settings).create_table(wait=True)
     results = []
-    for name in (AT_LEAST_ONCE, EXACTLY_ONCE):
-        stream_settings = settings.model_copy(update={"stream": f"demo-{name}-{suffix}"})
-        results.append(
-            _run_side(
-                spark,
-                name,
-                stream_settings,
-                keys=keys,
-                source=events,
-                checkpoint=workdir / f"checkpoint-{name}",
-                faults=faults,
-                shards=shards,
-                say=say,
+    try:
+        for name in (AT_LEAST_ONCE, EXACTLY_ONCE):
+            stream_settings = settings.model_copy(update={"stream": f"demo-{name}-{suffix}"})
+            results.append(
+                _run_side(
+                    spark,
+                    name,
+                    stream_settings,
+                    keys=keys,
+                    source=events,
+                    checkpoint=workdir / f"checkpoint-{name}",
+                    faults=faults,
+                    shards=shards,
+                    say=say,
+                )
             )
-        )
+    finally:
+        register(spark)  # the session's format("keo") without the demo's faults
     return results
+
+
+# Starts a side's query, its driver meeting these faults.
+Start = Callable[[DriverFaults], Any]
 
 
 def _run_side(
@@ -353,20 +392,24 @@ def _run_side(
     upstream = settings.kinesis_endpoint_url
     if upstream is None:
         raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
+    on_the_driver = faults.on_the_driver(sink_values(settings))
     started = time.monotonic()
     # the proxy stands for Kinesis: it enforces the signature window the fence relies on
     window_s = settings.signature_window_s if settings.fenced else None
     with FaultProxy(upstream, faults.schedule(), signature_window_s=window_s) as proxy:
-        values = sink_values(settings, kinesis_endpoint_url=proxy.endpoint)
-        sink: Callable[[Any, int], object] = (
-            AtLeastOnceSink(values) if name == AT_LEAST_ONCE else ExactlyOnceSink(values)
-        )
-        driver = FaultyDriver(sink, admin=admin, stream=settings.stream, faults=faults)
+        through_proxy = {"kinesis_endpoint_url": proxy.endpoint}
+        if name == AT_LEAST_ONCE:
+            how = "foreachBatch, put_records with the usual retries"
+            start = _plain_query(spark, source, checkpoint, sink_values(settings, **through_proxy))
+        else:
+            how = 'writeStream.format("keo")'
+            options = keo_options(settings, **through_proxy, query_name=settings.stream)
+            start = _keo_query(spark, source, checkpoint, options)
         say(
-            f"[bold]{name}[/bold]: streaming into {settings.stream} through the fault proxy "
-            f"at {proxy.endpoint}"
+            f"[bold]{name}[/bold] ({how}): streaming into {settings.stream} through the fault "
+            f"proxy at {proxy.endpoint}"
         )
-        restarts = _run_until_done(spark, source, checkpoint, driver, say=say)
+        restarts, kills = _run_until_done(start, on_the_driver, say=say)
         injected = dict(proxy.schedule.injected)
     seconds = time.monotonic() - started
 
@@ -386,38 +429,62 @@ def _run_side(
         faults={
             LOST_RESPONSES: injected.get("PutRecords:drop_response", 0),
             THROTTLED_PUTS: injected.get("PutRecords:partial", 0),
-            DRIVER_KILLS: driver.crashes,
-            SHARD_SPLITS: driver.splits,
+            DRIVER_KILLS: kills,
+            SHARD_SPLITS: closed_shards(admin, settings.stream),
         },
         table=settings.table if ledger is not None else None,
         reconciled=reconciled,
     )
 
 
-def _run_until_done(
-    spark: Any,
-    source: Path,
-    checkpoint: Path,
-    sink: FaultyDriver,
-    *,
-    say: Say,
-    max_restarts: int = 5,
-) -> int:
-    """Run the query to the end of its input, restarting it from its checkpoint each time it
-    dies (as an orchestrator restarts a killed driver); returns the number of restarts."""
-    from pyspark.errors import StreamingQueryException
+def _events(spark: Any, source: Path) -> Any:
+    """The event files as a stream, one file per micro-batch."""
+    return spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
 
-    restarts = 0
-    while True:
-        query = (
-            spark.readStream.schema(EVENT_SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .json(str(source))
-            .writeStream.foreachBatch(sink)
+
+def _plain_query(spark: Any, source: Path, checkpoint: Path, values: dict[str, str]) -> Start:
+    sink = AtLeastOnceSink(values)
+
+    def start(faults: DriverFaults) -> Any:
+        return (
+            _events(spark, source)
+            .writeStream.foreachBatch(FaultyDriver(sink, faults))
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
             .start()
         )
+
+    return start
+
+
+def _keo_query(spark: Any, source: Path, checkpoint: Path, options: dict[str, str]) -> Start:
+    def start(faults: DriverFaults) -> Any:
+        # the data source carries its hooks to its commits: registered anew for each run
+        register(spark, hooks=faults)
+        return (
+            _events(spark, source)
+            .repartition(2)
+            .writeStream.format("keo")
+            .options(**options)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    return start
+
+
+def _run_until_done(
+    start: Start, faults: DriverFaults, *, say: Say, max_restarts: int = 5
+) -> tuple[int, int]:
+    """Run the query to the end of its input, restarting it from its checkpoint each time it
+    dies (as an orchestrator restarts a killed driver); returns the number of restarts, and
+    how many of them followed the staged death of the driver (not staged again)."""
+    from pyspark.errors import StreamingQueryException
+
+    restarts = kills = 0
+    while True:
+        query = start(faults)
         try:
             if not query.awaitTermination(QUERY_TIMEOUT_S):
                 query.stop()
@@ -426,15 +493,13 @@ def _run_until_done(
             if restarts >= max_restarts:
                 raise
             restarts += 1
-            say(f"  the driver died ({_why(exc)}); restarting the query from its checkpoint")
+            if DriverKilledError.MESSAGE in str(exc):
+                kills += 1
+                faults = faults.restarted()
+                why = "killed after a batch's puts, before its commit"
+            else:
+                text = str(exc).strip()
+                why = text.splitlines()[0][:160] if text else type(exc).__name__
+            say(f"  the driver died ({why}); restarting the query from its checkpoint")
             continue
-        return restarts
-
-
-def _why(exc: Exception) -> str:
-    text = str(exc)
-    for known in ("driver killed after the puts of batch", "sink failpoint after_puts"):
-        if known in text:
-            return "killed after a batch's puts, before its commit"
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:160]
+        return restarts, kills

@@ -8,7 +8,11 @@ The steps, in the order a send reaches them::
 
     after_claim ─ before_put ─ after_put ─ before_mark ─ after_mark      (producer)
     reconcile_before_mark                                                (reconciler)
-    batch_after_puts ─ batch_before_complete                             (Spark sink, driver)
+    batch_after_puts ─ batch_before_complete                             (Spark, driver)
+
+The Spark steps run on the driver once a batch's partitions have all reported (in
+``foreachBatch(ExactlyOnceSink)`` and in ``format("keo")``'s commit) and say which batch:
+``batch_id`` is the micro-batch's id, None for a batch write. The producer's steps pass none.
 """
 
 from __future__ import annotations
@@ -33,14 +37,14 @@ class Step(StrEnum):
 class Hooks(Protocol):
     """Called at each :class:`Step`; may sleep, raise or end the process (fault tests)."""
 
-    def at(self, step: Step) -> None: ...
+    def at(self, step: Step, *, batch_id: int | None = None) -> None: ...
 
 
 class NoHooks:
     """The production default: every step is a no-op."""
 
-    def at(self, step: Step) -> None:  # noqa: ARG002 - the seam's signature
-        return None
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
+        """Nothing happens at any step."""
 
     def __reduce__(self) -> str:
         return "NO_HOOKS"  # unpickles to the module's singleton (Spark ships it to executors)

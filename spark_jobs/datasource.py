@@ -9,9 +9,12 @@
       └─ stream and table exist (stack_for)        ├─ PartitionWriter.write     spark_jobs.writer
                                                    ├─ a key unresolved: raise UnresolvedKeysError
     commit(messages[, batch_id])                   │     (the task fails; Spark retries it, the
-      └─ settle_batch                              │      claims keep the retry from resending)
-           ├─ dead letters -> JSON lines           └─ KeoCommitMessage(report)
-           └─ batch COMPLETE (streaming, with query_name)
+      ├─ settle_batch                              │      claims keep the retry from resending)
+      │    ├─ dead letters -> JSON lines           └─ KeoCommitMessage(report)
+      │    └─ batch COMPLETE (streaming, with query_name)
+      └─ metrics (metrics_port): committed, skipped or failed, rows by outcome
+    abort(messages[, batch_id])                    spark_jobs.driver_metrics
+      └─ metrics: failed (aborted)
 
 The executors raise for unresolved keys, not the commit: a failed task is retried on its own,
 where a failed commit fails the whole batch. Dead letters come back in the commit messages and
@@ -58,12 +61,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
+from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
 from producer.kinesis import KinesisReader
 from producer.kpl import UserRecord
 from producer.readback import visible_to_kcl
 from producer.shards import Shard
 from producer.wiring import kinesis_client
+from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.options import FORMAT, OptionsError, ReadOptions, WriteOptions, flag
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
@@ -172,10 +177,12 @@ def _column(names: Sequence[str], wanted: str, option: str) -> int:
 @dataclass
 class KeoCommitMessage(WriterCommitMessage):
     """One partition's outcome counts and dead letters; ``skipped`` when the batch ledger said
-    the batch was complete and nothing was done."""
+    the batch was complete and nothing was done. ``query_id`` names the query as the task saw
+    it (``query_name``, else Spark's query id): the driver's commit has no task to ask."""
 
     report: PartitionReport
     skipped: bool = False
+    query_id: str | None = None
 
 
 # --- the executor side -----------------------------------------------------------------------
@@ -213,7 +220,9 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
         and batch_id is not None
         and completed_before(stack, options.query_name, batch_id)
     ):
-        return KeoCommitMessage(PartitionReport(partition), skipped=True)
+        return KeoCommitMessage(
+            PartitionReport(partition), skipped=True, query_id=options.query_name
+        )
     query = options.query_name or (
         context.getLocalProperty(_QUERY_ID_PROPERTY) if context else None
     )
@@ -227,7 +236,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
     report = writer.write(partition, rows)
     # the task fails, so Spark retries it; the per-key claims keep the retry from resending
     raise_unresolved(stack.settings.stream, report)
-    return KeoCommitMessage(report)
+    return KeoCommitMessage(report, query_id=query)
 
 
 # --- the driver side -------------------------------------------------------------------------
@@ -242,16 +251,24 @@ def _commit(
     report = BatchReport(options.query_name, batch_id)
     if parts and all(m.skipped for m in parts):
         report.skipped = True
+        _count(plan, parts, report, BatchResult.SKIPPED)
         return report
     for message in parts:
         report.add(message.report)
-    settle_batch(
-        report,
-        stack=stack,
-        hooks=plan.hooks,
-        write_dead_letters=lambda done: _write_dead_letters(plan, done),
-        record_as=options.query_name,
-    )
+    try:
+        settle_batch(
+            report,
+            stack=stack,
+            hooks=plan.hooks,
+            write_dead_letters=lambda done: _write_dead_letters(plan, done),
+            record_as=options.query_name,
+        )
+    except Exception as exc:
+        unresolved = isinstance(exc, UnresolvedKeysError)
+        reason = FailureReason.UNRESOLVED_KEYS if unresolved else FailureReason.ERROR
+        _count(plan, parts, report, BatchResult.FAILED, reason)
+        raise
+    _count(plan, parts, report, BatchResult.COMMITTED)
     return report
 
 
@@ -259,6 +276,13 @@ def _abort(
     plan: WritePlan, messages: Sequence[WriterCommitMessage | None], batch_id: int | None
 ) -> None:
     done = [m for m in messages if isinstance(m, KeoCommitMessage)]
+    report = BatchReport(plan.options.query_name, batch_id)
+    for message in done:
+        report.add(message.report)
+    # Spark aborts after a task failed (its message is None) and after the commit raised (every
+    # message is there): the commit has counted that failure already
+    if len(done) < len(messages):
+        _count(plan, done, report, BatchResult.FAILED, FailureReason.ABORTED)
     log.warning(
         "write aborted stream=%s query=%s batch=%s partitions_done=%d sent=%d: a replay "
         "resolves the rest through the per-key claims",
@@ -266,7 +290,31 @@ def _abort(
         plan.options.query_name,
         batch_id,
         len(done),
-        sum(m.report.counts.get("sent", 0) for m in done),
+        report.counts["sent"],
+    )
+
+
+def _count(
+    plan: WritePlan,
+    parts: Sequence[KeoCommitMessage],
+    report: BatchReport,
+    result: BatchResult,
+    reason: FailureReason | None = None,
+) -> None:
+    """The batch's end in the driver's metrics, when the write has a ``metrics_port``."""
+    metrics = plan.options.metrics
+    if metrics is None:
+        return
+    carried = next((m.query_id for m in parts if m.query_id), None)
+    streaming = "unnamed" if report.batch_id is not None else BATCH_WRITE_QUERY
+    metrics.record(
+        BatchEnd(
+            query=plan.options.query_name or carried or streaming,
+            stream=plan.stream,
+            result=result,
+            counts={} if report.skipped else report.counts,
+            reason=reason,
+        )
     )
 
 

@@ -2,7 +2,7 @@
 
 Every ``KEO_*`` setting is an option under its lower-case name without the prefix
 (``kinesis_endpoint_url``, ``lease_s``, ...); the rest say which columns hold what, where dead
-letters go, and which query a streaming write belongs to. Spark hands options over
+letters go, which query a streaming write belongs to, and where the driver serves its metrics. Spark hands options over
 lower-cased; an option nobody knows is refused, naming it, before any row is read.
 
 An option left unset falls back to the driver's ``KEO_*`` environment, then to the setting's
@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from producer.errors import ConfigurationError
 from producer.settings import ProducerSettings
+from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.writer import producer_settings, settings_from_env
 
 FORMAT: Final = "keo"
@@ -34,6 +35,8 @@ WRITE_OPTIONS: Final = {
     "dead_letter_path": None,
     "query_name": None,
     "arrow": "true",
+    "metrics_port": None,
+    "metrics_host": None,  # 127.0.0.1 when metrics_port is set
 }
 # Read options beyond the settings, with their defaults.
 READ_OPTIONS: Final = {
@@ -93,6 +96,7 @@ class WriteOptions:
     dead_letter_path: str | None
     query_name: str | None
     arrow: bool
+    metrics: MetricsEndpoint | None = None  # Prometheus metrics on the driver
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> WriteOptions:
@@ -123,7 +127,28 @@ class WriteOptions:
             dead_letter_path=local_path(chosen["dead_letter_path"]),
             query_name=query_name,
             arrow=flag("arrow", chosen["arrow"] or "true"),
+            metrics=metrics_endpoint(chosen["metrics_port"], chosen["metrics_host"]),
         )
+
+
+def metrics_endpoint(port: str | None, host: str | None) -> MetricsEndpoint | None:
+    """Where the driver serves the write's metrics: loopback unless ``metrics_host`` says."""
+    if port is None:
+        if host is not None:
+            raise OptionsError(
+                "format('keo'): metrics_host needs metrics_port", options=["metrics_host"]
+            )
+        return None
+    text = port.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise OptionsError(
+            f"format('keo'): metrics_port must be a port number, 1 to 65535, got {port!r}",
+            options=["metrics_port"],
+        )
+    address = "127.0.0.1" if host is None else host.strip()
+    if not address:
+        raise OptionsError("format('keo'): metrics_host is empty", options=["metrics_host"])
+    return MetricsEndpoint(int(text), address)
 
 
 def local_path(value: str | None) -> str | None:

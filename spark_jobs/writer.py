@@ -315,7 +315,7 @@ def settle_batch(
     row: that record is what lets a replay of the batch skip all per-key work.
     """
     stream = stack.settings.stream
-    hooks.at(Step.BATCH_AFTER_PUTS)
+    hooks.at(Step.BATCH_AFTER_PUTS, batch_id=report.batch_id)
     log.info(
         "batch written stream=%s query=%s batch=%s sent=%d duplicates=%d conflicts=%d "
         "rejected=%d unresolved=%d task_seconds=%.3f",
@@ -332,7 +332,7 @@ def settle_batch(
     if report.dead_letters:
         write_dead_letters(report)
     raise_unresolved(stream, report)
-    hooks.at(Step.BATCH_BEFORE_COMPLETE)
+    hooks.at(Step.BATCH_BEFORE_COMPLETE, batch_id=report.batch_id)
     if record_as is not None and report.batch_id is not None:
         stack.ledger.mark_batch_complete(
             stream, record_as, report.batch_id, counts=report.counts, now_ms=stack.clock.now_ms()

@@ -46,13 +46,13 @@ class WhereItRan:
     folder: str
     then: Hooks
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
         if step is Step.BEFORE_PUT:
             executor = Path.cwd()
             if executor.parent.name.startswith("app-"):
                 name = f"executor-{executor.name}-pid-{os.getpid()}"
                 Path(self.folder, name).touch()
-        self.then.at(step)
+        self.then.at(step, batch_id=batch_id)
 
 
 STARTED = time.monotonic()

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import planting
+from prometheus_client.parser import text_string_to_metric_families
 
 from dedupe_store.records import ClaimRequest
 from producer.audit import audit_stream
 from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
+from producer.retries import poll_until
 from producer.wiring import Stack
 
 SHARDS = 2
@@ -115,3 +119,38 @@ def assert_binary_rows_arrived(kinesis: Any, stack: Stack, rows: list[tuple[Any,
         contents, [r[0] for r in rows], stack.ledger, payloads={r[0]: r[1] for r in rows}
     )
     assert len(contents.per_shard()) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape_until(port: int, done: Any, timeout_s: float = 60) -> Samples:
+    """``/metrics`` on 127.0.0.1:``port``, asked until ``done(samples)`` holds (the driver
+    starts its exporter with the first commit); the last samples."""
+    found: Samples = {}
+
+    def scraped() -> bool:
+        nonlocal found
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        except httpx.TransportError:
+            return False  # not listening yet
+        found = {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+        }
+        return bool(done(found))
+
+    assert poll_until(scraped, timeout_s=timeout_s, interval_s=0.2), found
+    return found
+
+
+def sample(found: Samples, name: str, **labels: str) -> float:
+    return found.get((name, frozenset(labels.items())), 0.0)

@@ -42,12 +42,13 @@ def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once(
     )
     console = Console(record=True, width=160, force_terminal=False)
 
-    # WHEN 600 events go through both sinks under the same faults
+    # WHEN 600 events go through both queries under the same faults
     results = run_spark_demo(spark, settings, messages=600, workdir=tmp_path, say=console.print)
     console.print(demo_table(results))
     text = console.export_text()
 
-    # THEN the plain sink duplicated keys and the exactly-once sink did not, none missing
+    # THEN the plain foreachBatch sink duplicated keys and format("keo") did not, none missing
+    assert 'exactly-once (writeStream.format("keo"))' in text, text
     assert demo_passed(results), text
     assert _cells(text, "duplicated keys")[1] != "0", text
     assert _cells(text, "duplicated keys")[2] == "0", text

@@ -19,8 +19,11 @@ from spark_support import (
     batch_complete,
     events,
     frame,
+    free_port,
     payloads,
     plant_unverifiable,
+    sample,
+    scrape_until,
     streamcheck,
     write_event_files,
 )
@@ -85,7 +88,13 @@ def test_a_batch_write_delivers_each_key_once_dead_letters_bad_rows_and_adds_not
     ]
     rows = frame(keo, good + bad, "key string, data string, tenant string")
     dead_letters = tmp_path / "dlq"
-    options = keo_options(settings, routing_key_column="tenant", dead_letter_path=str(dead_letters))
+    port = free_port()
+    options = keo_options(
+        settings,
+        routing_key_column="tenant",
+        dead_letter_path=str(dead_letters),
+        metrics_port=str(port),
+    )
 
     # WHEN the frame is written with format("keo")
     rows.write.format("keo").mode("append").options(**options).save()
@@ -122,6 +131,16 @@ def test_a_batch_write_delivers_each_key_once_dead_letters_bad_rows_and_adds_not
     assert {state for state, _, _ in before.values()} == {LedgerState.DELIVERED}
     assert len(list(dead_letters.glob("write=*"))) == 2
 
+    # AND the driver's metrics count both writes and their rows
+    write = {"query": "batch-write", "stream": stack.settings.stream}
+    found = scrape_until(
+        port, lambda found: sample(found, "keo_spark_batches_committed_total", **write) == 2
+    )
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **write) == 60
+    assert sample(found, "keo_spark_rows_total", outcome="DUPLICATE", **write) == 60
+    assert sample(found, "keo_spark_rows_total", outcome="REJECTED", **write) == 4
+    assert sample(found, "keo_spark_rows_total", outcome="CONFLICT", **write) == 2
+
 
 def test_binary_data_through_the_row_writer_arrives_as_sent(
     keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any
@@ -146,16 +165,27 @@ def test_a_write_with_an_unresolved_key_fails_and_delivers_the_rest(
     # GIVEN a key whose earlier claim the ledger could not verify within retention
     rows = events(20)
     stuck = plant_unverifiable(stack, *rows[0])
+    port = free_port()
+    options = keo_options(settings, metrics_port=str(port))
 
     # WHEN a frame with that key is written
     # THEN the write fails, naming the key, for Spark to retry it
     with pytest.raises(Exception, match=f"keys left unresolved.*{stuck}"):
-        frame(keo, rows).write.format("keo").mode("append").options(**keo_options(settings)).save()
+        frame(keo, rows).write.format("keo").mode("append").options(**options).save()
 
     # AND the other rows are delivered, the stuck key is not sent
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
     streamcheck.assert_absent(contents, [stuck])
+
+    # AND the driver's metrics count the write aborted (its task failed), not committed
+    write = {"query": "batch-write", "stream": stack.settings.stream}
+    found = scrape_until(
+        port,
+        lambda found: sample(found, "keo_spark_batch_failures_total", reason="aborted", **write),
+    )
+    assert sample(found, "keo_spark_batch_failures_total", reason="aborted", **write) == 1
+    assert sample(found, "keo_spark_batches_committed_total", **write) == 0
 
 
 @pytest.mark.parametrize(
@@ -167,6 +197,7 @@ def test_a_write_with_an_unresolved_key_fails_and_delivers_the_rest(
         ({"lease_s": "0.5"}, "KEO_LEASE_S=0.5 is too short"),
         ({"query_name": "q"}, "query_name names a streaming query"),
         ({"dead_letter_path": "s3://bucket/dlq"}, "only local or mounted paths"),
+        ({"metrics_port": "http"}, "metrics_port must be a port number"),
     ],
 )
 def test_an_option_it_cannot_use_fails_the_write_naming_it(
@@ -210,11 +241,13 @@ def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_rest
     with (tmp_path / "in" / "events-1.json").open("a", encoding="utf-8") as more:
         more.write(json.dumps(bad_row) + "\n")
     dead_letters = tmp_path / "dlq"
+    port = free_port()
     options = keo_options(
         settings,
         routing_key_column="routing_key",
         dead_letter_path=str(dead_letters),
         query_name="orders-to-kinesis",
+        metrics_port=str(port),
     )
     spark_jobs.register(keo, hooks=Failpoints(f"{Step.BATCH_AFTER_PUTS}=raise"))
 
@@ -250,6 +283,18 @@ def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_rest
     assert letter["query_id"] == "orders-to-kinesis"
     assert letter["batch_id"] == int(folder.name.removeprefix("batch="))
 
+    # AND the driver's metrics count the failed commit once, the three committed batches, and
+    # every row as its commit saw it (batch 0's 40 sent, then its replay's 40 duplicates)
+    query = {"query": "orders-to-kinesis", "stream": stack.settings.stream}
+    found = scrape_until(
+        port, lambda found: sample(found, "keo_spark_batches_committed_total", **query) == 3
+    )
+    assert sample(found, "keo_spark_batch_failures_total", reason="error", **query) == 1
+    assert sample(found, "keo_spark_batch_failures_total", reason="aborted", **query) == 0
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **query) == 120
+    assert sample(found, "keo_spark_rows_total", outcome="DUPLICATE", **query) == 40
+    assert sample(found, "keo_spark_rows_total", outcome="REJECTED", **query) == 1
+
 
 def test_a_replayed_batch_recorded_complete_is_skipped(
     keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
@@ -257,7 +302,8 @@ def test_a_replayed_batch_recorded_complete_is_skipped(
     # GIVEN a query that delivered two batches, whose last commit Spark never recorded (the
     # driver died between the batch record and the checkpoint's commit log)
     keys = write_event_files(tmp_path / "in", files=2, per_file=30)
-    options = keo_options(settings, query_name="skipping")
+    port = free_port()
+    options = keo_options(settings, query_name="skipping", metrics_port=str(port))
     checkpoint = tmp_path / "checkpoint"
     assert _start(keo, tmp_path / "in", checkpoint, options).awaitTermination(QUERY_TIMEOUT_S)
     first = stack.ledger.completed_batch(
@@ -280,3 +326,45 @@ def test_a_replayed_batch_recorded_complete_is_skipped(
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, keys, stack.ledger)
     streamcheck.assert_only(contents, keys)
+
+    # AND the driver's metrics count two batches committed and one skipped, no row twice
+    query = {"query": "skipping", "stream": stack.settings.stream}
+    found = scrape_until(
+        port, lambda found: sample(found, "keo_spark_batches_skipped_total", **query) == 1
+    )
+    assert sample(found, "keo_spark_batches_committed_total", **query) == 2
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **query) == 60
+    assert sample(found, "keo_spark_rows_total", outcome="DUPLICATE", **query) == 0
+
+
+def test_the_driver_serves_the_metrics_of_every_query_on_its_metrics_port(
+    keo: Any, settings: dict[str, str], stack: Stack, tmp_path: Path
+) -> None:
+    # GIVEN two files of events with a bad row, and a port for the driver's metrics
+    write_event_files(tmp_path / "in", files=2, per_file=20)
+    with (tmp_path / "in" / "events-0.json").open("a", encoding="utf-8") as more:
+        more.write(json.dumps({"key": "", "data": "no key", "routing_key": None}) + "\n")
+    port = free_port()
+
+    # WHEN two queries write them one after the other with that metrics_port, the second
+    # finding every key delivered
+    for name in ("first", "second"):
+        options = keo_options(settings, query_name=name, metrics_port=str(port))
+        query = _start(keo, tmp_path / "in", tmp_path / f"checkpoint-{name}", options)
+        assert query.awaitTermination(QUERY_TIMEOUT_S)
+        assert query.exception() is None
+
+    # THEN /metrics on 127.0.0.1:port has both queries' batches, and their rows by outcome
+    first = {"query": "first", "stream": stack.settings.stream}
+    second = {"query": "second", "stream": stack.settings.stream}
+    found = scrape_until(
+        port, lambda found: sample(found, "keo_spark_batches_committed_total", **second) == 2
+    )
+    assert sample(found, "keo_spark_batches_committed_total", **first) == 2
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **first) == 40
+    assert sample(found, "keo_spark_rows_total", outcome="REJECTED", **first) == 1
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **second) == 0
+    assert sample(found, "keo_spark_rows_total", outcome="DUPLICATE", **second) == 40
+    assert sample(found, "keo_spark_rows_total", outcome="REJECTED", **second) == 1
+    assert sample(found, "keo_spark_batch_failures_total", reason="error", **first) == 0
+    assert sample(found, "keo_spark_last_commit_timestamp_seconds", **second) > 0

@@ -197,7 +197,7 @@ class RaiseAfterFirstClaims:
     def __init__(self) -> None:
         self._raised = False
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
         if step is Step.AFTER_CLAIM and not self._raised:
             self._raised = True
             raise RuntimeError("injected after claims")

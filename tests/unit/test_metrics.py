@@ -12,11 +12,14 @@ from prometheus_client.metrics_core import Metric
 
 import producer.metrics  # noqa: F401 - registers the producer's and the reconciler's metrics
 from api.metrics import ApiMetrics
+from spark_jobs.driver_metrics import families as spark_driver_families
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"
 # labels take few values: never a message key, a group id, a sequence number or a payload
 BOUNDED_LABELS = {"stream", "outcome", "result", "code", "resolution", "operation"}
+# the Spark driver's: a query is one per streaming query (its query_name), a reason one of three
+SPARK_LABELS = {"query", "reason"}
 API_LABELS = {"method", "route", "status", "error"}
 SUFFIXES = {
     "counter": ("_total",),
@@ -26,7 +29,7 @@ SUFFIXES = {
 
 
 def keo_families() -> list[tuple[Metric, set[str]]]:
-    """Every keo metric family, with its label names."""
+    """Every keo metric family, with its label names (the Spark driver's too)."""
     api = ApiMetrics.create()
     api_labels = {
         c._name: set(c._labelnames) for c in (api.requests, api.duration_s, api.ledger_errors)
@@ -38,6 +41,8 @@ def keo_families() -> list[tuple[Metric, set[str]]]:
         collector = REGISTRY._names_to_collectors.get(family.name)
         labels = set(collector._labelnames) if collector else api_labels[family.name]
         families.append((family, labels))
+    for family in spark_driver_families({}):
+        families.append((family, set(family._labelnames)))
     return families
 
 
@@ -53,7 +58,7 @@ def test_names_carry_their_unit_and_labels_are_bounded() -> None:
             assert family.name.endswith("_timestamp_seconds"), family.name
         assert family.type in SUFFIXES, family.name
         # AND no label can take a value per message
-        assert labels <= BOUNDED_LABELS | API_LABELS, family.name
+        assert labels <= BOUNDED_LABELS | API_LABELS | SPARK_LABELS, family.name
 
 
 def exprs(node: Any) -> list[str]:
@@ -86,4 +91,5 @@ def test_the_dashboard_charts_only_metrics_keo_exports() -> None:
         "Stale groups",
         "Put latency",
         "Ledger writes",
+        "Spark batches",
     } <= titles

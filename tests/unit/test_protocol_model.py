@@ -346,8 +346,8 @@ class _Switch:
     def __init__(self, current: Hooks) -> None:
         self.current = current
 
-    def at(self, step: Step) -> None:
-        self.current.at(step)
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
+        self.current.at(step, batch_id=batch_id)
 
 
 class _Stall:
@@ -358,7 +358,7 @@ class _Stall:
         self._model = model
         self._reconcile = reconcile
 
-    def at(self, step: Step) -> None:
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
         if step is not Step.BEFORE_MARK:
             return
         self._model.kinesis.advance(FOREVER_MS)

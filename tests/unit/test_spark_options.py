@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.options import OptionsError, ReadOptions, WriteOptions
 
 STREAM = {"stream": "orders", "table": "orders-ledger"}
@@ -87,3 +88,40 @@ def test_read_bounds_in_the_wrong_order_are_refused() -> None:
 def test_write_options_are_unknown_to_a_read() -> None:
     with pytest.raises(OptionsError, match="read: unknown option 'key_column'"):
         ReadOptions.parse({**STREAM, "key_column": "id"})
+
+
+def test_metrics_are_served_on_loopback_unless_told() -> None:
+    # GIVEN a write with a metrics port, and one with a host as well
+    # WHEN their options are read
+    served = WriteOptions.parse({**STREAM, "metrics_port": "9109"}, streaming=True).metrics
+    anywhere = WriteOptions.parse(
+        {**STREAM, "metrics_port": "9109", "metrics_host": "0.0.0.0"},  # noqa: S104
+        streaming=True,
+    ).metrics
+    # THEN the driver serves them on 127.0.0.1 unless metrics_host says where; none by default
+    assert served == MetricsEndpoint(9109, "127.0.0.1")
+    assert anywhere == MetricsEndpoint(9109, "0.0.0.0")  # noqa: S104
+    assert WriteOptions.parse(STREAM, streaming=True).metrics is None
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"metrics_port": "0"}, "metrics_port must be a port number"),
+        ({"metrics_port": "65536"}, "metrics_port must be a port number"),
+        ({"metrics_port": "9109.5"}, "metrics_port must be a port number"),
+        ({"metrics_host": "127.0.0.1"}, "metrics_host needs metrics_port"),
+        ({"metrics_port": "9109", "metrics_host": " "}, "metrics_host is empty"),
+    ],
+)
+def test_a_metrics_option_it_cannot_use_is_refused_by_name(
+    given: dict[str, str], named: str
+) -> None:
+    with pytest.raises(OptionsError, match=named) as raised:
+        WriteOptions.parse({**STREAM, **given}, streaming=True)
+    assert raised.value.options == [next(name for name in given if name in named)]
+
+
+def test_reads_have_no_metrics_port() -> None:
+    with pytest.raises(OptionsError, match="unknown option 'metrics_port'"):
+        ReadOptions.parse({**STREAM, "metrics_port": "9109"})

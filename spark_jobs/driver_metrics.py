@@ -1,0 +1,400 @@
+"""Prometheus metrics of ``format("keo")`` on the driver: the ``metrics_port`` option.
+
+Spark runs the data source's commits in Python workers of the driver, and those are a pool:
+one query's commits land in any of them, two queries commit in two at once, and the JVM
+stops a worker that was idle for a minute. So neither the counts nor the port can live in
+one worker::
+
+    the driver's Python workers (commit, abort)       the exporter: one per driver and port
+      MetricsEndpoint.record(...)                       python -m spark_jobs.driver_metrics
+        ├─ this process's totals ─> <folder>/<pid>-<token>.json      holds <folder>/exporter.lock
+        │    (replaced whole, so a scrape never reads half)         serves /metrics on host:port,
+        └─ exporter.lock free? start the exporter ───────────────>  summing every totals file
+                                                                    at each scrape; ends with
+                                                                    the driver
+
+    <folder> is keo-metrics-<port> in the driver's Spark local directory (SPARK_LOCAL_DIRS,
+    which Spark gives every Python worker of the driver and deletes when the driver stops).
+
+Totals files stay when their process ends, so counters never go back. A second query with the
+same port adds its labels to the same exporter; the exporter binds ``metrics_host`` of the
+first write that started it. The exporter leaves when the process that started its worker
+(Spark's worker daemon, or the driver JVM) is gone, or when the folder is.
+
+The metrics (``query`` is the ``query_name`` option, else Spark's query id, and
+``batch-write`` for ``df.write``; ``stream`` is the Kinesis stream)::
+
+    keo_spark_batches_committed_total{query,stream}       batches whose every row settled
+    keo_spark_batches_skipped_total{query,stream}         replays the batch ledger had as
+                                                          complete: nothing sent, nothing read
+    keo_spark_batch_failures_total{query,stream,reason}   unresolved_keys (the commit raised so
+                                                          Spark retries the batch), aborted (a
+                                                          task failed), error (the commit raised)
+    keo_spark_rows_total{query,stream,outcome}            rows as the commit messages report
+                                                          them, failed batches included: SENT,
+                                                          DUPLICATE, CONFLICT and REJECTED (both
+                                                          dead-lettered), UNRESOLVED
+    keo_spark_last_commit_timestamp_seconds{query,stream}
+
+Nothing here imports pyspark or boto3: the exporter only reads files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any, Final
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+BATCH_WRITE_QUERY: Final = "batch-write"
+FOLDER_PREFIX: Final = "keo-metrics-"
+_LOCK: Final = "exporter.lock"
+_WATCH_INTERVAL_S: Final = 1.0
+_BIND_RETRY_S: Final = 5.0
+# The counts a commit message carries (spark_jobs.writer.COUNT_NAMES), as outcome labels:
+# keo_messages_total's values where the producer has one.
+ROW_OUTCOMES: Final = {
+    "sent": "SENT",
+    "duplicates": "DUPLICATE",
+    "conflicts": "CONFLICT",
+    "rejected": "REJECTED",
+    "unresolved": "UNRESOLVED",
+}
+
+
+class BatchResult(StrEnum):
+    COMMITTED = "committed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class FailureReason(StrEnum):
+    UNRESOLVED_KEYS = "unresolved_keys"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class BatchEnd:
+    """How one batch (or batch write) of a query ended on the driver, and its rows' counts
+    (``spark_jobs.writer.COUNT_NAMES``)."""
+
+    query: str
+    stream: str
+    result: BatchResult
+    counts: Mapping[str, int]
+    reason: FailureReason | None = None  # of a failure
+
+
+# --- what one process counted --------------------------------------------------------------
+
+
+@dataclass
+class QueryTotals:
+    """One query's counts, in one process or summed over them."""
+
+    committed: int = 0
+    skipped: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    last_commit_s: float | None = None
+
+    def add(self, end: BatchEnd, now_s: float) -> None:
+        if end.result is BatchResult.COMMITTED:
+            self.committed += 1
+            self.last_commit_s = now_s
+        elif end.result is BatchResult.SKIPPED:
+            self.skipped += 1
+        else:
+            _bump(self.failures, end.reason or FailureReason.ERROR, 1)
+        for name, count in end.counts.items():
+            _bump(self.rows, ROW_OUTCOMES.get(name, name.upper()), count)
+
+    def merge(self, other: QueryTotals) -> None:
+        self.committed += other.committed
+        self.skipped += other.skipped
+        for reason, count in other.failures.items():
+            _bump(self.failures, reason, count)
+        for outcome, count in other.rows.items():
+            _bump(self.rows, outcome, count)
+        if other.last_commit_s is not None:
+            self.last_commit_s = max(self.last_commit_s or 0.0, other.last_commit_s)
+
+
+def _bump(counts: dict[str, int], name: str, by: int) -> None:
+    counts[name] = counts.get(name, 0) + by
+
+
+@dataclass
+class ProcessTotals:
+    """One process's totals for one folder, saved whole to a file of its own."""
+
+    folder: Path
+    name: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:12]}.json")
+    queries: dict[tuple[str, str], QueryTotals] = field(default_factory=dict)
+
+    def record(self, end: BatchEnd, now_s: float) -> None:
+        self.queries.setdefault((end.query, end.stream), QueryTotals()).add(end, now_s)
+
+    def save(self) -> None:
+        entries = [
+            {"query": query, "stream": stream, **vars(totals)}
+            for (query, stream), totals in sorted(self.queries.items())
+        ]
+        _replace(self.folder / self.name, json.dumps(entries))
+
+
+# keyed by pid too: a worker forked from a process that counted starts a file of its own
+_TOTALS: dict[tuple[int, Path], ProcessTotals] = {}
+_TOTALS_LOCK = threading.Lock()
+_EXPORTERS: list[subprocess.Popen[bytes]] = []  # kept to be reaped, never waited on
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where a write's driver metrics are served; picklable (it travels in the write plan)."""
+
+    port: int
+    host: str = "127.0.0.1"
+
+    @property
+    def folder(self) -> Path:
+        return metrics_folder(self.port)
+
+    def record(self, end: BatchEnd) -> None:
+        """Count one batch's end on the driver, and see the exporter runs. A metric never
+        fails a commit: a folder or a process that cannot be made is a warning."""
+        try:
+            folder = self.folder
+            folder.mkdir(parents=True, exist_ok=True)
+            with _TOTALS_LOCK:
+                mine = _TOTALS.get((os.getpid(), folder))
+                if mine is None:
+                    mine = _TOTALS[(os.getpid(), folder)] = ProcessTotals(folder)
+                mine.record(end, now_s=time.time())
+                mine.save()
+            ensure_exporter(folder, self.port, self.host)
+        except OSError as exc:
+            log.warning(
+                "spark driver metrics not recorded port=%d query=%s error=%r",
+                self.port,
+                end.query,
+                exc,
+            )
+
+
+def metrics_folder(port: int, environ: Mapping[str, str] | None = None) -> Path:
+    """The driver's folder for ``port``: in its Spark local directory, else the temp dir."""
+    local_dirs = (os.environ if environ is None else environ).get("SPARK_LOCAL_DIRS", "")
+    first = next((d for d in local_dirs.split(",") if d.strip()), None)
+    root = Path(first) if first else Path(tempfile.gettempdir())
+    return root / f"{FOLDER_PREFIX}{port}"
+
+
+def _replace(path: Path, text: str) -> None:
+    """Whole or not at all: a scrape reads the old file or the new one."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        Path(temporary).replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(temporary).unlink()
+        raise
+
+
+# --- the exporter: started once per driver and port ------------------------------------------
+
+
+def ensure_exporter(folder: Path, port: int, host: str) -> None:
+    """Start the exporter for ``folder`` unless one holds its lock. Two workers may both start
+    one; the second finds the lock taken and leaves."""
+    for running in list(_EXPORTERS):
+        if running.poll() is not None:  # reap it
+            _EXPORTERS.remove(running)
+    with (folder / _LOCK).open("a") as lock:
+        if _locked_elsewhere(lock):
+            return
+    watch = os.getppid()  # Spark's worker daemon, or the driver JVM: gone when the driver is
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    command = [sys.executable, "-m", __name__, str(folder), str(port), host, str(watch)]
+    _EXPORTERS.append(
+        subprocess.Popen(  # noqa: S603 - this interpreter, this module, our own arguments
+            command,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # not in the worker's group: Spark signals that group
+        )
+    )
+    log.info("spark driver metrics exporter started port=%d host=%s folder=%s", port, host, folder)
+
+
+def _locked_elsewhere(lock: IO[str]) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    return False
+
+
+class TotalsCollector(Collector):
+    """The sum of every totals file in a folder, read at each scrape."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(families(self._read()))
+
+    def _read(self) -> dict[tuple[str, str], QueryTotals]:
+        summed: dict[tuple[str, str], QueryTotals] = defaultdict(QueryTotals)
+        for path in self._folder.glob("*.json"):
+            if path.name.startswith("."):
+                continue  # a file being written
+            try:
+                entries = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                log.warning("spark driver metrics: unreadable file=%s error=%r", path, exc)
+                continue
+            for entry in entries:
+                query, stream = entry.pop("query"), entry.pop("stream")
+                summed[(query, stream)].merge(QueryTotals(**entry))
+        return summed
+
+
+def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
+    """The metric families of these totals (every family, even with no sample)."""
+    labels = ["query", "stream"]
+    committed = CounterMetricFamily(
+        "keo_spark_batches_committed",
+        "format('keo') batches committed on the driver: every row settled",
+        labels=labels,
+    )
+    skipped = CounterMetricFamily(
+        "keo_spark_batches_skipped",
+        "Replayed format('keo') batches the batch ledger had as complete: nothing done",
+        labels=labels,
+    )
+    failures = CounterMetricFamily(
+        "keo_spark_batch_failures",
+        "format('keo') batches that failed, by reason (unresolved_keys, aborted, error)",
+        labels=[*labels, "reason"],
+    )
+    rows = CounterMetricFamily(
+        "keo_spark_rows",
+        "Rows of format('keo') batches by outcome, as the commit messages report them",
+        labels=[*labels, "outcome"],
+    )
+    last_commit = GaugeMetricFamily(
+        "keo_spark_last_commit_timestamp_seconds",
+        "When a batch of the query was last committed (Unix time)",
+        labels=labels,
+    )
+    for (query, stream), query_totals in sorted(totals.items()):
+        committed.add_metric([query, stream], query_totals.committed)
+        skipped.add_metric([query, stream], query_totals.skipped)
+        for reason, count in sorted(query_totals.failures.items()):
+            failures.add_metric([query, stream, reason], count)
+        for outcome, count in sorted(query_totals.rows.items()):
+            rows.add_metric([query, stream, outcome], count)
+        if query_totals.last_commit_s is not None:
+            last_commit.add_metric([query, stream], query_totals.last_commit_s)
+    return [committed, skipped, failures, rows, last_commit]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process has that pid now: ours is gone
+    return True
+
+
+def serve(folder: Path, port: int, host: str, watch_pid: int) -> int:
+    """The exporter's life: the lock, then the port, until the driver is gone."""
+    import fcntl
+
+    with (folder / _LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # another exporter serves this driver's port
+        registry = CollectorRegistry()
+        registry.register(TotalsCollector(folder))
+        serving = _bind(registry, port, host, watch_pid, folder)
+        if serving is None:
+            return 0
+        server, thread = serving
+        shown = f"[{host}]" if ":" in host else host
+        log.info("spark driver metrics on http://%s:%d/metrics", shown, port)
+        while folder.is_dir() and _alive(watch_pid):
+            time.sleep(_WATCH_INTERVAL_S)
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    return 0
+
+
+def _bind(
+    registry: CollectorRegistry, port: int, host: str, watch_pid: int, folder: Path
+) -> tuple[Any, threading.Thread] | None:
+    """The server on ``host:port``, tried again while the port is taken (said once); None
+    when the driver went away first."""
+    said = False
+    while folder.is_dir() and _alive(watch_pid):
+        try:
+            return start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            refused = exc
+        if not said:
+            log.error("cannot serve spark driver metrics on %s:%d: %s", host, port, refused)
+            said = True
+        time.sleep(_BIND_RETRY_S)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_jobs.driver_metrics",
+        description="Serve format('keo')'s driver metrics (started by the data source itself).",
+    )
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("port", type=int)
+    parser.add_argument("host")
+    parser.add_argument("watch_pid", type=int, help="leave when this process is gone")
+    args: Any = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args.folder, args.port, args.host, args.watch_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""format("keo")'s driver metrics: the totals of every Python worker of the driver, summed at
+each scrape (no Spark, no socket: the collector reads a folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spark_jobs.driver_metrics import (
+    ROW_OUTCOMES,
+    BatchEnd,
+    BatchResult,
+    FailureReason,
+    ProcessTotals,
+    TotalsCollector,
+    metrics_folder,
+)
+from spark_jobs.writer import COUNT_NAMES
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+COMMITTED = BatchResult.COMMITTED
+
+
+def scrape(folder: Path) -> Samples:
+    registry = CollectorRegistry()
+    registry.register(TotalsCollector(folder))
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_counts_of_every_worker_add_up_per_query(tmp_path: Path) -> None:
+    # GIVEN two workers of one driver, each with its own file: one committed a batch of the
+    # query and saw a replay skipped, the other saw the next batch fail and then commit
+    one, other = ProcessTotals(tmp_path), ProcessTotals(tmp_path)
+    query = {"query": "orders", "stream": "s"}
+    one.record(BatchEnd(**query, result=COMMITTED, counts={"sent": 10, "rejected": 1}), 100.0)
+    one.record(BatchEnd(**query, result=BatchResult.SKIPPED, counts={}), 101.0)
+    other.record(
+        BatchEnd(
+            **query,
+            result=BatchResult.FAILED,
+            counts={"sent": 4, "unresolved": 2},
+            reason=FailureReason.UNRESOLVED_KEYS,
+        ),
+        102.0,
+    )
+    other.record(BatchEnd(**query, result=COMMITTED, counts={"duplicates": 4}), 103.0)
+    one.save()
+    other.save()
+
+    # WHEN the exporter is scraped
+    found = scrape(tmp_path)
+
+    # THEN each metric is the sum over both files
+    assert found[("keo_spark_batches_committed_total", frozenset(query.items()))] == 2
+    assert found[("keo_spark_batches_skipped_total", frozenset(query.items()))] == 1
+    failed = {**query, "reason": "unresolved_keys"}
+    assert found[("keo_spark_batch_failures_total", frozenset(failed.items()))] == 1
+    rows = {
+        outcome: found[("keo_spark_rows_total", frozenset({**query, "outcome": outcome}.items()))]
+        for outcome in ("SENT", "DUPLICATE", "REJECTED", "UNRESOLVED")
+    }
+    assert rows == {"SENT": 14, "DUPLICATE": 4, "REJECTED": 1, "UNRESOLVED": 2}
+    # AND the last commit is the later of the two
+    last = ("keo_spark_last_commit_timestamp_seconds", frozenset(query.items()))
+    assert found[last] == 103.0
+
+
+def test_a_file_being_written_or_broken_is_not_counted(tmp_path: Path) -> None:
+    # GIVEN a worker's totals, a temporary file beside them and a file that is not JSON
+    totals = ProcessTotals(tmp_path)
+    totals.record(BatchEnd("q", "s", COMMITTED, counts={}), 1.0)
+    totals.save()
+    (tmp_path / ".half.tmp").write_text("[", encoding="utf-8")
+    (tmp_path / "broken.json").write_text("[", encoding="utf-8")
+    # WHEN scraped
+    # THEN only the worker's totals count
+    labels = frozenset({"query": "q", "stream": "s"}.items())
+    assert scrape(tmp_path)[("keo_spark_batches_committed_total", labels)] == 1
+
+
+def test_every_count_a_commit_message_carries_has_an_outcome_label() -> None:
+    assert set(ROW_OUTCOMES) == set(COUNT_NAMES)
+
+
+def test_the_driver_keeps_its_metrics_in_its_spark_local_directory() -> None:
+    # GIVEN the local directories Spark gives the driver's Python workers
+    environ = {"SPARK_LOCAL_DIRS": "/disk1/blockmgr-1,/disk2/blockmgr-2"}
+    # THEN the folder for a port is in the first one
+    assert metrics_folder(9109, environ) == Path("/disk1/blockmgr-1/keo-metrics-9109")
