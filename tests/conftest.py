@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from devstack import emulators as local_stack
 
 # CI shares 2 cores with the emulators and Spark: a Hypothesis example that takes longer than
-# the default 200 ms deadline there is not a bug.
-settings.register_profile("keo", deadline=None)
+# the default 200 ms deadline there is not a bug, nor is generating data slowly (the too_slow
+# health check times the generation on the wall clock).
+settings.register_profile("keo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("keo")
 
 # markers by directory: tests/integration/... is `integration`, and so on
