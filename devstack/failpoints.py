@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 
@@ -83,10 +84,13 @@ class Failpoints:
         if action is None:
             return
         log.warning("failpoint hit step=%s action=%s pid=%d", step, action, os.getpid())
+        # Sent to this thread, not to the process: a signal sent to the process may be taken
+        # by another thread (the main one, asleep), and this one would run on, even send its
+        # put, until the kernel gets round to stopping it. Either signal ends or stops them all.
         if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal.pthread_kill(threading.get_ident(), signal.SIGKILL)
         elif action == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)  # returns once SIGCONT arrives
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # returns after SIGCONT
         elif action == "raise":
             raise FailpointError(step)
         else:

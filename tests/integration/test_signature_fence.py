@@ -374,7 +374,7 @@ def test_a_producer_stopped_longer_than_its_lease_writes_no_duplicate(
         assert statuses == {"DUPLICATE": KEYS}, outcomes_a
         assert Counter(o.status for o in outcomes_b) == {OutcomeStatus.SENT: TAKEN_BY_B}
     if stall.put_refused is not None:
-        assert stall.put_refused in send.stderr
+        assert stall.put_refused in send.stderr, send.stderr
     if stall.hold_put:
         assert proxy.signatures_refused["PutRecords"] == 1
 
