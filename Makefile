@@ -59,7 +59,7 @@ settings-doc: setup ## regenerate docs/settings.md from the settings classes' fi
 demo: setup ## the end-to-end demo on the local stack
 	$(BIN)/keo demo
 
-bench: setup ## the benchmark; figures go to a file, nothing is asserted
+bench: setup ## keo bench: the producer, then the Spark data source; figures go to files
 	$(BIN)/keo bench
 
 soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400)

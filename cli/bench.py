@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from cli.options import exit_on_errors, load_settings, use_local_stack
+from cli.options import exit_on_errors, exit_without_spark, load_settings, use_local_stack
 
-_BEGIN = "<!-- bench:begin (written by keo bench) -->"
-_END = "<!-- bench:end -->"
+if TYPE_CHECKING:
+    from producer.settings import ProducerSettings
+
+# the docs page's sections this command rewrites: (begin, end) markers
+PRODUCER_SECTION: Final = ("<!-- bench:begin (written by keo bench) -->", "<!-- bench:end -->")
+SPARK_SECTION: Final = (
+    "<!-- spark-bench:begin (written by keo bench) -->",
+    "<!-- spark-bench:end -->",
+)
 
 
 def _ints(text: str) -> list[int]:
@@ -43,6 +52,22 @@ def bench(
     output: Annotated[
         Path | None, typer.Option(help="JSON results (default bench/results/<date>.json)")
     ] = None,
+    spark: Annotated[
+        bool,
+        typer.Option(
+            "--spark/--no-spark",
+            help="then, in a local Spark session, time format('keo')'s Arrow and row writers "
+            "against keo send and a plain foreachBatch put_records sink on the same rows "
+            "(default; needs the spark extra)",
+        ),
+    ] = True,
+    spark_rows: Annotated[
+        int, typer.Option(min=100, help="rows each Spark sink and keo send write")
+    ] = 20_000,
+    spark_output: Annotated[
+        Path | None,
+        typer.Option(help="Spark JSON results (default bench/results/spark-writers-<date>.json)"),
+    ] = None,
     docs: Annotated[
         Path, typer.Option(help="markdown page whose results table is rewritten")
     ] = Path("docs/performance.md"),
@@ -52,10 +77,19 @@ def bench(
     put_records baseline, the exactly-once producer at several concurrencies next to the
     ledger's own ceiling, aggregation on and off, and the reconciler. Writes the figures to
     bench/results/<date>.json and the table in docs/performance.md.
+
+    Then, unless --no-spark, the Spark data source in a local[2] session:
+    format('keo') with its Arrow and its row writer, keo send (a subprocess)
+    and a plain foreachBatch put_records sink each write the same --spark-rows
+    rows (200 bytes) into a stream of their own, new then again (DUPLICATE);
+    and each writer's interface is timed by itself. Writes
+    bench/results/spark-writers-<date>.json and the Spark table in
+    docs/performance.md.
     """
     from devstack.bench import run
 
     concurrencies, reconcile_sizes = _ints(concurrency), _ints(reconcile)
+    spark_bench = _spark_bench() if spark else None  # missing pyspark fails before the run
     use_local_stack(state_dir, "bench")
     settings = load_settings()
     with exit_on_errors():
@@ -66,22 +100,59 @@ def bench(
             concurrencies=concurrencies,
             reconcile_sizes=reconcile_sizes,
             repeat=repeat,
-            say=lambda text: typer.echo(f"keo bench: {text}", err=True),
+            say=_say,
         )
     target = output or Path("bench/results") / f"{time.strftime('%Y-%m-%d')}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     table = render_table(results)
-    if docs.exists():
-        _rewrite_section(docs, table)
+    _rewrite_section(docs, PRODUCER_SECTION, table)
     typer.echo(table)
     typer.echo(f"keo bench: results in {target}", err=True)
+    if spark_bench is None:
+        return
+    with exit_on_errors():
+        spark_results = spark_bench.bench(_endpoints(settings), rows=spark_rows, say=_say)
+    spark_target = spark_output or spark_bench.default_output()
+    spark_bench.write(spark_results, spark_target)
+    spark_table = render_spark_table(spark_results)
+    _rewrite_section(docs, SPARK_SECTION, spark_table)
+    typer.echo(spark_table)
+    typer.echo(f"keo bench: Spark results in {spark_target}", err=True)
+
+
+def _say(text: str) -> None:
+    typer.echo(f"keo bench: {text}", err=True)
+
+
+def _spark_bench() -> ModuleType:
+    try:
+        from devstack import spark_bench
+    except ImportError as exc:
+        exit_without_spark("bench", exc)
+    return spark_bench
+
+
+def _endpoints(settings: ProducerSettings) -> dict[str, str]:
+    """The settings' endpoints and region as ``format("keo")`` options."""
+    values = {
+        "kinesis_endpoint_url": settings.kinesis_endpoint_url,
+        "dynamodb_endpoint_url": settings.dynamodb_endpoint_url,
+        "region": settings.resolved_region(),
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _load(machine: dict[str, Any]) -> str:
+    load = machine["load_average"]
+    return f"load average {load['start'][0]} at the start, {load['end'][0]} at the end"
 
 
 def render_table(results: dict[str, Any]) -> str:
     baseline = results["baseline"]
     lines = [
-        f"Measured {results['date']} on {results['machine']['cpus']} CPUs, "
+        f"Measured {results['date']} on {results['machine']['cpus']} CPUs "
+        f"({_load(results['machine'])}), "
         f"{results['machine']['memory_gib']} GiB, Python {results['machine']['python']}, "
         f"{results['machine']['backends']}; {results['message_bytes']}-byte messages.",
         "",
@@ -142,10 +213,70 @@ def render_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _rewrite_section(path: Path, table: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if _BEGIN not in text or _END not in text:
+_SPARK_SINKS: Final = (
+    ("arrow", 'format("keo"), Arrow record batches (default)'),
+    ("rows", 'format("keo"), Spark rows (`arrow=false`)'),
+    ("keo_send", "`keo send`, the same producer in one process"),
+    ("plain_foreach_batch", "plain `foreachBatch` put_records, at least once"),
+)
+
+
+def render_spark_table(results: dict[str, Any]) -> str:
+    """The Spark bench's figures: each sink end to end, the ratios, each interface alone."""
+    machine, rows = results["machine"], results["rows"]
+    end_to_end, ratios = results["end_to_end"], results["ratios"]
+    lines = [
+        f"Measured {results['measured_at']} on {machine['cpus']} CPUs ({_load(machine)}), "
+        f"pyspark {machine['pyspark']}, pyarrow {machine['pyarrow']}, {machine['master']}, "
+        f"{machine['partitions']} partitions; {rows:,} rows of {machine['payload_bytes']} "
+        "bytes, each sink into a stream and table of its own. `keo send`'s start "
+        f"({end_to_end['keo_send']['startup_s']} s on an empty file) is in its time.",
+        "",
+        "| sink | new rows/s | DUPLICATE rows/s | new, vs keo send "
+        "| DUPLICATE, vs keo send | new, vs plain foreachBatch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, label in _SPARK_SINKS:
+        figures, ratio = end_to_end[name], ratios[name]
+        duplicate = figures.get("duplicate")  # the plain sink has none
+        lines.append(
+            f"| {label} | {figures['new']['rows_per_s']:,.0f} "
+            f"| {_or_dash(None if duplicate is None else duplicate['rows_per_s'], '{:,.0f}')} "
+            f"| {ratio['new_vs_keo_send']:.2f} "
+            f"| {_or_dash(ratio['duplicate_vs_keo_send'], '{:.2f}')} "
+            f"| {ratio['new_vs_plain_foreach_batch']:.2f} |"
+        )
+    interface = results["interface"]
+    counts = list(interface["arrow"])
+    repeats = len(interface["arrow"][counts[0]]["seconds"])
+    lines += [
+        "",
+        f"| writer interface alone (median of {repeats}) | "
+        + " | ".join(f"{int(count):,} rows" for count in counts)
+        + " |",
+        "|---|" + "---|" * len(counts),
+    ]
+    for name, label in _SPARK_SINKS[:2]:
+        cells = [
+            f"{statistics.median(figures['seconds']):.2f} s ({figures['rows_per_s']:,.0f} rows/s)"
+            for figures in interface[name].values()
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _or_dash(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def _rewrite_section(path: Path, markers: tuple[str, str], table: str) -> None:
+    """Replace what lies between ``markers`` in ``path``; a page without them is left alone."""
+    if not path.exists():
         return
-    head, rest = text.split(_BEGIN, 1)
-    _, tail = rest.split(_END, 1)
-    path.write_text(f"{head}{_BEGIN}\n{table}\n{_END}{tail}", encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    begin, end = markers
+    if begin not in text or end not in text:
+        return
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}", encoding="utf-8")

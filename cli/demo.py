@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 import typer
 
 from cli.exit_codes import ExitCode
-from cli.options import exit_on_errors, load_settings, use_local_stack
+from cli.options import exit_on_errors, exit_without_spark, load_settings, use_local_stack
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -130,12 +130,7 @@ def _run_spark(
     try:
         from devstack.spark_demo import DemoFaults, demo_session, run_spark_demo
     except ImportError as exc:
-        typer.echo(
-            f"keo demo: Spark is not installed ({exc}); install the 'spark' extra, "
-            "or run 'keo demo --no-spark'",
-            err=True,
-        )
-        raise typer.Exit(ExitCode.CONFIG) from None
+        exit_without_spark("demo", exc)
 
     workdir = (state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     if not logging.getLogger().isEnabledFor(logging.INFO):

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import botocore.exceptions
 import typer
@@ -138,3 +138,13 @@ def use_local_stack(state_dir: Path, command: str) -> bool:
         raise typer.Exit(ExitCode.UNAVAILABLE) from None
     os.environ.update(endpoints.as_env())
     return True
+
+
+def exit_without_spark(command: str, exc: ImportError) -> NoReturn:
+    """Spark is an extra (``spark``): say so, and how to run ``keo command`` without it."""
+    typer.echo(
+        f"keo {command}: Spark is not installed ({exc}); install the 'spark' extra, "
+        f"or run 'keo {command} --no-spark'",
+        err=True,
+    )
+    raise typer.Exit(ExitCode.CONFIG) from None

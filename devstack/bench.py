@@ -346,7 +346,12 @@ def _at_concurrency(
     return chosen
 
 
-def machine() -> dict[str, Any]:
+def load_average() -> list[float]:
+    """The system's load averages over 1, 5 and 15 minutes: how shared the machine was."""
+    return [round(load, 2) for load in os.getloadavg()]
+
+
+def machine(load_at_start: list[float]) -> dict[str, Any]:
     memory_gib = None
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
@@ -360,6 +365,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "backends": "kinesalite 3.3.3 + dynalite 4.0.0 on 127.0.0.1 (LevelDB on local disk)",
+        "load_average": {"start": load_at_start, "end": load_average()},
     }
 
 
@@ -373,6 +379,7 @@ def run(
     say: Callable[[str], None],
     repeat: int = 3,
 ) -> dict[str, Any]:
+    load_at_start = load_average()
     bench = Bench(base, say=say)
     say(f"baseline: {messages} messages")
     baseline = bench.baseline(messages, size)
@@ -397,7 +404,7 @@ def run(
         reconciles.append(bench.reconcile(stale))
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(),
+        "machine": machine(load_at_start),
         "message_bytes": size,
         "baseline": baseline,
         "exactly_once": runs,

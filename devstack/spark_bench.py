@@ -1,23 +1,44 @@
-"""The ``keo`` data source's two writer interfaces, Arrow record batches and Spark rows, timed.
+"""The ``keo`` data source's overhead: its Arrow and row writers, against the same producer
+driven by ``keo send`` and against a plain ``foreachBatch`` sink, on the same rows.
 
 ::
 
-    python -m devstack.spark_bench [--rows 20000] [--interface-rows N] [--repeats 3] [--out F]
+    python -m devstack.spark_bench [--rows 20000] [--interface-rows 400000] [--repeats 3] [--out F]
 
+``keo bench`` runs it too (``--spark``, the default), so ``make bench`` writes both files.
 Two measures, on one local SparkSession and the embedded stack (started in a temporary
-folder unless both ``KEO_*_ENDPOINT_URL`` are set):
+folder unless both ``KEO_*_ENDPOINT_URL`` are set), every row ``PAYLOAD_BYTES`` long:
 
-- **interface**: what each interface costs by itself. The same writers, planned and checked as
-  for a real write, hand their ``(key, data, routing_key)`` rows to a counter instead of the
-  producer (``_Writes.deliver``), so the time is Spark's transfer to Python plus the
-  conversion to tuples. The median of ``--repeats`` runs, at ``--rows`` and, as 20,000 rows
-  take about as long as starting a Spark job, at ``--interface-rows`` too.
-- **end to end**: ``df.write.format("keo")`` into a fresh stream (every row new), then the same
-  rows again (every row a DUPLICATE). On the emulators the ledger bounds this rate (dynalite
-  is a single Node process sharing 2 cores with Spark), so it shows how much the interface
-  matters next to the protocol, not what AWS would do.
+- **interface**: what each writer interface costs by itself. The same writers, planned and
+  checked as for a real write, hand their ``(key, data, routing_key)`` rows to a counter
+  instead of the producer (``_Writes.deliver``), so the time is Spark's transfer to Python
+  plus the conversion to tuples. The median of ``--repeats`` runs, at ``--rows`` and, as
+  20,000 rows take about as long as starting a Spark job, at ``--interface-rows`` too.
+- **end to end**, ``--rows`` rows, each sink into a stream and ledger table of its own (no
+  measure writes into a table that an earlier one filled):
 
-Figures go to a JSON file; nothing is asserted.
+  - ``df.write.format("keo")``, Arrow writer and row writer: every row new, then the same
+    rows again (every row a DUPLICATE);
+  - ``keo send``: the same producer, driven as the command line drives it. ``keo send
+    --input`` runs as a subprocess on a JSON-lines file of the same rows, new then again
+    (DUPLICATE), so its figure is what a user of the command sees, its start included (the
+    imports, the clients, the stream's description). That start is timed on its own too
+    (``startup_s``, ``keo send`` on an empty file): about a second, against tens of seconds
+    for the rows, so the subprocess, not an in-process producer, is the fair stand-in. It is
+    one process; ``format("keo")`` runs a producer in each of its ``PARTITIONS`` tasks;
+  - a plain at-least-once ``foreachBatch`` sink, ``put_records`` from the executors and no
+    ledger (``devstack.spark_demo.AtLeastOnceSink``, the demo's). It is called on the same
+    batch DataFrame, as ``foreachBatch`` would call it, so none of the Spark measures pays
+    for a streaming query's bookkeeping. Putting again is not a DUPLICATE path (it would
+    only write every row twice), so it is timed once.
+
+  ``ratios`` divides each sink's rate by ``keo send``'s (new and DUPLICATE) and by the
+  plain sink's (new).
+
+On the emulators the ledger bounds the exactly-once rates (dynalite is a single Node process
+sharing 2 cores with Spark), so the figures show what Spark adds to the protocol, not what
+AWS would do. The load average at the start and at the end of the run goes in the file: on a
+shared machine it says how noisy the figures are. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -26,16 +47,21 @@ import argparse
 import json
 import logging
 import os
-import platform
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
 from devstack import emulators
+from devstack.bench import load_average
+from devstack.spark_demo import AtLeastOnceSink
 from producer.kinesis import create_stream
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs import register
@@ -45,15 +71,26 @@ from spark_jobs.datasource import (
     KeoDataSource,
     KeoRowWriter,
 )
-from spark_jobs.session import local_session
+from spark_jobs.session import local_session, worker_python_path
 from spark_jobs.writer import PartitionReport, producer_settings
 
 log = logging.getLogger(__name__)
 
 INTERFACES: Final = {"arrow": "true", "rows": "false"}
+KEO_SEND: Final = "keo_send"
+PLAIN_SINK: Final = "plain_foreach_batch"
 PARTITIONS: Final = 2
 PAYLOAD_BYTES: Final = 200
+DEFAULT_ROWS: Final = 20_000
+DEFAULT_INTERFACE_ROWS: Final = (400_000,)
+DEFAULT_REPEATS: Final = 3
 INTERFACE_FORMAT: Final = "keo_interface_bench"
+# what the `keo` console script runs: the same entry point whatever the install layout
+_KEO: Final = (sys.executable, "-c", "import sys; from cli import main; sys.exit(main())")
+_SEND_TIMEOUT_S: Final = 1800
+_SUMMARY: Final = re.compile(r"^keo send: (\d+) messages: (.*)$", re.MULTILINE)
+
+Say = Callable[[str], None]
 
 
 class _Counting:
@@ -86,11 +123,31 @@ class InterfaceBenchSource(KeoDataSource):
         return INTERFACE_FORMAT
 
 
+class SendFailedError(RuntimeError):
+    """``keo send`` did not settle every row as the measure expects: its time means nothing."""
+
+    def __init__(self, expected: str, returncode: int, stderr: str) -> None:
+        super().__init__(
+            f"keo send exited {returncode}, expected {expected}; its stderr ends: {stderr[-2000:]}"
+        )
+        self.expected = expected
+        self.returncode = returncode
+
+
 def _frame(spark: Any, rows: int, prefix: str) -> Any:
     return spark.range(rows, numPartitions=PARTITIONS).selectExpr(
         f"concat('{prefix}-', cast(id as string)) as key",
         f"repeat('x', {PAYLOAD_BYTES}) as data",
     )
+
+
+def _write_lines(path: Path, rows: int, prefix: str) -> Path:
+    """The rows of :func:`_frame` as ``keo send``'s input, JSON lines."""
+    data = "x" * PAYLOAD_BYTES
+    with path.open("w", encoding="utf-8") as out:
+        for i in range(rows):
+            out.write(json.dumps({"key": f"{prefix}-{i}", "data": data}) + "\n")
+    return path
 
 
 def _timed_write(frame: Any, data_format: str, options: dict[str, str]) -> float:
@@ -99,56 +156,175 @@ def _timed_write(frame: Any, data_format: str, options: dict[str, str]) -> float
     return time.perf_counter() - started
 
 
+def _timed_sink(frame: Any, sink: Callable[[Any, int], object]) -> float:
+    started = time.perf_counter()
+    sink(frame, 0)
+    return time.perf_counter() - started
+
+
+def _timed_send(env: Mapping[str, str], lines: Path, expected: str) -> float:
+    """``keo send --input lines``; ``expected`` is its summary, e.g. ``SENT 20000``."""
+    started = time.perf_counter()
+    done = subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
+        [*_KEO, "send", "--input", str(lines), "--no-progress"],
+        env=dict(env),
+        stdout=subprocess.DEVNULL,  # one outcome per row: written, as a user's run writes them
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+        timeout=_SEND_TIMEOUT_S,
+    )
+    seconds = time.perf_counter() - started
+    summary = _SUMMARY.search(done.stderr)
+    if done.returncode != 0 or summary is None or summary.group(2) != expected:
+        raise SendFailedError(expected, done.returncode, done.stderr)
+    return seconds
+
+
 def _figures(rows: int, seconds: list[float]) -> dict[str, Any]:
     median = statistics.median(seconds)
     return {"seconds": [round(s, 3) for s in seconds], "rows_per_s": round(rows / median, 1)}
 
 
+def _ratios(end_to_end: Mapping[str, Any]) -> dict[str, Any]:
+    """Each sink's rate over ``keo send``'s (new, DUPLICATE) and the plain sink's (new)."""
+    send, plain = end_to_end[KEO_SEND], end_to_end[PLAIN_SINK]
+
+    def ratio(figures: Mapping[str, Any] | None, reference: Mapping[str, Any]) -> float | None:
+        if figures is None:
+            return None  # the plain sink has no DUPLICATE path
+        return round(float(figures["rows_per_s"]) / float(reference["rows_per_s"]), 3)
+
+    return {
+        name: {
+            "new_vs_keo_send": ratio(figures["new"], send["new"]),
+            "duplicate_vs_keo_send": ratio(figures.get("duplicate"), send["duplicate"]),
+            "new_vs_plain_foreach_batch": ratio(figures["new"], plain["new"]),
+        }
+        for name, figures in end_to_end.items()
+    }
+
+
+def _fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``format("keo")`` options per label, each naming a new stream and table, all ready.
+
+    Created at once: dynalite takes about 2 s to make a table ACTIVE, whatever the load.
+    """
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def fresh(label: str) -> dict[str, str]:
+        name = f"bench-spark-{label.replace('_', '-')}-{stamp}"
+        options = {**settings, "stream": name, "table": name}
+        parsed = producer_settings(_as_env(options))
+        ledger_from(parsed).create_table(wait=True)
+        create_stream(kinesis_client(parsed, for_put=False), name, PARTITIONS, timeout_s=60)
+        return options
+
+    with ThreadPoolExecutor(len(labels)) as pool:
+        return dict(zip(labels, pool.map(fresh, labels), strict=True))
+
+
+def _as_env(options: Mapping[str, str]) -> dict[str, str]:
+    """``format("keo")`` options as the ``KEO_*`` values the producer reads."""
+    return {f"KEO_{name.upper()}": value for name, value in options.items()}
+
+
 def run(
     spark: Any,
-    settings: dict[str, str],
+    settings: Mapping[str, str],
+    *,
+    rows: int = DEFAULT_ROWS,
+    interface_rows: Sequence[int] = DEFAULT_INTERFACE_ROWS,
+    repeats: int = DEFAULT_REPEATS,
+    say: Say = log.info,
+) -> dict[str, Any]:
+    """Every measure; ``settings`` are options of ``format("keo")`` (endpoints, region), and
+    each measure adds a stream and a table of its own. The caller owns ``spark``."""
+    load_at_start = load_average()
+    register(spark)
+    spark.dataSource.register(InterfaceBenchSource)
+    say("spark: a stream and a ledger table for each measure")
+    streams = _fresh_streams(settings, ["interface", KEO_SEND, *INTERFACES, PLAIN_SINK])
+    interface = _interface(
+        spark,
+        streams["interface"],
+        rows=rows,
+        interface_rows=interface_rows,
+        repeats=repeats,
+        say=say,
+    )
+    end_to_end: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="keo-spark-bench-") as folder:
+        end_to_end[KEO_SEND] = _keo_send(streams[KEO_SEND], Path(folder), rows, say)
+    for name, arrow in INTERFACES.items():
+        options = {**streams[name], "arrow": arrow}
+        frame = _frame(spark, rows, name)
+        end_to_end[name] = {}
+        for run_name in ("new", "duplicate"):
+            say(f"spark: format('keo'), {name} writer, {rows} rows ({run_name})")
+            end_to_end[name][run_name] = _figures(rows, [_timed_write(frame, "keo", options)])
+    say(f"spark: plain foreachBatch put_records sink, {rows} rows")
+    sink = AtLeastOnceSink(_as_env(streams[PLAIN_SINK]))
+    end_to_end[PLAIN_SINK] = {
+        "new": _figures(rows, [_timed_sink(_frame(spark, rows, PLAIN_SINK), sink)])
+    }
+    return {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows": rows,
+        "machine": _machine(spark, load_at_start),
+        "interface": interface,
+        "end_to_end": end_to_end,
+        "ratios": _ratios(end_to_end),
+    }
+
+
+def _interface(
+    spark: Any,
+    options: dict[str, str],
     *,
     rows: int,
     interface_rows: Sequence[int],
     repeats: int,
+    say: Say,
 ) -> dict[str, Any]:
-    """Both measures for both interfaces; ``settings`` are options of ``format("keo")``."""
-    register(spark)
-    spark.dataSource.register(InterfaceBenchSource)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    admin_settings = producer_settings({f"KEO_{k.upper()}": v for k, v in settings.items()})
-    admin = kinesis_client(admin_settings, for_put=False)
-    ledger_from(admin_settings).create_table(wait=True)
-    create_stream(admin, admin_settings.stream, PARTITIONS, timeout_s=60)
-
     interface: dict[str, Any] = {}
     warm = _frame(spark, 1000, "warm")
     for name, arrow in INTERFACES.items():
         # a first run starts the Python workers; it is not counted
-        options = {**settings, "arrow": arrow}
-        _timed_write(warm, INTERFACE_FORMAT, options)
+        say(f"spark: warming up the {name} writer")
+        with_arrow = {**options, "arrow": arrow}
+        _timed_write(warm, INTERFACE_FORMAT, with_arrow)
         interface[name] = {}
         for count in dict.fromkeys([rows, *interface_rows]):
+            say(f"spark: the {name} writer's interface, {count} rows x {repeats}")
             frame = _frame(spark, count, "interface")
-            seconds = [_timed_write(frame, INTERFACE_FORMAT, options) for _ in range(repeats)]
+            seconds = [_timed_write(frame, INTERFACE_FORMAT, with_arrow) for _ in range(repeats)]
             interface[name][str(count)] = _figures(count, seconds)
-            log.info("interface %s rows=%d: %s", name, count, interface[name][str(count)])
-
-    end_to_end: dict[str, Any] = {}
-    for name, arrow in INTERFACES.items():
-        stream = f"bench-spark-{name}-{stamp}"
-        create_stream(admin, stream, PARTITIONS, timeout_s=60)
-        options = {**settings, "stream": stream, "arrow": arrow}
-        frame = _frame(spark, rows, name)
-        figures = {}
-        for run_name in ("new", "duplicate"):
-            figures[run_name] = _figures(rows, [_timed_write(frame, "keo", options)])
-            log.info("end to end %s %s: %s", name, run_name, figures[run_name])
-        end_to_end[name] = figures
-    return {"interface": interface, "end_to_end": end_to_end}
+    return interface
 
 
-def _machine() -> dict[str, Any]:
+def _keo_send(options: dict[str, str], folder: Path, rows: int, say: Say) -> dict[str, Any]:
+    """``keo send`` on the rows, new then DUPLICATE, and its start on an empty file."""
+    env = {
+        **os.environ,
+        **_as_env(options),
+        # the code this process runs, not whatever copy the interpreter has installed
+        "PYTHONPATH": worker_python_path(),
+    }
+    say("spark: keo send's start (an empty input)")
+    startup_s = _timed_send(env, _write_lines(folder / "empty.jsonl", 0, KEO_SEND), "none")
+    lines = _write_lines(folder / "rows.jsonl", rows, KEO_SEND)
+    figures: dict[str, Any] = {"startup_s": round(startup_s, 3)}
+    for run_name, expected in (("new", "SENT"), ("duplicate", "DUPLICATE")):
+        say(f"spark: keo send, {rows} rows ({run_name})")
+        seconds = _timed_send(env, lines, f"{expected} {rows}")
+        figures[run_name] = _figures(rows, [seconds])
+    return figures
+
+
+def _machine(spark: Any, load_at_start: list[float]) -> dict[str, Any]:
+    import platform
+
     import pyarrow
     import pyspark
 
@@ -157,32 +333,63 @@ def _machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "pyspark": pyspark.__version__,
         "pyarrow": pyarrow.__version__,
-        "master": f"local[{PARTITIONS}]",
+        "master": spark.sparkContext.master,
         "partitions": PARTITIONS,
         "payload_bytes": PAYLOAD_BYTES,
+        "load_average": {"start": load_at_start, "end": load_average()},
     }
+
+
+def bench(
+    endpoints: Mapping[str, str],
+    *,
+    rows: int = DEFAULT_ROWS,
+    interface_rows: Sequence[int] = DEFAULT_INTERFACE_ROWS,
+    repeats: int = DEFAULT_REPEATS,
+    say: Say = log.info,
+) -> dict[str, Any]:
+    """:func:`run` in a local SparkSession of its own, stopped at the end; ``endpoints`` are
+    ``format("keo")`` options (``kinesis_endpoint_url``, ``dynamodb_endpoint_url``, ``region``)."""
+    say("spark: starting a local[2] session")
+    spark = local_session("keo-spark-bench")
+    try:
+        figures = run(
+            spark, endpoints, rows=rows, interface_rows=interface_rows, repeats=repeats, say=say
+        )
+    finally:
+        spark.stop()
+    more = "".join(f" --interface-rows {n}" for n in interface_rows)
+    command = f"python -m devstack.spark_bench --rows {rows}{more} --repeats {repeats}"
+    return {**figures, "command": command}
+
+
+def default_output() -> Path:
+    return Path("bench/results") / f"spark-writers-{time.strftime('%Y-%m-%d')}.json"
+
+
+def write(results: Mapping[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devstack.spark_bench",
-        description="Time the keo data source's Arrow and row writers.",
+        description="Time format('keo')'s Arrow and row writers against keo send and a plain "
+        "foreachBatch sink.",
     )
-    parser.add_argument("--rows", type=int, default=20_000, help="rows per write")
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows per write")
     parser.add_argument(
         "--interface-rows",
         type=int,
         action="append",
-        default=[],
-        help="more rows for the interface measure (repeatable)",
+        help="more rows for the interface measure (repeatable; default "
+        f"{', '.join(map(str, DEFAULT_INTERFACE_ROWS))})",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="runs of the interface measure")
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("bench/results") / f"spark-writers-{time.strftime('%Y-%m-%d')}.json",
-        help="where the figures go",
+        "--repeats", type=int, default=DEFAULT_REPEATS, help="runs of the interface measure"
     )
+    parser.add_argument("--out", type=Path, default=default_output(), help="where figures go")
     return parser.parse_args(argv)
 
 
@@ -202,34 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kinesis_endpoint_url": started.kinesis,
                 "dynamodb_endpoint_url": started.dynamodb,
             }
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        settings = {
-            **endpoints,
-            "region": os.environ.get("KEO_REGION", "us-east-1"),
-            "stream": f"bench-spark-{stamp}",
-            "table": f"bench-spark-{stamp}",
-        }
-        spark = local_session("keo-spark-bench")
-        cleanup.callback(spark.stop)
-        figures = run(
-            spark,
-            settings,
+        results = bench(
+            {**endpoints, "region": os.environ.get("KEO_REGION", emulators.REGION)},
             rows=args.rows,
-            interface_rows=args.interface_rows,
+            interface_rows=args.interface_rows or DEFAULT_INTERFACE_ROWS,
             repeats=args.repeats,
         )
-    more = "".join(f" --interface-rows {n}" for n in args.interface_rows)
-    result = {
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "rows": args.rows,
-        "command": (
-            f"python -m devstack.spark_bench --rows {args.rows}{more} --repeats {args.repeats}"
-        ),
-        "machine": _machine(),
-        **figures,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write(results, args.out)
     log.info("figures written to %s", args.out)
     return 0
 

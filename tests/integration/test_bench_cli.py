@@ -39,6 +39,7 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     env = {**os.environ, **emulators.as_env()}
     # WHEN a tiny benchmark runs, two ceiling/producer pairs at one concurrency
     tiny = ["--messages", "100", "--concurrency", "4", "--reconcile", "10", "--repeat", "2"]
+    tiny.append("--no-spark")  # the Spark part has its own test, on the session's Spark
     done = subprocess.run(
         [KEO, "bench", *tiny, "--output", str(output), "--docs", str(docs)],
         env=env,

@@ -1,0 +1,59 @@
+"""The Spark bench, tiny, on the session's SparkSession: every figure ``make bench`` promises
+is in its results, and ``keo bench`` renders them. Nothing about speed is asserted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.bench import render_spark_table
+from devstack import emulators as local_stack
+from devstack import spark_bench
+
+SINKS = ("arrow", "rows", "keo_send", "plain_foreach_batch")
+RATIOS = ("new_vs_keo_send", "duplicate_vs_keo_send", "new_vs_plain_foreach_batch")
+
+
+def _rate(figures: dict[str, Any]) -> float:
+    rate = figures["rows_per_s"]
+    assert isinstance(rate, float)
+    assert rate > 0
+    return rate
+
+
+def test_the_spark_bench_reports_every_sink_and_ratio(
+    spark: Any, emulators: local_stack.Endpoints
+) -> None:
+    # GIVEN the session's Spark and the emulators
+    endpoints = {
+        "kinesis_endpoint_url": emulators.kinesis,
+        "dynamodb_endpoint_url": emulators.dynamodb,
+        "region": local_stack.REGION,
+    }
+    # WHEN the bench runs on 200 rows, once each
+    results = spark_bench.run(spark, endpoints, rows=200, interface_rows=(), repeats=1)
+    # THEN every sink has its rate end to end, new and (but for the plain sink) DUPLICATE
+    end_to_end = results["end_to_end"]
+    assert set(end_to_end) == set(SINKS)
+    for name in SINKS:
+        _rate(end_to_end[name]["new"])
+        if name != "plain_foreach_batch":
+            _rate(end_to_end[name]["duplicate"])
+    assert "duplicate" not in end_to_end["plain_foreach_batch"]
+    assert end_to_end["keo_send"]["startup_s"] > 0
+    # AND each writer's interface alone
+    for name in ("arrow", "rows"):
+        _rate(results["interface"][name]["200"])
+    # AND every ratio: format("keo")'s writers against keo send and the plain sink
+    for name in ("arrow", "rows"):
+        assert all(isinstance(results["ratios"][name][r], float) for r in RATIOS)
+    assert results["ratios"]["keo_send"]["new_vs_keo_send"] == 1.0
+    assert results["ratios"]["plain_foreach_batch"]["duplicate_vs_keo_send"] is None
+    # AND the load average at the start and at the end, for reading noisy figures
+    load = results["machine"]["load_average"]
+    assert len(load["start"]) == len(load["end"]) == 3
+    # AND it is JSON, and keo bench renders a row per sink from it
+    table = render_spark_table(json.loads(json.dumps(results)))
+    assert table.count("\n| format(") == 4  # two writers, end to end and interface alone
+    assert "\n| `keo send`" in table
+    assert "\n| plain `foreachBatch`" in table
