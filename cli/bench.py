@@ -45,8 +45,8 @@ def bench(
         typer.Option(
             min=1,
             max=20,
-            help="ceiling and producer runs back to back per concurrency; the median ratio "
-            "is reported (rates swing on a shared machine)",
+            help="runs of the baseline, and of the ceiling and producer back to back per "
+            "concurrency; the medians are reported (rates swing on a shared machine)",
         ),
     ] = 3,
     output: Annotated[

@@ -34,7 +34,6 @@ from typing import Any
 
 import botocore.exceptions
 from pynamodb.connection.table import TableConnection
-from pynamodb.constants import PUT_ITEM, UPDATE_ITEM
 from pynamodb.exceptions import PynamoDBException, TableDoesNotExist, TableError
 
 from dedupe_store import expressions as x
@@ -636,7 +635,7 @@ class DynamoDBLedger:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         try:
-            self._connection().connection.dispatch(PUT_ITEM, kwargs)
+            self.client.put_item(**kwargs)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             # a retry of our own applied put fails its condition on our own token
             current = (
@@ -783,7 +782,9 @@ class DynamoDBLedger:
         values[":token"] = x.s(token)
         kwargs = x.update_kwargs(self.table_name, pk, update, condition, values)
         try:
-            data = self._connection().connection.dispatch(UPDATE_ITEM, kwargs)
+            # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity, a
+            # uuid and its signals to the call every message makes (about 0.1 ms of CPU each)
+            data = self.client.update_item(**kwargs)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             if _code_of(exc) != _CONDITION_FAILED:
                 raise _translate(exc, self.table_name, key, "update") from exc

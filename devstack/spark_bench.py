@@ -77,7 +77,7 @@ from spark_jobs.writer import PartitionReport, producer_settings
 log = logging.getLogger(__name__)
 
 INTERFACES: Final = {"arrow": "true", "rows": "false"}
-KEO_SEND: Final = "keo_send"
+CLI_SEND: Final = "keo_send"
 PLAIN_SINK: Final = "plain_foreach_batch"
 PARTITIONS: Final = 2
 PAYLOAD_BYTES: Final = 200
@@ -188,7 +188,7 @@ def _figures(rows: int, seconds: list[float]) -> dict[str, Any]:
 
 def _ratios(end_to_end: Mapping[str, Any]) -> dict[str, Any]:
     """Each sink's rate over ``keo send``'s (new, DUPLICATE) and the plain sink's (new)."""
-    send, plain = end_to_end[KEO_SEND], end_to_end[PLAIN_SINK]
+    send, plain = end_to_end[CLI_SEND], end_to_end[PLAIN_SINK]
 
     def ratio(figures: Mapping[str, Any] | None, reference: Mapping[str, Any]) -> float | None:
         if figures is None:
@@ -244,7 +244,7 @@ def run(
     register(spark)
     spark.dataSource.register(InterfaceBenchSource)
     say("spark: a stream and a ledger table for each measure")
-    streams = _fresh_streams(settings, ["interface", KEO_SEND, *INTERFACES, PLAIN_SINK])
+    streams = _fresh_streams(settings, ["interface", CLI_SEND, *INTERFACES, PLAIN_SINK])
     interface = _interface(
         spark,
         streams["interface"],
@@ -255,7 +255,7 @@ def run(
     )
     end_to_end: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="keo-spark-bench-") as folder:
-        end_to_end[KEO_SEND] = _keo_send(streams[KEO_SEND], Path(folder), rows, say)
+        end_to_end[CLI_SEND] = _keo_send(streams[CLI_SEND], Path(folder), rows, say)
     for name, arrow in INTERFACES.items():
         options = {**streams[name], "arrow": arrow}
         frame = _frame(spark, rows, name)
@@ -312,8 +312,8 @@ def _keo_send(options: dict[str, str], folder: Path, rows: int, say: Say) -> dic
         "PYTHONPATH": worker_python_path(),
     }
     say("spark: keo send's start (an empty input)")
-    startup_s = _timed_send(env, _write_lines(folder / "empty.jsonl", 0, KEO_SEND), "none")
-    lines = _write_lines(folder / "rows.jsonl", rows, KEO_SEND)
+    startup_s = _timed_send(env, _write_lines(folder / "empty.jsonl", 0, CLI_SEND), "none")
+    lines = _write_lines(folder / "rows.jsonl", rows, CLI_SEND)
     figures: dict[str, Any] = {"startup_s": round(startup_s, 3)}
     for run_name, expected in (("new", "SENT"), ("duplicate", "DUPLICATE")):
         say(f"spark: keo send, {rows} rows ({run_name})")
