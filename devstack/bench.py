@@ -162,7 +162,13 @@ class Bench:
         }
 
     def exactly_once(
-        self, count: int, size: int, concurrency: int, *, aggregate: bool = False
+        self,
+        count: int,
+        size: int,
+        concurrency: int,
+        *,
+        aggregate: bool = False,
+        ceiling: Callable[[], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """A clean run of ``count`` new messages, then the same messages again (the
         DUPLICATE path), each metered as AWS would bill it.
@@ -170,6 +176,9 @@ class Bench:
         The meter prices every call in the producer's process, which costs CPU a producer in
         production does not spend (about 0.1 ms a message here). So each path runs twice on
         keys of its own: unmetered for the rate and the client CPU, metered for the bill.
+        ``ceiling``, when given, is measured right before and right after the unmetered clean
+        run, and their mean is the ceiling that run is compared with: the machine's load
+        drifts over the seconds a run takes.
         """
         settings = self._fresh(
             "eo-agg" if aggregate else "eo", ledger_concurrency=concurrency, aggregate=aggregate
@@ -180,7 +189,9 @@ class Bench:
         timed = _messages(count, size, "eo-timed")
         with stack.producer(owner="bench") as producer:
             clean = _metered(stack, lambda: _send_all(producer, billed))
+            before = ceiling() if ceiling is not None else None
             clean_timed = _timed(lambda: _send_all(producer, timed))
+            after = ceiling() if ceiling is not None else None
             again = _metered(stack, lambda: _send_all(producer, billed))
             again_timed = _timed(lambda: _send_all(producer, timed))
         puts = kinesis.calls["PutRecords"]  # the DUPLICATE runs put nothing
@@ -198,6 +209,7 @@ class Bench:
             "kinesis_records_per_message": round(records / max(sent, 1), 5),
             "mean_batch_fill": round(records / max(puts, 1), 1),
             "duplicate_path": _rates_of(again, again_timed),
+            **({"ledger_ceiling": _mean_ceiling(before, after)} if before and after else {}),
         }
 
     def reconcile(self, stale: int, *, shards: int = 4) -> dict[str, Any]:
@@ -245,6 +257,17 @@ def _send_all(producer: ExactlyOnceProducer, messages: Sequence[Message]) -> int
     for start in range(0, len(messages), 5000):
         settled += sum(1 for o in producer.send(messages[start : start + 5000]) if o.delivered)
     return settled
+
+
+def _mean_ceiling(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    rates = [before["messages_per_second_ceiling"], after["messages_per_second_ceiling"]]
+    return {
+        **before,
+        "conditional_writes": before["conditional_writes"] + after["conditional_writes"],
+        "before_and_after": rates,
+        "writes_per_second": round(sum(rates) / 2, 1),
+        "messages_per_second_ceiling": round(sum(rates) / 2, 1),
+    }
 
 
 def _timed(send: Callable[[], int]) -> dict[str, Any]:
@@ -337,20 +360,25 @@ def _at_concurrency(
     repeat: int,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """The ledger ceiling and the producer, measured ``repeat`` times back to back.
+    """The ledger ceiling and the producer, measured ``repeat`` times.
 
     On a shared machine a rate swings with whatever else runs, so each producer run is
-    compared with the ceiling measured just before it, and the run with the median ratio is
-    reported (its counts with it), every pair kept in ``repeats``.
+    compared with the ceiling measured right before and right after it, and the run with the
+    median ratio is reported (its counts with it), every pair kept in ``repeats``.
     """
     pairs = []
     for attempt in range(1, repeat + 1):
-        say(f"ledger ceiling at concurrency {concurrency} ({attempt}/{repeat})")
-        ceiling = bench.ledger_ceiling(min(messages * 2, 4000), concurrency)
-        say(f"exactly-once at concurrency {concurrency}: {messages} messages ({attempt}/{repeat})")
-        result = bench.exactly_once(messages, size, concurrency)
-        result["ledger_ceiling"] = ceiling
-        ceiling_rate = ceiling["messages_per_second_ceiling"]
+        say(
+            f"exactly-once at concurrency {concurrency}: {messages} messages, the ledger "
+            f"ceiling before and after ({attempt}/{repeat})"
+        )
+        result = bench.exactly_once(
+            messages,
+            size,
+            concurrency,
+            ceiling=lambda: bench.ledger_ceiling(min(messages * 2, 4000), concurrency),
+        )
+        ceiling_rate = result["ledger_ceiling"]["messages_per_second_ceiling"]
         for path in (result, result["duplicate_path"]):
             path["ceiling_fraction"] = round(path["messages_per_second"] / ceiling_rate, 3)
             path["ratio_to_baseline"] = round(

@@ -49,7 +49,7 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     )
     # THEN it succeeds, with progress on stderr and the table on stdout
     assert done.returncode == 0, done.stderr.decode()
-    assert b"keo bench: ledger ceiling at concurrency 4 (2/2)" in done.stderr
+    assert b"the ledger ceiling before and after (2/2)" in done.stderr
     assert b"| exactly-once | new | 4 |" in done.stdout
     # AND the JSON holds every per-message figure, for new keys and for the resend
     results = json.loads(output.read_text(encoding="utf-8"))
