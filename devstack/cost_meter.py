@@ -142,8 +142,19 @@ class BillingMeter:
     and counted inexact, but not priced.
     """
 
-    def __init__(self, tables: Mapping[str, TableSpec]) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, TableSpec],
+        *,
+        read_item: Callable[[str, Mapping[str, Any]], Item | None] | None = None,
+    ) -> None:
+        """``read_item(table, key)``, when given, reads an item's image after an UpdateItem
+        that did not return it (a consistent GetItem on a client the meter does not watch):
+        the producer's claims ask only for the old values. Without it such a call is priced
+        as a lower bound and counted inexact. The read is the meter's, not the workload's;
+        it assumes no other writer changes the item in between, as in the benchmark."""
         self._tables = dict(tables)
+        self._read_item = read_item
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._write = WriteCost(0, 0)
@@ -224,6 +235,18 @@ class BillingMeter:
         operation = model.name
         params: Mapping[str, Any] = context.get(_PARAMS) or {}
         error_code = parsed.get("Error", {}).get("Code")
+        if (
+            operation == "UpdateItem"
+            and error_code is None
+            and params.get("ReturnValues") != "ALL_NEW"
+            and self._read_item is not None
+            and params.get("TableName") in self._tables
+        ):
+            # read outside the lock; priced below as if the new image had been returned
+            image = self._read_item(params["TableName"], params["Key"])
+            if image is not None:
+                params = {**params, "ReturnValues": "ALL_NEW"}
+                parsed = {**parsed, "Attributes": image}
         with self._lock:
             self._requests[operation] += 1
             self._retried_attempts += int(
