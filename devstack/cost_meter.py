@@ -12,7 +12,9 @@ a client's calls through botocore's event hooks and prices each one with
 
 What a write costs depends on the item *before* it, which no response carries unless asked
 (``ReturnValues``). The meter keeps a shadow of the last full image it saw per primary key:
-PutItem's item, UpdateItem's ``ALL_NEW`` attributes, ``ALL_OLD`` attributes, the ``Item`` a
+PutItem's item, UpdateItem's ``ALL_NEW`` attributes (or, for an UpdateItem that asked for
+less, as the producer's claims do, the image ``read_item`` reads when the meter is given one),
+``ALL_OLD`` attributes, the ``Item`` a
 failed condition returns with ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` (AWS does; dynalite
 ignores the flag), and strongly consistent GetItem / BatchGetItem / Query / Scan results. A key
 it has never seen is taken as absent.
@@ -20,7 +22,8 @@ it has never seen is taken as absent.
 So the meter is exact when it sees every write to the items it prices, from the table's
 creation on, and writes to one key are not concurrent (as in a benchmark run). Where it has to
 guess, it prices a lower bound and counts the call in ``MeterReading.inexact_calls``:
-an UpdateItem without ``ReturnValues=ALL_NEW`` (the new image is unknown), a read with a
+an UpdateItem without ``ReturnValues=ALL_NEW`` and no ``read_item`` (the new image is
+unknown), a read with a
 projection or a filter (AWS bills the whole items evaluated, the response holds less), a call
 that got no response (it may have been applied), a table without a ``TableSpec``, and
 operations the model does not price (transactions, PartiQL). Errors other than a failed
