@@ -106,6 +106,8 @@ def update_kwargs(
     update: str,
     condition: str,
     values: dict[str, Any],
+    *,
+    returns: str = "ALL_NEW",
 ) -> dict[str, Any]:
     return {
         "TableName": table,
@@ -114,6 +116,6 @@ def update_kwargs(
         "ConditionExpression": condition,
         "ExpressionAttributeNames": names_in(update, condition),
         "ExpressionAttributeValues": values,
-        "ReturnValues": "ALL_NEW",
+        "ReturnValues": returns,
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }

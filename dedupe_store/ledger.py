@@ -722,11 +722,37 @@ class DynamoDBLedger:
         if request.payload:
             update = x.CLAIM_WITH_PAYLOAD
             values[":payload"] = x.b(request.payload)
+        # A won claim wrote every attribute of the item but its attempt, so DynamoDB is asked
+        # for the old values only (none for a new key) rather than the whole new item: the
+        # response every message waits for stays empty, and botocore parses nothing.
         applied, item = self._update(
-            ledger_pk(request.stream, request.key), request.key, update, x.CLAIMABLE, values
+            ledger_pk(request.stream, request.key),
+            request.key,
+            update,
+            x.CLAIMABLE,
+            values,
+            returns="UPDATED_OLD",
         )
-        current = None if item is None else _claim_of(item)
-        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
+        if not applied:
+            return ClaimResult.lost(None if item is None else _claim_of(item))
+        if item is not None and "pk" in item:
+            return ClaimResult.won(_claim_of(item))  # a retry of ours: the item as it is
+        before = item or {}
+        return ClaimResult.won(
+            KeyClaim(
+                stream=request.stream,
+                key=request.key,
+                state=state,
+                attempt=int(before["attempt"]["N"]) + 1 if "attempt" in before else 1,
+                group_id=group.group_id,
+                claimed_at_ms=now_ms,
+                payload_digest=request.payload_digest,
+                routing_hash_key=request.routing_hash_key,
+                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
+                write_token=values[":token"]["S"],
+                payload=request.payload or None,
+            )
+        )
 
     def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
         """CLAIMED(n, G) -> CLAIMED(n + 1, ``group``), conditional on the attempt and group seen."""
@@ -770,9 +796,18 @@ class DynamoDBLedger:
             raise _translate(exc, self.table_name, key, "delete") from exc
 
     def _update(
-        self, pk: str, key: str | None, update: str, condition: str, values: dict[str, Any]
+        self,
+        pk: str,
+        key: str | None,
+        update: str,
+        condition: str,
+        values: dict[str, Any],
+        *,
+        returns: str = "ALL_NEW",
     ) -> tuple[bool, dict[str, Any] | None]:
-        """One conditional UpdateItem: (True, new item) or (False, the item that won instead).
+        """One conditional UpdateItem: (True, the item ``returns`` asks for: the new one, or
+        with ``UPDATED_OLD`` the old values of the attributes written, None for a new item),
+        or (False, the item that won instead).
 
         Each write carries a token of its own. When the SDK retried a request whose first try
         was applied, the retry fails its condition and finds the token: the write is ours.
@@ -780,7 +815,7 @@ class DynamoDBLedger:
         """
         token = secrets.token_hex(8)
         values[":token"] = x.s(token)
-        kwargs = x.update_kwargs(self.table_name, pk, update, condition, values)
+        kwargs = x.update_kwargs(self.table_name, pk, update, condition, values, returns=returns)
         try:
             # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity, a
             # uuid and its signals to the call every message makes (about 0.1 ms of CPU each)
@@ -793,7 +828,8 @@ class DynamoDBLedger:
                 current = self._get_item(pk, key, "read after a lost condition", consistent=True)
             mine = current is not None and current.get("write_token", {}).get("S") == token
             return mine, current
-        return True, data["Attributes"]
+        returned: dict[str, Any] | None = data.get("Attributes")
+        return True, returned
 
 
 def _key_held(seen: KeyClaim) -> dict[str, dict[str, str]]:

@@ -14,7 +14,7 @@ import platform
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -298,7 +298,12 @@ def _rates_of(metered: dict[str, Any], timed: dict[str, Any]) -> dict[str, Any]:
 def _metered(stack: Stack, send: Callable[[], int]) -> dict[str, Any]:
     """Run ``send`` with a billing meter on the ledger's client: the DynamoDB requests and
     units per message as AWS bills them (and the rate, slowed by the meter's own work)."""
-    meter = BillingMeter({stack.settings.table: ledger_table_spec()})
+    unwatched = ledger_from(stack.settings).client  # the meter's own reads, never priced
+
+    def read_item(table: str, key: Mapping[str, Any]) -> Any:
+        return unwatched.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+
+    meter = BillingMeter({stack.settings.table: ledger_table_spec()}, read_item=read_item)
     meter.attach(stack.ledger.client)
     try:
         timed = _timed(send)

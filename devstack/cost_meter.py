@@ -12,7 +12,9 @@ a client's calls through botocore's event hooks and prices each one with
 
 What a write costs depends on the item *before* it, which no response carries unless asked
 (``ReturnValues``). The meter keeps a shadow of the last full image it saw per primary key:
-PutItem's item, UpdateItem's ``ALL_NEW`` attributes, ``ALL_OLD`` attributes, the ``Item`` a
+PutItem's item, UpdateItem's ``ALL_NEW`` attributes (or, for an UpdateItem that asked for
+less, as the producer's claims do, the image ``read_item`` reads when the meter is given one),
+``ALL_OLD`` attributes, the ``Item`` a
 failed condition returns with ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` (AWS does; dynalite
 ignores the flag), and strongly consistent GetItem / BatchGetItem / Query / Scan results. A key
 it has never seen is taken as absent.
@@ -20,7 +22,8 @@ it has never seen is taken as absent.
 So the meter is exact when it sees every write to the items it prices, from the table's
 creation on, and writes to one key are not concurrent (as in a benchmark run). Where it has to
 guess, it prices a lower bound and counts the call in ``MeterReading.inexact_calls``:
-an UpdateItem without ``ReturnValues=ALL_NEW`` (the new image is unknown), a read with a
+an UpdateItem without ``ReturnValues=ALL_NEW`` and no ``read_item`` (the new image is
+unknown), a read with a
 projection or a filter (AWS bills the whole items evaluated, the response holds less), a call
 that got no response (it may have been applied), a table without a ``TableSpec``, and
 operations the model does not price (transactions, PartiQL). Errors other than a failed
@@ -142,8 +145,19 @@ class BillingMeter:
     and counted inexact, but not priced.
     """
 
-    def __init__(self, tables: Mapping[str, TableSpec]) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, TableSpec],
+        *,
+        read_item: Callable[[str, Mapping[str, Any]], Item | None] | None = None,
+    ) -> None:
+        """``read_item(table, key)``, when given, reads an item's image after an UpdateItem
+        that did not return it (a consistent GetItem on a client the meter does not watch):
+        the producer's claims ask only for the old values. Without it such a call is priced
+        as a lower bound and counted inexact. The read is the meter's, not the workload's;
+        it assumes no other writer changes the item in between, as in the benchmark."""
         self._tables = dict(tables)
+        self._read_item = read_item
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._write = WriteCost(0, 0)
@@ -224,6 +238,18 @@ class BillingMeter:
         operation = model.name
         params: Mapping[str, Any] = context.get(_PARAMS) or {}
         error_code = parsed.get("Error", {}).get("Code")
+        if (
+            operation == "UpdateItem"
+            and error_code is None
+            and params.get("ReturnValues") != "ALL_NEW"
+            and self._read_item is not None
+            and params.get("TableName") in self._tables
+        ):
+            # read outside the lock; priced below as if the new image had been returned
+            image = self._read_item(params["TableName"], params["Key"])
+            if image is not None:
+                params = {**params, "ReturnValues": "ALL_NEW"}
+                parsed = {**parsed, "Attributes": image}
         with self._lock:
             self._requests[operation] += 1
             self._retried_attempts += int(

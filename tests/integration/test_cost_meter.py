@@ -157,8 +157,13 @@ def test_the_meter_follows_the_ledgers_own_calls(
     THEN the meter bills the two PutItems, the three UpdateItems and any consistent read-back
     of the loser by the item images, read here on an unmetered client after each step: the
     groups enter the in-flight index when they open and leave it when they settle; the key's
-    claim touches no index."""
-    meter = BillingMeter({names.table: SPEC})
+    claim touches no index. The claim asks only for the old values, so the meter reads the
+    new image itself, on the unmetered client, as the benchmark does."""
+
+    def read_item(table: str, item_key: Any) -> Any:
+        return dynamodb.get_item(TableName=table, Key=item_key, ConsistentRead=True).get("Item")
+
+    meter = BillingMeter({names.table: SPEC}, read_item=read_item)
     meter.attach(ledger.client)
     key = {"pk": _s(ledger_pk(STREAM, "k-1"))}
 

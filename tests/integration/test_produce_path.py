@@ -383,12 +383,13 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
     updates = Counter[str]()
     lock = threading.Lock()
 
-    def stall_after_the_claims(parsed: dict[str, Any], **_: Any) -> None:
+    def stall_after_the_claims(**_: Any) -> None:
         with lock:
             updates["UpdateItem"] += 1
             if updates["UpdateItem"] == len(batch):
-                group_id = parsed["Attributes"]["group"]["S"]
-                group = stack.ledger.get_group(stack.settings.stream, group_id)
+                claim = stack.ledger.get_claim(stack.settings.stream, batch[0].key)
+                assert claim is not None
+                group = stack.ledger.get_group(stack.settings.stream, claim.group_id)
                 assert group is not None
                 clock.offset_ms += group.lease_expires_at_ms - 1_000 - clock.now_ms()
 
