@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -58,7 +57,7 @@ from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs import register
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import local_session
-from spark_jobs.writer import producer_settings
+from spark_jobs.writer import per_worker, producer_settings
 
 log = logging.getLogger(__name__)
 
@@ -144,20 +143,15 @@ def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) 
 
 # --- the plain at-least-once sink --------------------------------------------------------------
 
-_CLIENTS: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
 
 def _put_client(values: Mapping[str, str]) -> Any:
     """One client per Python worker process and settings (rebuilt after a fork)."""
-    cache_key = (os.getpid(), tuple(sorted(values.items())))
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(cache_key)
-        if client is None:
-            # SDK retries off, short timeouts: this sink's loop below does the SDK's resending
-            client = kinesis_client(producer_settings(values), for_put=True)
-            _CLIENTS[cache_key] = client
-        return client
+    # SDK retries off, short timeouts: this sink's loop below does the SDK's resending
+    return per_worker(
+        "plain-put-client",
+        values,
+        lambda: kinesis_client(producer_settings(values), for_put=True),
+    )
 
 
 @dataclass(frozen=True)

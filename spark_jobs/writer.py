@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from dedupe_store.settings import ENV_PREFIX, env_var
 from producer.errors import UnresolvedKeysError
@@ -93,26 +93,37 @@ def producer_settings(values: Mapping[str, str]) -> ProducerSettings:
     return ProducerSettings(**kwargs)
 
 
-# One client set per Python worker process, keyed by the settings; rebuilt after a fork
-# (boto3 clients must not cross one).
-_STACKS: dict[tuple[int, tuple[tuple[str, str], ...]], Stack] = {}
-_STACKS_LOCK = threading.Lock()
+# What a Python worker process builds once per settings (a client set, a client), rebuilt
+# after a fork: boto3 clients must not cross one.
+_T = TypeVar("_T")
+_PER_WORKER: dict[tuple[str, int, tuple[tuple[str, str], ...]], Any] = {}
+_PER_WORKER_LOCK = threading.Lock()
+
+
+def per_worker(kind: str, values: Mapping[str, str], build: Callable[[], _T]) -> _T:
+    """``build()``'s result, once per ``kind``, settings and Python worker process."""
+    cache_key = (kind, os.getpid(), tuple(sorted(values.items())))
+    with _PER_WORKER_LOCK:
+        built: _T | None = _PER_WORKER.get(cache_key)
+        if built is None:
+            built = _PER_WORKER[cache_key] = build()
+        return built
 
 
 def stack_for(values: Mapping[str, str]) -> Stack:
-    cache_key = (os.getpid(), tuple(sorted(values.items())))
-    with _STACKS_LOCK:
-        stack = _STACKS.get(cache_key)
-        if stack is None:
-            stack = build_stack(producer_settings(values))
-            _STACKS[cache_key] = stack
-            log.info(
-                "spark clients built pid=%d stream=%s table=%s",
-                os.getpid(),
-                stack.settings.stream,
-                stack.settings.table,
-            )
+    """One client set per Python worker process and settings."""
+
+    def build() -> Stack:
+        stack = build_stack(producer_settings(values))
+        log.info(
+            "spark clients built pid=%d stream=%s table=%s",
+            os.getpid(),
+            stack.settings.stream,
+            stack.settings.table,
+        )
         return stack
+
+    return per_worker("stack", values, build)
 
 
 # --- what comes back from a partition ---------------------------------------------------------
