@@ -28,6 +28,7 @@ import base64
 import json
 import logging
 import secrets
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
@@ -50,6 +51,7 @@ from dedupe_store.model import (
     ConnectionOptions,
     LedgerItem,
     bind_ledger_model,
+    data_client,
 )
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
@@ -145,6 +147,8 @@ class DynamoDBLedger:
     ) -> None:
         self._options = options
         self._model: type[LedgerItem] = bind_ledger_model(options)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
 
@@ -158,8 +162,13 @@ class DynamoDBLedger:
 
     @property
     def client(self) -> Any:
-        """The botocore client underneath, for event hooks (metrics, injected faults)."""
-        return self._connection().connection.client
+        """The botocore client of every read and write, made on first use; also for event
+        hooks (metrics, injected faults, the cost meter)."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = data_client(self._options)
+        return self._client
 
     def _connection(self) -> TableConnection:
         return self._model._get_connection()

@@ -220,6 +220,11 @@ class LedgerSettings(BaseSettings):
             )
         return session_region
 
+    def ledger_callers(self) -> int:
+        """Ledger calls this process may have in flight at once: its connection pool's size
+        (a call beyond it opens a connection and throws it away after)."""
+        return self.ledger_concurrency
+
     def ledger_connection(self) -> ConnectionOptions:
         key_id, secret = emulator_credentials_for(self.dynamodb_endpoint_url) or (None, None)
         return ConnectionOptions(
@@ -229,7 +234,7 @@ class LedgerSettings(BaseSettings):
             connect_timeout_s=self.ledger_connect_timeout_s,
             read_timeout_s=self.ledger_read_timeout_s,
             max_retry_attempts=self.ledger_max_retry_attempts,
-            max_pool_connections=max(self.ledger_concurrency, 10),
+            max_pool_connections=max(self.ledger_callers(), 10),
             aws_access_key_id=key_id,
             aws_secret_access_key=secret,
         )

@@ -16,12 +16,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
+from dedupe_store.model import data_client
 from devstack.cost_meter import BillingMeter, ledger_table_spec
 from devstack.failpoints import FailpointError, Failpoints
 from producer.hooks import Step
@@ -128,14 +126,10 @@ class Bench:
         floor of the protocol is one conditional write per message, so it is also the
         ceiling in messages per second."""
         settings = self._fresh("ceiling", shards=1)
-        options = settings.ledger_connection()
-        client = boto3.session.Session().client(
-            "dynamodb",
-            region_name=options.region,
-            endpoint_url=options.host,
-            aws_access_key_id=options.aws_access_key_id,
-            aws_secret_access_key=options.aws_secret_access_key,
-            config=Config(max_pool_connections=max(concurrency, 10), retries={"max_attempts": 3}),
+        # the ledger's own client configuration: the ceiling is the emulator's, not a slower
+        # client's
+        client = data_client(
+            replace(settings.ledger_connection(), max_pool_connections=max(concurrency, 10))
         )
 
         def write(i: int) -> None:

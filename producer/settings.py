@@ -263,6 +263,10 @@ class ProducerSettings(LedgerSettings):
             signature_window_ms=round(self.signature_window_s * 1000) if self.fenced else None,
         )
 
+    def ledger_callers(self) -> int:
+        # the claim workers, and beside them each group in flight opening, renewing, settling
+        return self.ledger_concurrency + self.groups_in_flight
+
     def kinesis_region(self) -> str:
         return self.resolved_region()
 
