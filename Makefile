@@ -22,7 +22,7 @@ MESSAGES ?= 400
 VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 
-.PHONY: help setup venv node_modules test lint settings-doc demo bench soak emulators-up \
+.PHONY: help setup venv node_modules test lint settings-doc demo bench bench-compare soak emulators-up \
 	emulators-down emulators-status clean distclean
 
 help: ## list the targets
@@ -61,6 +61,9 @@ demo: setup ## the end-to-end demo on the local stack
 
 bench: setup ## keo bench: the producer, then the Spark data source; figures go to files
 	$(BIN)/keo bench
+
+bench-compare: setup ## this tree's producer against BEFORE=<rev>'s, alternating on one stack
+	$(BIN)/python -m devstack.compare --before '$(BEFORE)' --state-dir $(STATE_DIR)
 
 soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400)
 	SOAK_SEEDS='$(SEEDS)' SOAK_MESSAGES='$(MESSAGES)' $(BIN)/pytest tests/integration/test_soak.py -v $(PYTEST_ARGS)

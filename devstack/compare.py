@@ -1,0 +1,201 @@
+"""Before and after on one machine: the producer of another revision against this one.
+
+``make bench-compare BEFORE=<rev>`` (``python -m devstack.compare --before <rev>``) checks
+the revision out into a temporary git worktree and alternates, round by round on the same
+emulators: the ledger ceiling and the plain ``put_records`` baseline (this revision's bench
+code), then one producer run of each revision, each in a process of its own.
+
+A shared machine's speed drifts by a third within minutes, and ``keo bench`` runs taken
+minutes apart drift apart. Runs taken side by side drift together: the ratio of the two
+producers' rates holds when the rates themselves do not. It is also the ratio of their
+ratios to plain ``put_records``, the baseline being the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# Runs in the revision under test (its tree first on sys.path): only names every revision
+# since the first ledger has.
+_PRODUCER_RUN = """
+import json, os, sys, time
+from devstack.bench import Bench, _messages
+from producer.settings import ProducerSettings
+from producer.wiring import build_stack
+
+count, concurrency = int(sys.argv[1]), int(sys.argv[2])
+bench = Bench(ProducerSettings(stream="compare", table="compare"))
+settings = bench._fresh("compare", ledger_concurrency=concurrency)
+messages = _messages(count, 200, "compare")
+with build_stack(settings).producer(owner="compare") as producer:
+    cpu, wall = time.process_time(), time.perf_counter()
+    delivered = 0
+    for start in range(0, count, 5000):
+        outcomes = producer.send(messages[start : start + 5000])
+        delivered += sum(1 for outcome in outcomes if outcome.delivered)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({
+    "delivered": delivered,
+    "messages_per_second": round(delivered / wall, 1),
+    "client_cpu_ms_per_message": round(cpu * 1000 / max(delivered, 1), 3),
+}))
+"""
+
+
+def producer_run(tree: Path, count: int, concurrency: int) -> dict[str, Any]:
+    """One producer run of the code in ``tree``, in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PRODUCER_RUN, str(count), str(concurrency)],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the producer of {tree} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["delivered"] != count:
+        raise RuntimeError(f"the producer of {tree} delivered {result['delivered']} of {count}")
+    return result
+
+
+def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds; ratios are taken within each round, then their median."""
+
+    def median(figure: Callable[[dict[str, Any]], float]) -> float:
+        return round(statistics.median(figure(r) for r in rounds), 4)
+
+    def side(name: str) -> dict[str, float]:
+        return {
+            "messages_per_second": median(lambda r: r[name]["messages_per_second"]),
+            "client_cpu_ms_per_message": median(lambda r: r[name]["client_cpu_ms_per_message"]),
+            "ratio_to_baseline": median(
+                lambda r: r[name]["messages_per_second"] / r["baseline_messages_per_second"]
+            ),
+            "ceiling_fraction": median(
+                lambda r: r[name]["messages_per_second"] / r["ceiling_messages_per_second"]
+            ),
+        }
+
+    def speedup(r: dict[str, Any]) -> float:
+        return float(r["after"]["messages_per_second"] / r["before"]["messages_per_second"])
+
+    return {
+        "rounds": len(rounds),
+        "baseline_messages_per_second": median(lambda r: r["baseline_messages_per_second"]),
+        "ceiling_messages_per_second": median(lambda r: r["ceiling_messages_per_second"]),
+        "before": side("before"),
+        "after": side("after"),
+        "after_over_before": {
+            "messages_per_second": median(speedup),
+            "rounds_at_least_2x": sum(1 for r in rounds if speedup(r) >= 2),
+            "client_cpu_ms_per_message": median(
+                lambda r: (
+                    r["after"]["client_cpu_ms_per_message"]
+                    / r["before"]["client_cpu_ms_per_message"]
+                )
+            ),
+        },
+    }
+
+
+def _revision(ref: str, cwd: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def compare(
+    before: str, *, rounds: int, count: int, concurrency: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    from devstack.bench import Bench, load_average, machine
+    from producer.settings import ProducerSettings
+
+    here = Path(__file__).resolve().parent.parent
+    bench = Bench(ProducerSettings(stream="compare", table="compare"))
+    load_at_start = load_average()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="keo-compare-") as scratch:
+        tree = Path(scratch) / "before"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "--quiet", str(tree), before],
+            cwd=here,
+            check=True,
+        )
+        try:
+            for n in range(1, rounds + 1):
+                say(f"round {n}/{rounds}: ceiling, baseline, {before}, this tree")
+                ceiling = bench.ledger_ceiling(count, concurrency)
+                baseline = bench.baseline(count, 200)
+                results.append(
+                    {
+                        "ceiling_messages_per_second": ceiling["messages_per_second_ceiling"],
+                        "baseline_messages_per_second": baseline["messages_per_second"],
+                        "before": producer_run(tree, count, concurrency),
+                        "after": producer_run(here, count, concurrency),
+                    }
+                )
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree)], cwd=here, check=False
+            )
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(load_at_start),
+        "before": {"ref": before, "revision": _revision(before, here)},
+        "after": {"ref": "this tree", "revision": _revision("HEAD", here)},
+        "messages": count,
+        "message_bytes": 200,
+        "concurrency": concurrency,
+        "summary": summary(results),
+        "rounds": results,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds (default 6)")
+    parser.add_argument("--messages", type=int, default=4000, help="per producer run")
+    parser.add_argument("--concurrency", type=int, default=32, help="ledger concurrency")
+    parser.add_argument("--state-dir", type=Path, default=Path(".keo"), help="local stack")
+    parser.add_argument("--output", type=Path, help="default bench/results/compare-<date>.json")
+    args = parser.parse_args(argv)
+
+    def say(text: str) -> None:
+        print(f"bench-compare: {text}", file=sys.stderr, flush=True)
+
+    if not (
+        os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL")
+    ):
+        from devstack import emulators
+
+        os.environ.update(emulators.up(args.state_dir).as_env())
+    results = compare(
+        args.before,
+        rounds=args.rounds,
+        count=args.messages,
+        concurrency=args.concurrency,
+        say=say,
+    )
+    target = args.output or Path("bench/results") / f"compare-{time.strftime('%Y-%m-%d')}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(results["summary"], indent=2))
+    say(f"results in {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
