@@ -1,8 +1,10 @@
-"""The pynamodb model of a ledger item, bound to a table at run time.
+"""How the ledger reaches its table: the pynamodb model of a ledger item, bound to a table at
+run time, and the botocore client of its reads and writes.
 
 Table names and endpoints come from settings, so :func:`bind_ledger_model` makes a subclass
 whose ``Meta`` names them. Only OPEN group items have ``inflight_bucket``, which keeps the
-in-flight index sparse: a key item never enters it.
+in-flight index sparse: a key item never enters it. pynamodb creates the table; every item is
+read and written through :func:`data_client`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from dedupe_store.model import data_client
 from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings
 from producer.protocol import LeasePolicy
 from producer.settings import ProducerSettings, PutFence
@@ -370,6 +371,40 @@ def test_zero_clock_skew_is_allowed() -> None:
     settings = ProducerSettings(clock_skew_s=0)
     # THEN it is accepted
     assert settings.lease_policy().skew_ms == 0
+
+
+# --- the ledger's client ---------------------------------------------------------------------------
+
+
+def test_the_ledger_pool_holds_every_call_a_producer_has_in_flight() -> None:
+    # GIVEN a producer with 32 claim workers and 2 groups in flight (each opening, renewing or
+    # settling its group beside the claims)
+    producer = ProducerSettings(region="eu-west-1", ledger_concurrency=32, groups_in_flight=2)
+    # WHEN its ledger connection is sized
+    # THEN every call in flight finds a pooled connection (none opened and thrown away)
+    assert producer.ledger_connection().max_pool_connections == 34
+    # AND a process without groups (the API, the reconciler) sizes it by its concurrency
+    assert (
+        LedgerSettings(region="eu-west-1", ledger_concurrency=48)
+        .ledger_connection()
+        .max_pool_connections
+        == 48
+    )
+
+
+def test_the_ledger_client_has_the_settings_retries_and_a_fixed_user_agent() -> None:
+    # GIVEN the ledger settings of a process
+    options = ProducerSettings(
+        region="eu-west-1", ledger_max_retry_attempts=4, ledger_concurrency=16
+    ).ledger_connection()
+    # WHEN the ledger's client is made (no call is sent)
+    config = data_client(options).meta.config
+    # THEN SDK retries are the settings' (standard mode), the pool is the settings', and the
+    # user agent names the product, built once
+    assert config.retries == {"total_max_attempts": 5, "mode": "standard"}
+    assert config.max_pool_connections == options.max_pool_connections
+    assert config.user_agent.startswith("kinesis-exactly-once/")
+    assert "Botocore/" in config.user_agent
 
 
 # --- emulator credentials -----------------------------------------------------------------------
