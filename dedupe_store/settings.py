@@ -174,7 +174,10 @@ class LedgerSettings(BaseSettings):
         32,
         ge=1,
         le=512,
-        description="ledger calls in flight per process (and the size of its connection pool)",
+        description=(
+            "ledger calls in flight per process; its connection pool holds them (a producer's "
+            "also holds its groups in flight)"
+        ),
         why="DynamoDB's latency is hidden by concurrency: 32 calls keep a process busy",
     )
     ledger_connect_timeout_s: int = setting(

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import warnings
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,8 @@ def job_session(master: str | None, app_name: str) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = worker_python_path()
+    if master is not None and master.startswith("local-cluster"):
+        _local_cluster_environment(os.environ)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -158,6 +162,17 @@ def job_session(master: str | None, app_name: str) -> Any:
     elif not _master_submitted():
         builder = builder.master("local[*]")
     return builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
+
+
+def _local_cluster_environment(environ: MutableMapping[str, str]) -> None:
+    """A ``local-cluster`` master's workers write each executor's folder under
+    ``$SPARK_HOME/work``: without a ``SPARK_HOME`` of the user's, that would be the installed
+    pyspark's own folder, so a scratch one (linking to its ``bin`` and ``jars``) stands in,
+    and the executors' logs stay there after the job. The master, workers and executors bind
+    to the loopback interface unless ``SPARK_LOCAL_IP`` says otherwise."""
+    if "SPARK_HOME" not in environ:
+        environ["SPARK_HOME"] = str(_spark_home_in(Path(tempfile.mkdtemp(prefix="keo-spark-"))))
+    environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def _master_submitted() -> bool:
