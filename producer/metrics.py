@@ -82,6 +82,42 @@ LAST_RECONCILE = Gauge(
     ["stream"],
 )
 
+# The counters of a producer's work, which a Spark task reports to its driver (format("keo")'s
+# metrics_port): keyed by sample name and labels, e.g. ("keo_claims_total", (("result",
+# "won"), ("stream", "orders"))).
+PRODUCER_COUNTERS: Final = (
+    OUTCOMES,
+    CLAIMS,
+    PUT_REQUESTS,
+    PUT_RECORD_ERRORS,
+    READ_BACKS,
+    LEDGER_REQUESTS,
+    LEDGER_WRITE_UNITS,
+)
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def producer_counts() -> dict[SampleKey, float]:
+    """This process's producer counters now: the start of a delta (:func:`counts_since`)."""
+    found: dict[SampleKey, float] = {}
+    for counter in PRODUCER_COUNTERS:
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def counts_since(before: Mapping[SampleKey, float]) -> dict[SampleKey, float]:
+    """What this process's producer counters grew by since ``before``: the work in between,
+    when nothing else in the process produced meanwhile (a Spark task has its worker alone)."""
+    return {
+        key: value - before.get(key, 0.0)
+        for key, value in producer_counts().items()
+        if value != before.get(key, 0.0)
+    }
+
+
 _WRITES: Final = frozenset({"PutItem", "UpdateItem", "DeleteItem"})
 _THROTTLED: Final = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}

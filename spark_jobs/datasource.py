@@ -314,6 +314,7 @@ def _count(
             result=result,
             counts={} if report.skipped else report.counts,
             reason=reason,
+            producer_counts=report.producer_counts,
         )
     )
 

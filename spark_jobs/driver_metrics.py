@@ -36,6 +36,13 @@ The metrics (``query`` is the ``query_name`` option, else Spark's query id, and
                                                           dead-lettered), UNRESOLVED
     keo_spark_last_commit_timestamp_seconds{query,stream}
 
+And what the executors' producers did, as each task's commit message carries it (its
+producer counters' growth, ``producer.metrics.counts_since``), under ``keo send``'s names
+with ``query`` and ``stream`` in front: ``keo_messages_total``, ``keo_claims_total``,
+``keo_put_requests_total``, ``keo_put_record_errors_total``, ``keo_read_backs_total``,
+``keo_ledger_requests_total`` and ``keo_ledger_write_units_total``. A failed task sends no
+commit message, so its work is not counted (its retry's is).
+
 Nothing here imports pyspark or boto3: the exporter only reads files.
 """
 
@@ -57,12 +64,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from producer.metrics import SampleKey
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +114,9 @@ class BatchEnd:
     result: BatchResult
     counts: Mapping[str, int]
     reason: FailureReason | None = None  # of a failure
+    # what the executors' producers did for the batch (producer.metrics.counts_since), summed
+    # over the tasks whose commit messages reached the driver
+    producer_counts: Mapping[SampleKey, float] = field(default_factory=dict)
 
 
 # --- what one process counted --------------------------------------------------------------
@@ -118,6 +131,8 @@ class QueryTotals:
     failures: dict[str, int] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     last_commit_s: float | None = None
+    # the executors' producer counters, each sample keyed as _sample_id writes it
+    producer: dict[str, float] = field(default_factory=dict)
 
     def add(self, end: BatchEnd, now_s: float) -> None:
         if end.result is BatchResult.COMMITTED:
@@ -129,6 +144,8 @@ class QueryTotals:
             _bump(self.failures, end.reason or FailureReason.ERROR, 1)
         for name, count in end.counts.items():
             _bump(self.rows, ROW_OUTCOMES.get(name, name.upper()), count)
+        for key, grown in end.producer_counts.items():
+            _bump(self.producer, _sample_id(key), grown)
 
     def merge(self, other: QueryTotals) -> None:
         self.committed += other.committed
@@ -137,12 +154,20 @@ class QueryTotals:
             _bump(self.failures, reason, count)
         for outcome, count in other.rows.items():
             _bump(self.rows, outcome, count)
+        for sample, grown in other.producer.items():
+            _bump(self.producer, sample, grown)
         if other.last_commit_s is not None:
             self.last_commit_s = max(self.last_commit_s or 0.0, other.last_commit_s)
 
 
-def _bump(counts: dict[str, int], name: str, by: int) -> None:
+def _bump(counts: dict[str, Any], name: str, by: float) -> None:
     counts[name] = counts.get(name, 0) + by
+
+
+def _sample_id(key: SampleKey) -> str:
+    """A producer sample as a JSON object key: its name and labels, as JSON."""
+    name, labels = key
+    return json.dumps([name, dict(labels)], sort_keys=True)
 
 
 @dataclass
@@ -315,6 +340,7 @@ def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
         "When a batch of the query was last committed (Unix time)",
         labels=labels,
     )
+    producer = _producer_families(totals)
     for (query, stream), query_totals in sorted(totals.items()):
         committed.add_metric([query, stream], query_totals.committed)
         skipped.add_metric([query, stream], query_totals.skipped)
@@ -324,7 +350,32 @@ def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
             rows.add_metric([query, stream, outcome], count)
         if query_totals.last_commit_s is not None:
             last_commit.add_metric([query, stream], query_totals.last_commit_s)
-    return [committed, skipped, failures, rows, last_commit]
+    return [committed, skipped, failures, rows, last_commit, *producer]
+
+
+def _producer_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
+    """The executors' producer counters under the names ``keo send`` exports them by, the
+    query's labels in front (``keo_claims_total{query,stream,result}``...): only those counted
+    so far, their names read from the totals (the exporter imports no producer code)."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for (query, stream), query_totals in sorted(totals.items()):
+        for sample, value in sorted(query_totals.producer.items()):
+            name, labels = json.loads(sample)
+            samples[name].append(({**labels, "query": query, "stream": stream}, value))
+    found: list[Metric] = []
+    for name, rows in sorted(samples.items()):
+        others = sorted({label for labels, _ in rows for label in labels} - {"query", "stream"})
+        family = CounterMetricFamily(
+            name.removesuffix("_total"),
+            f"{name} of the producers on format('keo')'s executors, as keo send counts it",
+            labels=["query", "stream", *others],
+        )
+        for labels, value in rows:
+            family.add_metric(
+                [labels["query"], labels["stream"], *(labels.get(o, "") for o in others)], value
+            )
+        found.append(family)
+    return found
 
 
 def _alive(pid: int) -> bool:

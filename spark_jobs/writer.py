@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from dedupe_store.settings import ENV_PREFIX, env_var
+from producer import metrics
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.metrics import SampleKey
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import default_owner
 from producer.protocol import Message, chunked
@@ -175,6 +177,8 @@ class PartitionReport:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     unresolved: list[Unresolved] = field(default_factory=list)
     seconds: float = 0.0
+    # what the task's producer did: its counters' growth (producer.metrics.counts_since)
+    producer_counts: dict[SampleKey, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -189,10 +193,13 @@ class BatchReport:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     unresolved: list[Unresolved] = field(default_factory=list)
     task_seconds: float = 0.0  # summed over the partitions: their wall time, not the batch's
+    producer_counts: dict[SampleKey, float] = field(default_factory=dict)
 
     def add(self, part: PartitionReport) -> None:
         for name, count in part.counts.items():
             self.counts[name] = self.counts.get(name, 0) + count
+        for key, grown in part.producer_counts.items():
+            self.producer_counts[key] = self.producer_counts.get(key, 0.0) + grown
         self.task_seconds += part.seconds
         self.dead_letters.extend(part.dead_letters)
         self.unresolved.extend(part.unresolved)
@@ -228,7 +235,7 @@ class PartitionWriter:
         owner = f"{default_owner()}:q{self.query_id[:8]}:b{self.batch_id}:p{partition}"
         report = PartitionReport(partition)
         counts: Counter[str] = Counter()
-        started = time.perf_counter()
+        started, before = time.perf_counter(), metrics.producer_counts()
         with stack.producer(owner=owner, hooks=self.hooks) as producer:
             for chunk in chunked(rows, self.rows_per_send):
                 messages = [_message(row) for row in chunk]
@@ -236,6 +243,7 @@ class PartitionWriter:
                     self._tally(row, outcome, counts, report)
         report.counts = {name: counts[name] for name in COUNT_NAMES}
         report.seconds = time.perf_counter() - started
+        report.producer_counts = metrics.counts_since(before)
         log.info(
             "partition written query=%s batch=%d partition=%d sent=%d duplicates=%d "
             "conflicts=%d rejected=%d unresolved=%d seconds=%.3f",

@@ -140,6 +140,11 @@ def test_a_batch_write_delivers_each_key_once_dead_letters_bad_rows_and_adds_not
     assert sample(found, "keo_spark_rows_total", outcome="DUPLICATE", **write) == 60
     assert sample(found, "keo_spark_rows_total", outcome="REJECTED", **write) == 4
     assert sample(found, "keo_spark_rows_total", outcome="CONFLICT", **write) == 2
+    # AND what the executors' producers did, under keo send's names: 60 claims won the first
+    # time, then every claim lost to the key's delivered item (and "taken" both times)
+    assert sample(found, "keo_claims_total", result="won", **write) == 60
+    assert sample(found, "keo_claims_total", result="lost", **write) == 62
+    assert sample(found, "keo_put_requests_total", **write) >= 1
 
 
 def test_binary_data_through_the_row_writer_arrives_as_sent(

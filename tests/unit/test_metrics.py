@@ -10,8 +10,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.metrics_core import Metric
 
-import producer.metrics  # noqa: F401 - registers the producer's and the reconciler's metrics
 from api.metrics import ApiMetrics
+from producer import metrics  # registers the producer's and the reconciler's metrics
 from spark_jobs.driver_metrics import families as spark_driver_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,3 +93,16 @@ def test_the_dashboard_charts_only_metrics_keo_exports() -> None:
         "Ledger writes",
         "Spark batches",
     } <= titles
+
+
+def test_counts_since_is_what_the_producer_counters_grew_by() -> None:
+    # GIVEN the counters now, then a task's work: 3 claims won and one PutRecords call
+    before = metrics.producer_counts()
+    metrics.CLAIMS.labels("counted-task", "won").inc(3)
+    metrics.PUT_REQUESTS.labels("counted-task").inc()
+    # WHEN the growth since then is taken
+    grown = metrics.counts_since(before)
+    # THEN it is that work alone, each sample by name and labels
+    assert grown[("keo_claims_total", (("result", "won"), ("stream", "counted-task")))] == 3
+    assert grown[("keo_put_requests_total", (("stream", "counted-task"),))] == 1
+    assert all(value > 0 for value in grown.values())

@@ -94,3 +94,30 @@ def test_the_driver_keeps_its_metrics_in_its_spark_local_directory() -> None:
     environ = {"SPARK_LOCAL_DIRS": "/disk1/blockmgr-1,/disk2/blockmgr-2"}
     # THEN the folder for a port is in the first one
     assert metrics_folder(9109, environ) == Path("/disk1/blockmgr-1/keo-metrics-9109")
+
+
+def test_the_executors_producer_counters_are_served_by_query(tmp_path: Path) -> None:
+    # GIVEN the counters two batches' tasks grew, as their commit messages carry them, in two
+    # workers of the driver: the ledger's requests (no stream label) and the claims
+    one, other = ProcessTotals(tmp_path), ProcessTotals(tmp_path)
+    requests = ("keo_ledger_requests_total", (("operation", "UpdateItem"), ("result", "ok")))
+    won = ("keo_claims_total", (("result", "won"), ("stream", "s")))
+    one.record(
+        BatchEnd("orders", "s", COMMITTED, counts={}, producer_counts={requests: 12, won: 10}),
+        1.0,
+    )
+    other.record(
+        BatchEnd("orders", "s", COMMITTED, counts={}, producer_counts={requests: 5, won: 4}),
+        2.0,
+    )
+    one.save()
+    other.save()
+
+    # WHEN the exporter is scraped
+    found = scrape(tmp_path)
+
+    # THEN each counter keeps keo send's name and labels, the query's in front, summed
+    ledger = {"query": "orders", "stream": "s", "operation": "UpdateItem", "result": "ok"}
+    assert found[("keo_ledger_requests_total", frozenset(ledger.items()))] == 17
+    claims = {"query": "orders", "stream": "s", "result": "won"}
+    assert found[("keo_claims_total", frozenset(claims.items()))] == 14
