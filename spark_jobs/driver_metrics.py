@@ -356,7 +356,7 @@ def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
 def _producer_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
     """The executors' producer counters under the names ``keo send`` exports them by, the
     query's labels in front (``keo_claims_total{query,stream,result}``...): only those counted
-    so far, their names read from the totals (the exporter imports no producer code)."""
+    so far, their names and labels read from the totals files."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
     for (query, stream), query_totals in sorted(totals.items()):
         for sample, value in sorted(query_totals.producer.items()):
