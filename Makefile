@@ -63,6 +63,7 @@ bench: setup ## keo bench: the producer, then the Spark data source; figures go 
 	$(BIN)/keo bench
 
 bench-compare: setup ## this tree's producer against BEFORE=<rev>'s, alternating on one stack
+	@if [ -z '$(BEFORE)' ]; then echo "usage: make bench-compare BEFORE=<git revision>" >&2; exit 2; fi
 	$(BIN)/python -m devstack.compare --before '$(BEFORE)' --state-dir $(STATE_DIR)
 
 soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400)

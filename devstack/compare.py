@@ -176,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(text: str) -> None:
         print(f"bench-compare: {text}", file=sys.stderr, flush=True)
 
+    try:
+        _revision(args.before, Path.cwd())
+    except subprocess.CalledProcessError:
+        say(f"not a git revision here: {args.before!r}")
+        return 2
     if not (
         os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL")
     ):
