@@ -52,6 +52,9 @@ print(json.dumps({
 """
 
 
+_ROOT = Path(__file__).resolve().parent.parent  # the tree this module is in: "this tree"
+
+
 def producer_run(tree: Path, count: int, concurrency: int) -> dict[str, Any]:
     """One producer run of the code in ``tree``, in a process of its own."""
     done = subprocess.run(
@@ -122,7 +125,7 @@ def compare(
     from devstack.bench import Bench, load_average, machine
     from producer.settings import ProducerSettings
 
-    here = Path(__file__).resolve().parent.parent
+    here = _ROOT
     bench = Bench(ProducerSettings(stream="compare", table="compare"))
     load_at_start = load_average()
     results: list[dict[str, Any]] = []
@@ -177,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench-compare: {text}", file=sys.stderr, flush=True)
 
     try:
-        _revision(args.before, Path.cwd())
+        _revision(args.before, _ROOT)
     except subprocess.CalledProcessError:
         say(f"not a git revision here: {args.before!r}")
         return 2
