@@ -8,8 +8,9 @@ The tree::
     │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
     │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
     │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
-    ├── PutFencedError                the signature fence kept a put from leaving: not sent
-    │                                 (KinesisWriter turns it into a NOT_WRITTEN result)
+    ├── PutFencedError                a before-send check kept a put from leaving: not sent
+    │                                 (the signature fence, or with it off the lease deadline;
+    │                                 KinesisWriter turns it into a NOT_WRITTEN result)
     ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
     └── AuditTooLargeError            more keys than one process audits (use the Spark audit)
 
@@ -54,17 +55,25 @@ class StreamThrottledError(StreamUnavailableError):
 
 
 class PutFencedError(KeoError):
-    """Raised by the signature fence on the put client, before the request is sent: it was
-    signed at ``signed_at_ms`` and might land after its lease (``lease_expires_at_ms``), or it
-    has no lease or no signature time to check (None). Retriable: the next attempt checks the
-    lease again, renews it or moves its keys to a fresh group."""
+    """Raised by a before-send check on the put client, before the request is sent: it was
+    signed (or, with the signature fence off, checked) at ``signed_at_ms`` and might land after
+    its lease (``lease_expires_at_ms``), or it has no lease or no signature time to check
+    (None). ``code`` is the result code the writer reports (``SignatureFence``, ``LeaseFence``).
+    Retriable: the next attempt checks the lease again, renews it or moves its keys to a fresh
+    group."""
 
     retriable = True
 
     def __init__(
-        self, reason: str, *, signed_at_ms: int | None, lease_expires_at_ms: int | None
+        self,
+        reason: str,
+        *,
+        code: str,
+        signed_at_ms: int | None,
+        lease_expires_at_ms: int | None,
     ) -> None:
         super().__init__(reason)
+        self.code = code
         self.signed_at_ms = signed_at_ms
         self.lease_expires_at_ms = lease_expires_at_ms
 

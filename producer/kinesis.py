@@ -34,7 +34,6 @@ from producer.fence import sending_under
 from producer.kpl import UserRecord, arrival_ms_of, deaggregate
 from producer.protocol import (
     DEFAULT_MAX_RECORD_BYTES,
-    SIGNATURE_FENCE,
     RecordResult,
     TransportFailure,
     classify_request_error,
@@ -84,8 +83,9 @@ class KinesisWriter:
         failure is a result (written, not written, ambiguous), except a missing stream.
 
         ``lease_expires_at_ms``: the end of the lease the entries are put under (the earliest
-        of their groups'), for the signature fence when the client has one
-        (:mod:`producer.fence`); a request it refuses is not sent: NOT_WRITTEN, retriable.
+        of their groups'), for the before-send check the client has (:mod:`producer.fence`:
+        the signature fence, or the lease deadline); a request it refuses is not sent:
+        NOT_WRITTEN, retriable.
         """
         try:
             with sending_under(lease_expires_at_ms):
@@ -95,10 +95,10 @@ class KinesisWriter:
                 "put not sent stream=%s records=%d code=%s error=%s",
                 self.stream,
                 len(entries),
-                SIGNATURE_FENCE,
+                exc.code,
                 exc,
             )
-            return [not_written(SIGNATURE_FENCE, str(exc))] * len(entries)
+            return [not_written(exc.code, str(exc))] * len(entries)
         except _TRANSPORT_ERRORS as exc:
             failure = transport_failure_of(exc)
             log.warning(

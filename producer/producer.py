@@ -103,8 +103,20 @@ class _Held:
 
     item: PreparedMessage
     claim: KeyClaim
-    group: Group | None  # None: the holder's group is gone (expired): its lease is long over
-    mine: bool  # our claim (we may have sent it) or someone else's we wait on
+    # the holder's group as last read, for a claim of another party's (or of an earlier call of
+    # ours); None: that group is gone (expired): its lease is long over
+    holder: Group | None
+    # our claim (we may have sent it): the group of this call that holds it. Its lease is read
+    # from there, renewals included: a put sent under a renewed lease may land until its end
+    home: _Ours | None = None
+
+    @property
+    def mine(self) -> bool:
+        return self.home is not None
+
+    @property
+    def group(self) -> Group | None:
+        return self.home.group if self.home is not None else self.holder
 
     @property
     def lease_expires_at_ms(self) -> int:
@@ -284,7 +296,7 @@ class ExactlyOnceProducer:
                 outcomes[item.index] = _failed(item, f"ledger unavailable at claim: {result}")
             elif result.status is ClaimStatus.WON and result.claim is not None:
                 ours[group.group_id].unresolved.add(item.key)
-                to_send.append(_Held(item, result.claim, group, mine=True))
+                to_send.append(_Held(item, result.claim, None, ours[group.group_id]))
             else:
                 lost.append((item, result.claim))
         if to_send:
@@ -415,7 +427,7 @@ class ExactlyOnceProducer:
             outcomes[item.index] = _duplicate(item, position, current.attempt)
         else:
             # held by another party, or by an earlier call of ours: its put is not this call's
-            to_wait.append(_Held(item, current, group, mine=False))
+            to_wait.append(_Held(item, current, group))
 
     def _send(
         self, held: list[_Held], ours: dict[str, _Ours], outcomes: dict[int, Outcome]
@@ -665,7 +677,7 @@ class ExactlyOnceProducer:
                 if previous is not None:
                     previous.unresolved.discard(entry.item.key)
                 ours[group.group_id].unresolved.add(entry.item.key)
-                entry.claim, entry.group, entry.mine = result.claim, group, True
+                entry.claim, entry.holder, entry.home = result.claim, None, ours[group.group_id]
                 moved.append(entry)
             else:
                 if previous is not None:
@@ -843,8 +855,7 @@ class ExactlyOnceProducer:
             claim = claims.get(entry.item.key)
             group = groups.get(claim.group_id) if claim is not None else None
             if entry.mine and claim == entry.claim:
-                entry.group = group  # ours, unchanged: keep waiting on our own lease
-                still.append(entry)
+                still.append(entry)  # ours, unchanged: keep waiting on our own lease
                 continue
             judged: list[_Held] = []
             self._judge(entry.item, claim, group, outcomes, judged)

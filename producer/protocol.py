@@ -234,6 +234,12 @@ class LeasePolicy:
         unless its process stalls before signing); without, a put's timeout plus the skew."""
         if self.signature_window_ms is not None:
             return self.fence_admits(now_ms, lease_expires_at_ms)
+        return self.outlasts_put(lease_expires_at_ms, now_ms)
+
+    def outlasts_put(self, lease_expires_at_ms: int, now_ms: int) -> bool:
+        """True while a put sent at ``now_ms`` lands (or times out) before the lease ends,
+        by any clock within the skew: the lease has the put's timeouts and the skew left.
+        The check the fence-off mode makes right before a request leaves."""
         return lease_expires_at_ms - now_ms >= self.put_timeout_ms + self.skew_ms
 
     def fence_admits(self, signed_at_ms: int, lease_expires_at_ms: int) -> bool:
@@ -334,6 +340,10 @@ STALE_SHARD_MAP = "StaleShardMap"
 # The signature fence kept a request from leaving: its lease would not outlive its signature.
 # Nothing was sent; the next attempt checks the lease again (renews it, or moves the keys).
 SIGNATURE_FENCE = "SignatureFence"
+# With the signature fence off, the before-send check kept a request from leaving: sent now, it
+# could land after its lease (less than the put's timeouts plus the skew left). Nothing was
+# sent; the next attempt renews the lease first, or moves the keys to a fresh group.
+LEASE_FENCE = "LeaseFence"
 # Kinesis refused a request whose signature was too old (or too new) on arrival: not written,
 # and the next attempt is signed anew. Any other InvalidSignatureException (a wrong secret key)
 # would fail the same way again.
@@ -347,6 +357,7 @@ RETRIABLE_NOT_WRITTEN_CODES = frozenset(
     {
         STALE_SHARD_MAP,
         SIGNATURE_FENCE,
+        LEASE_FENCE,
         "ProvisionedThroughputExceededException",
         "InternalFailure",
         "LimitExceededException",

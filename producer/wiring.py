@@ -13,7 +13,7 @@ from botocore.config import Config
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from producer import metrics
-from producer.fence import SignatureFence
+from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -50,12 +50,12 @@ def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
     )
 
 
-def put_writer(settings: ProducerSettings) -> KinesisWriter:
-    """The writer of the producer and the reconciler: a put client with SDK retries off and,
-    unless ``KEO_PUT_FENCE=off``, the signature fence checking each request before it leaves."""
+def put_writer(settings: ProducerSettings, clock: Clock | None = None) -> KinesisWriter:
+    """The writer of the producer and the reconciler: a put client with SDK retries off and a
+    check of each request's lease right before it leaves: the signature fence, or with
+    ``KEO_PUT_FENCE=off`` the lease deadline by ``clock`` (the system clock by default)."""
     client = kinesis_client(settings, for_put=True)
-    if settings.fenced:
-        SignatureFence(settings.lease_policy()).install(client)
+    fence_for(settings.lease_policy(), clock or SystemClock()).install(client)
     return KinesisWriter(client, settings.stream)
 
 
@@ -141,12 +141,13 @@ def build_stack(
     ledger = ledger_from(settings)
     metrics.count_ledger_calls(ledger.client)
     ledger.ensure_ready(stamp_new=True)  # a writer: a new, empty table becomes this version's
+    clock = clock or SystemClock()
     return Stack(
         settings=settings,
         ledger=ledger,
-        writer=put_writer(settings),
+        writer=put_writer(settings, clock),
         reader=reader,
         info=info,
-        clock=clock or SystemClock(),
+        clock=clock,
         hooks=hooks,
     )

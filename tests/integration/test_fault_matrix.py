@@ -61,8 +61,8 @@ def test_without_the_fence_a_stalled_producer_that_resumes_after_a_take_over_is_
     settings: ProducerSettings, kinesis: Any
 ) -> None:
     # GIVEN the signature fence off (KEO_PUT_FENCE=off: the documented bound), producer A
-    # that stalls for longer than its lease right before its put leaves (after its lease
-    # check: the one window a lease check cannot close), and producer B
+    # that stalls for longer than its lease right before its put leaves, after even the
+    # send-time lease check (the one window no check on our side can close), and producer B
     settings = settings.model_copy(update={"put_fence": PutFence.OFF})
     stalled, b_done = threading.Event(), threading.Event()
     stack_a, stack_b = build_stack(settings), build_stack(settings)
@@ -72,7 +72,8 @@ def test_without_the_fence_a_stalled_producer_that_resumes_after_a_take_over_is_
             stalled.set()
             assert b_done.wait(timeout=60)  # A resumes only after B took over and delivered
 
-    stack_a.writer.client.meta.events.register("before-send.kinesis.PutRecords", stall)
+    # registered after the lease deadline's handler: the stall comes after the check passed
+    stack_a.writer.client.meta.events.register_last("before-send.kinesis.PutRecords", stall)
     message = Message("stalled-key", b"the payload")
     outcomes: dict[str, Any] = {}
 

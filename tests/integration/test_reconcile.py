@@ -178,7 +178,11 @@ def plant_stale_claims(
             list(pool.map(claim, chunk))
             if put:
                 for request in batches(chunk):
-                    results = stack.writer.put_entries([item.entry() for item in request])
+                    # the crashed producer's put, sent while its lease allowed it
+                    results = stack.writer.put_entries(
+                        [item.entry() for item in request],
+                        lease_expires_at_ms=SystemClock().now_ms() + 60_000,
+                    )
                     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
             groups.append(group)
     return groups

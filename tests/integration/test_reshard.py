@@ -118,7 +118,10 @@ def plant_stale_claims(stack: Stack, batch: Sequence[Message]) -> None:
         now_ms=SystemClock().now_ms(),
         lease_ms=PLANTED_LEASE_MS,
     )
-    results = stack.writer.put_entries([item.entry() for item in prepared])
+    # the crashed producer's put, sent while its lease allowed it
+    results = stack.writer.put_entries(
+        [item.entry() for item in prepared], lease_expires_at_ms=SystemClock().now_ms() + 60_000
+    )
     assert all(r.kind is PutResultKind.WRITTEN for r in results), results
     assert set(states(stack, [m.key for m in batch]).values()) == {LedgerState.IN_FLIGHT}
 

@@ -17,10 +17,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from dedupe_store.clock import ManualClock
 from producer.errors import PutFencedError
-from producer.fence import SignatureFence, sending_under, signed_at_ms
+from producer.fence import LeaseDeadline, SignatureFence, fence_for, sending_under, signed_at_ms
 from producer.kinesis import KinesisWriter
 from producer.protocol import (
+    LEASE_FENCE,
     SIGNATURE_FENCE,
     LeasePolicy,
     PutResultKind,
@@ -329,6 +331,56 @@ def test_a_fence_needs_a_window() -> None:
         SignatureFence(LeasePolicy(60_000, PUT_TIMEOUT_MS, SKEW_MS))
 
 
+# --- with the fence off: the lease deadline ------------------------------------------------------
+
+UNFENCED_LEASE_MS = 60_000
+
+
+def unfenced() -> LeasePolicy:
+    return LeasePolicy(UNFENCED_LEASE_MS, PUT_TIMEOUT_MS, SKEW_MS)
+
+
+# the last moment a put may leave: its timeouts and the skew still fit in the lease
+LAST_SENDABLE_MS = CLAIMED_AT_MS + UNFENCED_LEASE_MS - PUT_TIMEOUT_MS - SKEW_MS
+
+
+def deadline_at(now_ms: int) -> LeaseDeadline:
+    return LeaseDeadline(unfenced(), ManualClock(now_ms))
+
+
+def test_without_the_fence_a_put_leaves_while_its_lease_has_its_timeouts_and_the_skew_left() -> (
+    None
+):
+    with sending_under(CLAIMED_AT_MS + UNFENCED_LEASE_MS):
+        assert deadline_at(LAST_SENDABLE_MS).check(Request(None)) is None
+
+
+def test_without_the_fence_a_put_sent_later_is_refused_with_a_code_of_its_own() -> None:
+    # GIVEN a put about to leave one millisecond after the last moment its lease allows
+    # (its process was slowed by a ledger call retried under throttling, say)
+    deadline = deadline_at(LAST_SENDABLE_MS + 1)
+    # WHEN the handler checks it
+    with (
+        sending_under(CLAIMED_AT_MS + UNFENCED_LEASE_MS),
+        pytest.raises(PutFencedError, match="lease deadline") as excinfo,
+    ):
+        deadline.check(Request(None))
+    # THEN it is not sent: LeaseFence, retriable (the next attempt renews the lease first)
+    assert (excinfo.value.code, excinfo.value.retriable) == (LEASE_FENCE, True)
+    assert excinfo.value.lease_expires_at_ms == CLAIMED_AT_MS + UNFENCED_LEASE_MS
+
+
+def test_without_the_fence_a_put_with_no_lease_is_refused() -> None:
+    with pytest.raises(PutFencedError, match="no lease"):
+        deadline_at(CLAIMED_AT_MS).check(Request(None))
+
+
+def test_the_put_client_gets_the_fence_or_the_deadline_by_the_policy() -> None:
+    clock = ManualClock(CLAIMED_AT_MS)
+    assert isinstance(fence_for(fenced(), clock), SignatureFence)
+    assert isinstance(fence_for(unfenced(), clock), LeaseDeadline)
+
+
 # --- the writer's translation -------------------------------------------------------------------
 
 
@@ -336,7 +388,7 @@ class FencedClient:
     """A put client whose request is signed at ``signed_at_ms`` and checked by ``fence`` before
     it is sent, as botocore's before-send event does; ``sent`` counts what left."""
 
-    def __init__(self, fence: SignatureFence, signed_at_ms: int) -> None:
+    def __init__(self, fence: SignatureFence | LeaseDeadline, signed_at_ms: int) -> None:
         self._fence = fence
         self._signed_at_ms = signed_at_ms
         self.sent = 0
@@ -362,6 +414,17 @@ def test_a_fenced_put_is_not_written_and_retriable_with_a_code_of_ours() -> None
         (PutResultKind.NOT_WRITTEN, SIGNATURE_FENCE, True)
     ] * 2
     assert "signature fence" in str(results[0].error_message)
+
+
+def test_a_put_past_its_deadline_is_not_written_and_retriable_as_lease_fence() -> None:
+    client = FencedClient(deadline_at(LAST_SENDABLE_MS + 1), CLAIMED_AT_MS)
+    results = KinesisWriter(client, "orders").put_entries(
+        ENTRIES, lease_expires_at_ms=CLAIMED_AT_MS + UNFENCED_LEASE_MS
+    )
+    assert client.sent == 0
+    assert [(r.kind, r.error_code, r.retriable) for r in results] == [
+        (PutResultKind.NOT_WRITTEN, LEASE_FENCE, True)
+    ] * 2
 
 
 def test_a_put_within_its_lease_goes_through_the_fence() -> None:
