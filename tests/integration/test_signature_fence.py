@@ -8,7 +8,9 @@ its put held in the proxy once signed while the process is SIGSTOPped), while a 
 and the reconciler take its keys over; then it resumes. The stream is read back: no key twice,
 every key exactly once after ``keo reconcile --once``, and the stopped producer's outcomes say
 what became of its keys (never SENT for a put that was refused). With ``KEO_PUT_FENCE=off``
-the same stall writes the duplicate the fence exists for, and ``keo audit`` reports it.
+a stall before the put is refused by the send-time lease deadline all the same (``LeaseFence``);
+a put the network holds past the lease, within Kinesis' own 5-minute window, writes the
+duplicate the fence exists for, and ``keo audit`` reports it.
 
 Nothing here asserts a duration: the test waits on the stopped process' state, on the
 proxy's events and on the ledger (every key DELIVERED) before it resumes it.
@@ -42,7 +44,7 @@ from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule
 from producer.audit import audit_stream
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.protocol import SIGNATURE_FENCE, Message, PutResultKind, put_entry
+from producer.protocol import LEASE_FENCE, SIGNATURE_FENCE, Message, PutResultKind, put_entry
 from producer.retries import poll_until
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import build_stack, put_writer
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 
 KEO = str(Path(sys.executable).with_name("keo"))
 WINDOW_S = 4.0
+AWS_WINDOW_S = 300.0  # what Kinesis itself allows a signature
 # The fence on, a 4 s window; the lease just above its minimum, 4 + 1 + 1 + 2 x 0.5 = 7 s.
 # Payloads are kept in the claims, so the reconciler can send the keys no one else does.
 TIMING: dict[str, Any] = {
@@ -331,9 +334,36 @@ def test_a_producer_stopped_longer_than_its_lease_writes_no_duplicate(
     tmp_path: Path,
     name: str,
 ) -> None:
-    stall = STALLS[name]
+    stopped_then_taken_over(settings, TIMING, STALLS[name], name, proxy, kinesis, env, tmp_path)
+
+
+def test_without_the_fence_a_producer_stalled_before_its_put_is_refused_at_send_time(
+    emulators: local_stack.Endpoints,
+    names: Names,
+    proxy: FaultProxy,
+    kinesis: Any,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    # KEO_PUT_FENCE=off: the lease deadline checks the clock as the request leaves, so a
+    # process that slept past its lease before the put (not after the check) sends nothing
+    settings = settings_for(emulators, names, proxy, UNFENCED)
+    stall = Stall(f"before_put=sleep:{STALL_S}", put_refused=LEASE_FENCE)
+    stopped_then_taken_over(settings, UNFENCED, stall, "unfenced", proxy, kinesis, env, tmp_path)
+
+
+def stopped_then_taken_over(
+    settings: ProducerSettings,
+    timing: dict[str, Any],
+    stall: Stall,
+    name: str,
+    proxy: FaultProxy,
+    kinesis: Any,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
     batch = batch_of(name)
-    process_env = keo_env(env, settings, TIMING)
+    process_env = keo_env(env, settings, timing)
     if stall.hold_put:
         proxy.schedule.rules.append(FaultRule("PutRecords", "hold", limit=1))
     # GIVEN `keo send` stopped in the middle of its send for longer than its lease
@@ -379,37 +409,47 @@ def test_a_producer_stopped_longer_than_its_lease_writes_no_duplicate(
         assert proxy.signatures_refused["PutRecords"] == 1
 
 
-def test_without_the_fence_the_same_stall_writes_a_duplicate_that_keo_audit_reports(
+def test_without_the_fence_a_put_the_network_holds_past_its_lease_lands_twice_and_is_reported(
     emulators: local_stack.Endpoints,
     names: Names,
-    proxy: FaultProxy,
     kinesis: Any,
     env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    # GIVEN KEO_PUT_FENCE=off, and `keo send` stopped before its put for longer than its lease
-    settings = settings_for(emulators, names, proxy, UNFENCED)
-    batch = batch_of("unfenced")
-    source = write_jsonl(tmp_path / "batch.jsonl", batch)
-    process_env = keo_env(env, settings, UNFENCED)
-    send = Send(source, process_env, f"before_put=sleep:{STALL_S}")
-    send.wait_for_line("failpoint hit")
-    # WHEN a second producer and the reconciler take its keys over and deliver them
-    take_over(settings, batch)
-    assert send.process.poll() is None, f"it woke up before the take-over: {send.stderr}"
-    # AND it resumes: its request is signed as it leaves, well inside Kinesis' window
-    outcomes_a = send.outcomes()
-    reconcile_once(process_env)
+    # GIVEN KEO_PUT_FENCE=off, and `keo send` whose put the network holds once it has left
+    # (its process stopped meanwhile) for longer than its lease, but within the window Kinesis
+    # accepts a signature in (AWS's 5 minutes): the one thing fence-off mode cannot bound
+    with FaultProxy(emulators.kinesis, signature_window_s=AWS_WINDOW_S) as network:
+        network.schedule.rules.append(FaultRule("PutRecords", "hold", limit=1))
+        settings = settings_for(emulators, names, network, UNFENCED)
+        batch = batch_of("unfenced")
+        source = write_jsonl(tmp_path / "batch.jsonl", batch)
+        process_env = keo_env(env, settings, UNFENCED)
+        send = Send(source, process_env)
+        hold = start_stalled(send, Stall(sigstop=True, hold_put=True), network)
+        try:
+            # WHEN a second producer and the reconciler take its keys over and deliver them
+            take_over(settings, batch)
+            assert send.process.poll() is None, f"it woke up before the take-over: {send.stderr}"
+        finally:
+            # AND the network lets its request go, and it resumes
+            assert hold is not None
+            hold.release.set()
+            send.resume()
+        outcomes_a = send.outcomes()
+        reconcile_once(process_env)
 
-    # THEN every key it sent is in the stream twice: the documented stalled-producer bound;
-    # its settle was refused (TAKEN_OVER), so the ledger names the other copy
+    # THEN every key it sent is in the stream twice: the documented fence-off bound; it
+    # never says SENT: its settle was refused (TAKEN_OVER), or its put timed out and it found
+    # the keys delivered by the others (DUPLICATE); the ledger names the other copy
     contents = streamcheck.read_stream(kinesis, settings.stream)
     assert contents.duplicates() == {m.key: 2 for m in batch}
-    assert Counter(outcome["status"] for outcome in outcomes_a) == {"TAKEN_OVER": KEYS}
+    statuses = {outcome["status"] for outcome in outcomes_a}
+    assert statuses <= {"TAKEN_OVER", "DUPLICATE"}, outcomes_a
     # AND `keo audit` reports every duplicate, with both positions
     audit = subprocess.run(
         [KEO, "audit", "--expected", str(source), "--json"],
-        env=process_env,
+        env={**process_env, "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis},
         capture_output=True,
         timeout=120,
         check=False,
