@@ -18,8 +18,9 @@ where it is not, it is read back with a consistent read. A retried request whose
 applied fails its own condition: each write recognises its own token in the current item and
 reports it as applied.
 
-Keys can never collide with other items: stream names have no "/" and no "#", so nothing that
-starts with "__keo__/" is "<stream>#<key>".
+Keys can never collide with other items: stream names have no "/" and no "#" (the rule of
+:mod:`dedupe_store.names`, checked where each key is built), so nothing that starts with
+"__keo__/" is "<stream>#<key>".
 
 Every DynamoDB error is translated in one place (``_Translated``, its mapping in
 :func:`_translate`): throttled -> ``LedgerThrottledError``, a missing table ->
@@ -59,6 +60,7 @@ from dedupe_store.model import (
     bind_ledger_model,
     data_client,
 )
+from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
     BatchRecord,
@@ -111,20 +113,24 @@ SCHEMA_PK = "__keo__/schema"
 LEDGER_SCHEMA_VERSION = 2
 
 
+# Every key is built from a stream name that passed the rule (no "/", no "#"): the keys of two
+# kinds of item, or of two streams, never meet. check_stream_name remembers the names it passed.
+
+
 def _run_pk(stream: str) -> str:
-    return f"__keo__/reconcile-run/{stream}"
+    return f"__keo__/reconcile-run/{check_stream_name(stream)}"
 
 
 def _batch_pk(stream: str, query: str, batch_id: int) -> str:
-    return f"__keo__/spark-batch/{stream}/{query}/{batch_id}"
+    return f"__keo__/spark-batch/{check_stream_name(stream)}/{query}/{batch_id}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
-    return f"{stream}#{key}"
+    return f"{check_stream_name(stream)}#{key}"
 
 
 def group_pk(stream: str, group_id: str) -> str:
-    return f"__keo__/group/{stream}/{group_id}"
+    return f"__keo__/group/{check_stream_name(stream)}/{group_id}"
 
 
 def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
