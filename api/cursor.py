@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import TypeGuard
 
+from api.errors import ApiError
 from dedupe_store.ledger import group_pk
 
 _VERSION = 1
@@ -35,8 +36,9 @@ CURSOR_PATTERN = r"^eyJ2Ijo[A-Za-z0-9_-]+$"  # base64url of '{"v":' then the res
 MAX_EPOCH_MS = 253_402_300_799_999
 
 
-class InvalidCursorError(ValueError):
-    """The cursor was not issued by this API for this listing."""
+class InvalidCursorError(ApiError, ValueError):
+    """The cursor was not issued by this API for this listing (an API error, and a ValueError
+    for callers that catch those)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,24 +1,32 @@
 """Errors of the delivery-state API.
 
-The tree::
+They grow from the roots in :mod:`dedupe_store.errors`. The tree::
 
-    ApiError                 anything the API itself refuses (ledger errors are dedupe_store's)
-    ├── ApiConfigError       the app cannot start with these settings (no token, no --no-auth)
-    ├── UnauthorizedError    a /v1 request without the right bearer token       -> 401
-    └── UnknownKeyError      the ledger has no item for the key in the stream    -> 404 (stream, key)
+    KeoError                   anything keo cannot do for its caller (dedupe_store.errors)
+    ├── ConfigurationError     settings that cannot work (dedupe_store.errors)
+    │   └── ApiConfigError     the app cannot start with these settings (no token, no --no-auth);
+    │                          an ApiError too
+    └── ApiError               anything the API itself refuses (ledger errors are dedupe_store's)
+        ├── ApiConfigError     (above)
+        ├── UnauthorizedError  a /v1 request without the right bearer token       -> 401
+        ├── UnknownKeyError    the ledger has no item for the key in the stream    -> 404 (stream, key)
+        └── InvalidCursorError a cursor this API did not issue for this listing   -> 422
+                               (api.cursor; a ValueError too)
 
-Ledger errors keep their own tree (:mod:`dedupe_store.errors`) and are mapped to problems in
+Ledger errors keep their own branch (:mod:`dedupe_store.errors`) and are mapped to problems in
 :mod:`api.problems`: ``LedgerUnavailableError`` and ``LedgerSchemaError`` -> 503.
 """
 
 from __future__ import annotations
 
+from dedupe_store.errors import ConfigurationError, KeoError
 
-class ApiError(Exception):
+
+class ApiError(KeoError):
     """Base of the API's own errors."""
 
 
-class ApiConfigError(ApiError):
+class ApiConfigError(ApiError, ConfigurationError):
     """Settings the API cannot serve with."""
 
 

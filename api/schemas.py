@@ -23,10 +23,6 @@ from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord
 from dedupe_store.states import LedgerState
 
 MAX_LOOKUP_KEYS = 100
-MAX_STREAM_CHARS = 128
-# Kinesis allows [A-Za-z0-9_.-]+; a name of dots only ("." or "..") cannot be a URL path
-# segment (clients normalise it away), so the API requires one other character.
-STREAM_PATTERN = r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
 
 
 # pydantic refuses a lone surrogate ("\ud800" in JSON) as not a valid string

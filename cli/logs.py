@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from dedupe_store.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -45,12 +47,12 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
-class LogSettingError(ValueError):
+class LogSettingError(ConfigurationError):
     """A logging setting from the environment has a value keo does not know."""
 
     def __init__(self, setting: str, value: str, allowed: tuple[str, ...]) -> None:
-        super().__init__(f"{value!r} is not one of {', '.join(allowed)}")
-        self.setting = setting
+        super().__init__(f"{value!r} is not one of {', '.join(allowed)}", setting=setting)
+        self.setting: str = setting
 
 
 def log_level(verbose: int, from_env: str | None) -> str:

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from cli import logs
 from cli.exit_codes import ExitCode
-from dedupe_store.errors import LedgerError, LedgerSchemaError
+from dedupe_store.errors import ConfigurationError, KeoError, LedgerSchemaError
 from dedupe_store.settings import env_var
-from producer.errors import KeoError, StreamNotFoundError
+from producer.errors import StreamNotFoundError
 from producer.settings import ProducerSettings
 
 log = logging.getLogger(__name__)
@@ -78,34 +78,49 @@ def load_settings(**overrides: Any) -> ProducerSettings:
 
 @contextlib.contextmanager
 def exit_on_errors() -> Iterator[None]:
-    """Turn the errors a user can act on into one line on stderr and a documented exit code."""
+    """Turn every error into one line on stderr and a documented exit code (:func:`explain`).
+
+    A bug exits 70 (internal error) with its traceback in the log, at ERROR: never read as a
+    settings problem. typer's own exits and usage errors pass as they are.
+    """
     try:
         yield
+    except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+        raise
     except Exception as exc:
-        explained = _explain(exc)
-        if explained is None:
-            raise
-        code, message = explained
-        log.debug("failed", exc_info=True)
+        code, message = explain(exc)
+        if code is ExitCode.INTERNAL:
+            log.exception("internal error: a bug in keo, please report it")
+        else:
+            log.debug("failed", exc_info=True)
         logs.report(f"keo: {message}", event="command_failed", level=logging.ERROR)
         raise typer.Exit(code) from None
 
 
-def _explain(exc: Exception) -> tuple[ExitCode, str] | None:
-    """The exit code and message for ``exc``; None for a bug (its traceback is the report)."""
+def explain(exc: Exception) -> tuple[ExitCode, str]:
+    """The exit code and the message for ``exc``.
+
+    keo's errors (:class:`~dedupe_store.errors.KeoError`, whatever the layer) by their class:
+    configuration (and a missing stream or ledger table: 'keo init') -> 3, retriable -> 4,
+    others -> 1. Settings pydantic refused -> 3; an AWS error no adapter translated -> 4.
+    Anything else is a bug -> 70, however it reads: a ValueError from a corrupt item or a
+    mistake in keo is not a setting to check.
+    """
     if _caused_by_missing_credentials(exc):
         # every command, whichever call met it first and however it was wrapped
         return ExitCode.CONFIG, NO_CREDENTIALS
-    if isinstance(exc, StreamNotFoundError | LedgerSchemaError):
+    if isinstance(exc, ConfigurationError | StreamNotFoundError | LedgerSchemaError):
         return ExitCode.CONFIG, str(exc)
-    if isinstance(exc, KeoError | LedgerError):
-        retriable = getattr(exc, "retriable", False)
-        return (ExitCode.UNAVAILABLE if retriable else ExitCode.FAILED), str(exc)
+    if isinstance(exc, KeoError):
+        return (ExitCode.UNAVAILABLE if exc.retriable else ExitCode.FAILED), str(exc)
+    if isinstance(exc, ValidationError):
+        return ExitCode.CONFIG, str(exc)
     if isinstance(exc, botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError):
         return ExitCode.UNAVAILABLE, f"AWS call failed: {exc}"
-    if isinstance(exc, ValueError):
-        return ExitCode.CONFIG, str(exc)
-    return None
+    return ExitCode.INTERNAL, (
+        f"internal error, a bug in keo ({type(exc).__name__}: {exc}); "
+        "its traceback is in the log above"
+    )
 
 
 def _caused_by_missing_credentials(exc: BaseException) -> bool:

@@ -18,6 +18,7 @@ import typer
 from cli import logs
 from cli.exit_codes import ExitCode
 from cli.help_format import KeoCommand
+from dedupe_store.errors import ConfigurationError
 
 
 def register(app: typer.Typer) -> None:
@@ -75,7 +76,7 @@ def serve(
     """
     from pydantic import ValidationError
 
-    from api import ApiConfigError, ApiSettings, create_app
+    from api import ApiSettings, create_app
 
     overrides: dict[str, Any] = {
         name: value
@@ -110,9 +111,7 @@ def serve(
         )
     try:
         app = create_app(settings, require_auth=not no_auth)
-    except ApiConfigError as exc:
-        _fail_config(str(exc))
-    except ValueError as exc:  # no AWS region, and the like
+    except ConfigurationError as exc:  # no token (ApiConfigError), no AWS region, and the like
         _fail_config(str(exc))
 
     import uvicorn

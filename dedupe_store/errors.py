@@ -1,12 +1,26 @@
-"""Errors of the ledger.
+"""The root of every keo error, and the errors of the ledger.
+
+The lowest layer holds the root, so every package's errors derive from one class whichever
+layer raises them, and an entry point (the CLI, a Spark job) maps the whole tree with one
+``except KeoError``. ``retriable`` is class data: whether trying again may succeed.
 
 The tree::
 
-    LedgerError                      anything the ledger cannot do for its caller
-    ├── InvalidTransitionError       a state change the state machine forbids (a bug, never retried)
-    ├── LedgerUnavailableError       DynamoDB could not be reached or answered 5xx (retriable)
-    │   └── LedgerThrottledError     DynamoDB throttled the request (retriable)
-    └── LedgerSchemaError            the table is missing or has the wrong shape (not retriable)
+    KeoError                          anything keo cannot do for its caller
+    ├── ConfigurationError            settings that cannot work (names the setting, where one is)
+    │   └── InvalidStreamNameError    a stream name outside the rule of dedupe_store.names (name)
+    └── LedgerError                   anything the ledger cannot do for its caller (table, key)
+        ├── InvalidTransitionError    a state change the state machine forbids (a bug, never retried)
+        ├── LedgerUnavailableError    DynamoDB could not be reached or answered 5xx (retriable)
+        │   └── LedgerThrottledError  DynamoDB throttled the request (retriable)
+        ├── LedgerSchemaError         the table is missing or has the wrong shape (not retriable)
+        └── PackingError              a group item's blob is corrupt, or an input cannot be packed
+                                      (dedupe_store.packing; a ValueError too)
+
+The other packages grow their branches from these roots, each drawn in its own module:
+:mod:`producer.errors` (Kinesis, the fence, the audit; ``AggregationFormatError`` in
+:mod:`producer.kpl`), :mod:`api.errors`, ``OptionsError`` in :mod:`spark_jobs.options`,
+``LogSettingError`` in :mod:`cli.logs`.
 
 Expected outcomes, such as a claim lost to another producer or a mark lost to a takeover,
 are return values of the ledger, not errors.
@@ -17,10 +31,31 @@ from __future__ import annotations
 from typing import ClassVar
 
 
-class LedgerError(Exception):
-    """Base of every ledger error. ``retriable`` says whether trying again may succeed."""
+class KeoError(Exception):
+    """Base of every keo error. ``retriable`` says whether trying again may succeed."""
 
     retriable: ClassVar[bool] = False
+
+
+class ConfigurationError(KeoError):
+    """Settings that cannot work; ``setting`` names the one at fault, where one is."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class InvalidStreamNameError(ConfigurationError):
+    """``name`` breaks the stream-name rule (:mod:`dedupe_store.names`)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"stream name {name!r} {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class LedgerError(KeoError):
+    """Base of every ledger error."""
 
     def __init__(self, message: str, *, table: str | None = None, key: str | None = None) -> None:
         super().__init__(message)

@@ -18,8 +18,14 @@ where it is not, it is read back with a consistent read. A retried request whose
 applied fails its own condition: each write recognises its own token in the current item and
 reports it as applied.
 
-Keys can never collide with other items: stream names have no "/" and no "#", so nothing that
-starts with "__keo__/" is "<stream>#<key>".
+Keys can never collide with other items: stream names have no "/" and no "#" (the rule of
+:mod:`dedupe_store.names`, checked where each key is built), so nothing that starts with
+"__keo__/" is "<stream>#<key>".
+
+Every DynamoDB error is translated in one place (``_Translated``, its mapping in
+:func:`_translate`): throttled -> ``LedgerThrottledError``, a missing table ->
+``LedgerSchemaError``, anything else (unreachable, 5xx) -> ``LedgerUnavailableError``; the
+vendor error is kept as the cause.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ import secrets
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
+from types import TracebackType
 from typing import Any
 
 import botocore.exceptions
 from pynamodb.connection.table import TableConnection
-from pynamodb.exceptions import PynamoDBException, TableDoesNotExist, TableError
+from pynamodb.exceptions import PynamoDBException, TableDoesNotExist
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import (
@@ -53,6 +60,7 @@ from dedupe_store.model import (
     bind_ledger_model,
     data_client,
 )
+from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
     BatchRecord,
@@ -91,6 +99,12 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
+# what a DynamoDB call raises: botocore's own errors, and pynamodb's wrapping of them
+_VENDOR_ERRORS = (
+    botocore.exceptions.BotoCoreError,
+    botocore.exceptions.ClientError,
+    PynamoDBException,
+)
 _BATCH_GET_MAX = 100
 BATCH_COMPLETE = "COMPLETE"
 SCHEMA_PK = "__keo__/schema"
@@ -99,20 +113,24 @@ SCHEMA_PK = "__keo__/schema"
 LEDGER_SCHEMA_VERSION = 2
 
 
+# Every key is built from a stream name that passed the rule (no "/", no "#"): the keys of two
+# kinds of item, or of two streams, never meet. check_stream_name remembers the names it passed.
+
+
 def _run_pk(stream: str) -> str:
-    return f"__keo__/reconcile-run/{stream}"
+    return f"__keo__/reconcile-run/{check_stream_name(stream)}"
 
 
 def _batch_pk(stream: str, query: str, batch_id: int) -> str:
-    return f"__keo__/spark-batch/{stream}/{query}/{batch_id}"
+    return f"__keo__/spark-batch/{check_stream_name(stream)}/{query}/{batch_id}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
-    return f"{stream}#{key}"
+    return f"{check_stream_name(stream)}#{key}"
 
 
 def group_pk(stream: str, group_id: str) -> str:
-    return f"__keo__/group/{stream}/{group_id}"
+    return f"__keo__/group/{check_stream_name(stream)}/{group_id}"
 
 
 def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
@@ -173,6 +191,11 @@ class DynamoDBLedger:
     def _connection(self) -> TableConnection:
         return self._model._get_connection()
 
+    def _translated(self, doing: str, key: str | None = None) -> _Translated:
+        """``with self._translated("update", key):`` the one place a vendor error becomes a
+        ledger error (:func:`_translate`), its cause kept."""
+        return _Translated(self._options.table_name, doing, key)
+
     # --- schema -----------------------------------------------------------------------------
 
     def create_table(self, *, wait: bool = True) -> bool:
@@ -181,12 +204,10 @@ class DynamoDBLedger:
         With ``wait``, the table is also stamped with this code's schema version (an existing
         table keeps its stamp, and one of another version is refused).
         """
-        try:
+        with self._translated("create table"):
             created = not self._model.exists()
             if created:
                 self._model.create_table(wait=wait, billing_mode="PAY_PER_REQUEST")
-        except (TableError, PynamoDBException) as exc:
-            raise _translate(exc, self.table_name, None, "create table") from exc
         if wait and created:
             self._stamp_schema()
         elif wait:
@@ -200,10 +221,8 @@ class DynamoDBLedger:
         stamp = self._stamp()
         if stamp is not None:
             return stamp
-        try:
+        with self._translated("read the schema version"):
             anything = self.client.scan(TableName=self.table_name, Limit=1).get("Items")
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, None, "read the schema version") from exc
         return 1 if anything else None
 
     def _stamp(self) -> int | None:
@@ -212,18 +231,19 @@ class DynamoDBLedger:
         return None if item is None else int(item["schema_version"]["N"])
 
     def _stamp_schema(self) -> None:
-        try:
-            self.client.put_item(
-                TableName=self.table_name,
-                Item={
-                    "pk": {"S": SCHEMA_PK},
-                    "schema_version": {"N": str(LEDGER_SCHEMA_VERSION)},
-                },
-                ConditionExpression="attribute_not_exists(pk)",
-            )
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            if _code_of(exc) != _CONDITION_FAILED:
-                raise _translate(exc, self.table_name, None, "stamp the schema version") from exc
+        with self._translated("stamp the schema version"):
+            try:
+                self.client.put_item(
+                    TableName=self.table_name,
+                    Item={
+                        "pk": {"S": SCHEMA_PK},
+                        "schema_version": {"N": str(LEDGER_SCHEMA_VERSION)},
+                    },
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+            except _VENDOR_ERRORS as exc:
+                if _code_of(exc) != _CONDITION_FAILED:
+                    raise  # translated on its way out
         found = self.schema_version()
         if found != LEDGER_SCHEMA_VERSION:
             raise _another_version(self.table_name, found)
@@ -245,27 +265,29 @@ class DynamoDBLedger:
         current = self._ttl_status()
         if current is not TtlStatus.OFF:
             return current
-        try:
-            self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
-        except (TableError, PynamoDBException) as exc:
-            if _code_of(exc) == "UnknownOperationException" or (
-                _code_of(exc) is None and "UnknownOperation" in str(exc)
-            ):
-                return TtlStatus.UNSUPPORTED
-            after = self._ttl_status() if _code_of(exc) == "ValidationException" else None
-            if after in {TtlStatus.ALREADY_ON, TtlStatus.OTHER_ATTRIBUTE}:
-                return after
-            raise _translate(exc, self.table_name, None, "enable TTL") from exc
+        with self._translated("enable TTL"):
+            try:
+                self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
+            except PynamoDBException as exc:
+                if _code_of(exc) == "UnknownOperationException" or (
+                    _code_of(exc) is None and "UnknownOperation" in str(exc)
+                ):
+                    return TtlStatus.UNSUPPORTED
+                after = self._ttl_status() if _code_of(exc) == "ValidationException" else None
+                if after in {TtlStatus.ALREADY_ON, TtlStatus.OTHER_ATTRIBUTE}:
+                    return after
+                raise  # translated on its way out
         return TtlStatus.ENABLED
 
     def _ttl_status(self) -> TtlStatus:
         """The table's TTL as DescribeTimeToLive tells it; OFF when it is off (or going off)."""
-        try:
-            found = self.client.describe_time_to_live(TableName=self.table_name)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            if _code_of(exc) == "UnknownOperationException":
-                return TtlStatus.UNSUPPORTED
-            raise _translate(exc, self.table_name, None, "read the TTL") from exc
+        with self._translated("read the TTL"):
+            try:
+                found = self.client.describe_time_to_live(TableName=self.table_name)
+            except _VENDOR_ERRORS as exc:
+                if _code_of(exc) == "UnknownOperationException":
+                    return TtlStatus.UNSUPPORTED
+                raise  # translated on its way out
         description = found.get("TimeToLiveDescription", {})
         if description.get("TimeToLiveStatus") not in {"ENABLED", "ENABLING"}:
             return TtlStatus.OFF
@@ -282,10 +304,8 @@ class DynamoDBLedger:
         empty table without a stamp (made by other tools than 'keo init') becomes this
         version's, which costs one Scan of one item to make sure it is empty.
         """
-        try:
+        with self._translated("describe table"):
             exists = self._model.exists()
-        except PynamoDBException as exc:
-            raise _translate(exc, self.table_name, None, "describe table") from exc
         if not exists:
             raise LedgerSchemaError(
                 f"ledger table {self.table_name!r} does not exist: run 'keo init'",
@@ -384,10 +404,8 @@ class DynamoDBLedger:
         if total_segments > 1:
             kwargs.update(Segment=segment, TotalSegments=total_segments)
         while True:
-            try:
+            with self._translated("scan"):
                 page = self.client.scan(**kwargs)
-            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-                raise _translate(exc, self.table_name, None, "scan") from exc
             for item in page.get("Items", []):
                 yield _group_of(item) if "members" in item else _claim_of(item)
             last = page.get("LastEvaluatedKey")
@@ -486,10 +504,8 @@ class DynamoDBLedger:
                 "inflight_bucket": x.s(bucket_value),
                 "lease_expires_at_ms": x.n(after[0]),
             }
-        try:
+        with self._translated("query the in-flight index"):
             page = self.client.query(**kwargs)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, None, "query the in-flight index") from exc
         prefix = group_pk(stream, "")
         found = [
             (int(item["lease_expires_at_ms"]["N"]), item["pk"]["S"][len(prefix) :])
@@ -502,12 +518,10 @@ class DynamoDBLedger:
     def _get_item(
         self, pk: str, key: str | None, doing: str, *, consistent: bool
     ) -> dict[str, Any] | None:
-        try:
+        with self._translated(doing, key):
             item = self.client.get_item(
                 TableName=self.table_name, Key={"pk": x.s(pk)}, ConsistentRead=consistent
             ).get("Item")
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, key, doing) from exc
         return item or None
 
     def _batch_get_items(self, pks: Sequence[str], doing: str) -> list[dict[str, Any]]:
@@ -522,10 +536,8 @@ class DynamoDBLedger:
                 }
             }
             while request:
-                try:
+                with self._translated(doing):
                     page = self.client.batch_get_item(RequestItems=request)
-                except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-                    raise _translate(exc, self.table_name, None, doing) from exc
                 found.extend(page.get("Responses", {}).get(self.table_name, []))
                 request = page.get("UnprocessedKeys") or {}
         return found
@@ -536,7 +548,7 @@ class DynamoDBLedger:
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
     ) -> None:
         """Remember the reconciler's last run over ``stream`` (read by the API's summary)."""
-        try:
+        with self._translated("record a run"):
             self.client.put_item(
                 TableName=self.table_name,
                 Item={
@@ -546,17 +558,10 @@ class DynamoDBLedger:
                     "outcomes": {"S": json.dumps(outcomes, sort_keys=True)},
                 },
             )
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, None, "record a run") from exc
 
     def last_run(self, stream: str) -> RunRecord | None:
-        try:
-            item = self.client.get_item(
-                TableName=self.table_name, Key={"pk": {"S": _run_pk(stream)}}, ConsistentRead=True
-            ).get("Item")
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, None, "read the last run") from exc
-        if not item:
+        item = self._get_item(_run_pk(stream), None, "read the last run", consistent=True)
+        if item is None:
             return None
         return RunRecord(
             stream=stream,
@@ -572,13 +577,8 @@ class DynamoDBLedger:
     ) -> BatchRecord | None:
         """The record of a streaming query's batch that settled every row, if there is one."""
         pk = _batch_pk(stream, query, batch_id)
-        try:
-            item = self.client.get_item(
-                TableName=self.table_name, Key={"pk": {"S": pk}}, ConsistentRead=True
-            ).get("Item")
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, pk, "read a batch record") from exc
-        if not item or item.get("batch_state", {}).get("S") != BATCH_COMPLETE:
+        item = self._get_item(pk, pk, "read a batch record", consistent=True)
+        if item is None or item.get("batch_state", {}).get("S") != BATCH_COMPLETE:
             return None
         expires_at = item.get(TTL_ATTRIBUTE, {}).get("N")
         if expires_at is not None and int(expires_at) <= now_ms // 1000:
@@ -608,10 +608,8 @@ class DynamoDBLedger:
             TTL_ATTRIBUTE: {"N": str(now_ms // 1000 + self.dedupe_ttl_s)},
             "counts": {"S": json.dumps(counts, sort_keys=True)},
         }
-        try:
+        with self._translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, pk, "record a batch") from exc
 
     # --- groups -----------------------------------------------------------------------------
 
@@ -643,15 +641,16 @@ class DynamoDBLedger:
             "ExpressionAttributeNames": {"#pk": "pk"},
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        try:
-            self.client.put_item(**kwargs)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            # a retry of our own applied put fails its condition on our own token
-            current = (
-                self.get_group(stream, group_id) if _code_of(exc) == _CONDITION_FAILED else None
-            )
-            if current is None or current.write_token != token:
-                raise _translate(exc, self.table_name, None, "open a group") from exc
+        with self._translated("open a group"):
+            try:
+                self.client.put_item(**kwargs)
+            except _VENDOR_ERRORS as exc:
+                # a retry of our own applied put fails its condition on our own token
+                current = (
+                    self.get_group(stream, group_id) if _code_of(exc) == _CONDITION_FAILED else None
+                )
+                if current is None or current.write_token != token:
+                    raise  # translated on its way out
         return Group(
             stream=stream,
             group_id=group_id,
@@ -797,12 +796,10 @@ class DynamoDBLedger:
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests and operators only; the protocol never deletes)."""
-        try:
+        with self._translated("delete", key):
             self.client.delete_item(
                 TableName=self.table_name, Key={"pk": x.s(ledger_pk(stream, key))}
             )
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            raise _translate(exc, self.table_name, key, "delete") from exc
 
     def _update(
         self,
@@ -825,18 +822,21 @@ class DynamoDBLedger:
         token = secrets.token_hex(8)
         values[":token"] = x.s(token)
         kwargs = x.update_kwargs(self.table_name, pk, update, condition, values, returns=returns)
-        try:
-            # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity, a
-            # uuid and its signals to the call every message makes (about 0.1 ms of CPU each)
-            data = self.client.update_item(**kwargs)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            if _code_of(exc) != _CONDITION_FAILED:
-                raise _translate(exc, self.table_name, key, "update") from exc
-            current = _old_item_of(exc)
-            if current is None:  # the backend did not return it: read it
-                current = self._get_item(pk, key, "read after a lost condition", consistent=True)
-            mine = current is not None and current.get("write_token", {}).get("S") == token
-            return mine, current
+        with self._translated("update", key):
+            try:
+                # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity,
+                # a uuid and its signals to the call every message makes (about 0.1 ms of CPU)
+                data = self.client.update_item(**kwargs)
+            except _VENDOR_ERRORS as exc:
+                if _code_of(exc) != _CONDITION_FAILED:
+                    raise  # translated on its way out
+                current = _old_item_of(exc)
+                if current is None:  # the backend did not return it: read it
+                    current = self._get_item(
+                        pk, key, "read after a lost condition", consistent=True
+                    )
+                mine = current is not None and current.get("write_token", {}).get("S") == token
+                return mine, current
         returned: dict[str, Any] | None = data.get("Attributes")
         return True, returned
 
@@ -863,6 +863,36 @@ def _another_version(table: str, found: int | None) -> LedgerSchemaError:
 
 
 # --- translation at the edge ----------------------------------------------------------------
+
+
+class _Translated:
+    """A vendor error raised in the ``with`` block leaves it as the ledger error
+    :func:`_translate` maps it to, raised from it; anything else passes as it is. A block that
+    handles some vendor errors itself (a failed condition) catches them inside, and re-raises
+    the others to be translated here.
+
+    A class rather than ``@contextmanager``: every claim enters one, and this costs an object
+    of three slots and two calls (no generator).
+    """
+
+    __slots__ = ("_doing", "_key", "_table")
+
+    def __init__(self, table: str, doing: str, key: str | None) -> None:
+        self._table = table
+        self._doing = doing
+        self._key = key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, _VENDOR_ERRORS):
+            raise _translate(exc, self._table, self._key, self._doing) from exc
 
 
 def _code_of(exc: BaseException) -> str | None:

@@ -107,6 +107,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
+from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 
 __all__ = [
@@ -148,8 +149,11 @@ _SEQUENCE_VARINT_MAX_BYTES = (
 )
 
 
-class PackingError(ValueError):
-    """A blob that is corrupt or of an unknown format version, or an input that cannot be packed."""
+class PackingError(LedgerError, ValueError):
+    """A blob that is corrupt or of an unknown format version, or an input that cannot be packed.
+
+    A ledger error (a corrupt group item is not a settings problem), and a ValueError for
+    callers that catch those."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

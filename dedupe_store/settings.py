@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field, JsonValue, ValidationInfo
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dedupe_store.errors import ConfigurationError
 from dedupe_store.model import ConnectionOptions
 
 ENV_PREFIX: Final = "KEO_"
@@ -218,8 +219,9 @@ class LedgerSettings(BaseSettings):
 
         session_region = boto3.session.Session().region_name
         if session_region is None:
-            raise ValueError(
-                "no AWS region: set KEO_REGION or AWS_REGION (or a profile with a region)"
+            raise ConfigurationError(
+                "no AWS region: set KEO_REGION or AWS_REGION (or a profile with a region)",
+                setting="KEO_REGION",
             )
         return session_region
 

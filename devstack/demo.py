@@ -27,6 +27,7 @@ from tenacity import stop_after_attempt, wait_exponential, wait_random_exponenti
 
 from devstack.fault_proxy import FaultProxy
 from producer.audit import Anomaly, AuditReport, audit_stream
+from producer.errors import ConfigurationError
 from producer.hooks import Step
 from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
@@ -258,7 +259,10 @@ def run_demo(
     replay = sent[:500]  # the first micro-batch, replayed after a "crash"
     results: list[DemoResult] = []
     if settings.kinesis_endpoint_url is None:
-        raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
+        raise ConfigurationError(
+            "the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)",
+            setting="KEO_KINESIS_ENDPOINT_URL",
+        )
     window_s = settings.signature_window_s if settings.fenced else None
     for name in ("at-least-once", "exactly-once"):
         stream = f"demo-{name}-{suffix}"

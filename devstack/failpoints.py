@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from producer.errors import ConfigurationError
 from producer.hooks import NO_HOOKS, Hooks, Step
 
 __all__ = ["ENV", "STEPS", "FailpointError", "Failpoints", "from_env", "parse"]
@@ -53,9 +54,11 @@ def parse(spec: str) -> dict[str, str]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         step, _, action = part.partition("=")
         if step not in STEPS:
-            raise ValueError(f"{ENV}: unknown step {step!r}; known: {sorted(STEPS)}")
+            raise ConfigurationError(
+                f"{ENV}: unknown step {step!r}; known: {sorted(STEPS)}", setting=ENV
+            )
         if action not in {"kill", "raise", "stop"} and not _is_sleep(action):
-            raise ValueError(f"{ENV}: unknown action {action!r} for {step}")
+            raise ConfigurationError(f"{ENV}: unknown action {action!r} for {step}", setting=ENV)
         actions[step] = action
     return actions
 

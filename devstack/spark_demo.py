@@ -48,6 +48,7 @@ from devstack.demo import (
 )
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from producer.audit import audit_stream
+from producer.errors import ConfigurationError
 from producer.hooks import Step
 from producer.kinesis import create_stream, wait_active
 from producer.producer import default_owner
@@ -385,7 +386,10 @@ def _run_side(
     create_stream(admin, settings.stream, shards, timeout_s=_ACTIVE_TIMEOUT_S)
     upstream = settings.kinesis_endpoint_url
     if upstream is None:
-        raise ValueError("the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)")
+        raise ConfigurationError(
+            "the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)",
+            setting="KEO_KINESIS_ENDPOINT_URL",
+        )
     on_the_driver = faults.on_the_driver(sink_values(settings))
     started = time.monotonic()
     # the proxy stands for Kinesis: it enforces the signature window the fence relies on

@@ -1,9 +1,11 @@
 """Errors of the producer, the read-back, the reconciler and the audit.
 
-The tree::
+They grow from the roots in :mod:`dedupe_store.errors` (the lowest layer), re-exported here:
+``KeoError``, the root of every keo error, and ``ConfigurationError``. The tree::
 
-    KeoError                          anything keo cannot do for its caller
-    ├── ConfigurationError            settings that cannot work (names the setting)
+    KeoError                          anything keo cannot do for its caller (dedupe_store.errors)
+    ├── ConfigurationError            settings that cannot work (names the setting; dedupe_store)
+    ├── LedgerError                   the ledger's branch (dedupe_store.errors)
     ├── StreamError                   Kinesis failed in a way the caller cannot continue from
     │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
     │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
@@ -12,27 +14,31 @@ The tree::
     │                                 (the signature fence, or with it off the lease deadline;
     │                                 KinesisWriter turns it into a NOT_WRITTEN result)
     ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
-    └── AuditTooLargeError            more keys than one process audits (use the Spark audit)
+    ├── AuditTooLargeError            more keys than one process audits (use the Spark audit)
+    └── AggregationFormatError        a KPL aggregated record that cannot be read (producer.kpl;
+                                      a ValueError too)
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
-of :class:`producer.outcomes.Outcome`, never exceptions. Ledger failures are
-:mod:`dedupe_store.errors`.
+of :class:`producer.outcomes.Outcome`, never exceptions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
+from dedupe_store.errors import ConfigurationError, KeoError
 
-class KeoError(Exception):
-    retriable: ClassVar[bool] = False
-
-
-class ConfigurationError(KeoError):
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
+__all__ = [
+    "AuditTooLargeError",
+    "ConfigurationError",
+    "KeoError",
+    "PutFencedError",
+    "StreamError",
+    "StreamNotFoundError",
+    "StreamThrottledError",
+    "StreamUnavailableError",
+    "UnresolvedKeysError",
+]
 
 
 class StreamError(KeoError):

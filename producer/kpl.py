@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from producer.errors import KeoError
 from producer.protocol import put_entry
 
 MAGIC = b"\xf3\x89\x9a\xc2"
@@ -60,8 +61,9 @@ class Aggregate:
         return put_entry(partition_key, data, explicit_hash_key or None)
 
 
-class AggregationFormatError(ValueError):
-    """A record carries the KPL magic and a valid digest but its user records cannot be read."""
+class AggregationFormatError(KeoError, ValueError):
+    """A record carries the KPL magic and a valid digest but its user records cannot be read
+    (a keo error, and a ValueError for callers that catch those)."""
 
     def __init__(self, shard_id: str, sequence_number: str, reason: str) -> None:
         super().__init__(

@@ -12,6 +12,7 @@ from typing import Any, Final, Self
 
 from pydantic import model_validator
 
+from dedupe_store.names import MAX_STREAM_NAME_CHARS, STREAM_NAME_PATTERN
 from dedupe_store.settings import (
     ENDPOINT_URL_RULE,
     EndpointUrl,
@@ -41,10 +42,13 @@ class ProducerSettings(LedgerSettings):
     stream: str = setting(
         "keo-stream",
         min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=MAX_STREAM_NAME_CHARS,
+        pattern=STREAM_NAME_PATTERN,  # the rule of dedupe_store.names
         description="Kinesis data stream (`keo init` creates it)",
-        why="a name that says what it holds; the bounds are Kinesis's stream-name rules",
+        why=(
+            "a name that says what it holds; the bounds are Kinesis's stream-name rules, "
+            "and not dots only (the API could not name it in a URL)"
+        ),
     )
     kinesis_endpoint_url: EndpointUrl = setting(
         None,

@@ -43,11 +43,10 @@ from enum import IntEnum
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from dedupe_store.errors import LedgerError
 from dedupe_store.records import MAX_KEY_CHARS, Group, Position
 from dedupe_store.states import KeyState, delivery_state
 from producer.audit import LISTED_KEYS, AuditReport, Findings
-from producer.errors import KeoError, StreamNotFoundError
+from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
 from producer.kinesis import KinesisReader
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs.options import SETTING_OPTIONS
@@ -431,10 +430,10 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
             listed=args.list_keys,
             segments=args.ledger_segments,
         )
-    except StreamNotFoundError as exc:
+    except (StreamNotFoundError, ConfigurationError) as exc:
         sys.stderr.write(f"spark_jobs.audit: {exc}\n")
         return ExitCode.CONFIG
-    except (KeoError, LedgerError) as exc:
+    except KeoError as exc:
         sys.stderr.write(f"spark_jobs.audit: {exc}\n")
         return ExitCode.UNAVAILABLE
     finally:

@@ -8,7 +8,10 @@ lost on the wire). Imported with ``from ledger_contract import *`` so pytest col
 
 from __future__ import annotations
 
+import pytest
+
 from dedupe_store.contract import Ledger
+from dedupe_store.errors import InvalidStreamNameError
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
@@ -404,6 +407,27 @@ def test_keys_and_groups_of_other_streams_are_separate(ledger: Ledger) -> None:
     assert result.status is ClaimStatus.WON
     assert list(ledger.stale_groups("payments", now_ms=T0_MS + 2 * LEASE_MS)) == [other.group_id]
     assert [r.key for r in ledger.scan("payments")] == ["k-shared"]
+
+
+@pytest.mark.parametrize("stream", ["orders/k-1", "orders#k-1", "..", "", "s" * 129])
+def test_a_stream_name_outside_the_rule_is_refused_where_a_key_is_built(
+    ledger: Ledger, stream: str
+) -> None:
+    # GIVEN a stream name Kinesis refuses, or one whose "/" or "#" could make one item's key
+    # another's ("__keo__/group/orders/k-1/<id>", "orders#k-1#<key>")
+    group = open_group(ledger, "k-1")
+    # WHEN a group is opened, a key claimed or read under it
+    # THEN each is refused naming the stream, and nothing is written
+    with pytest.raises(InvalidStreamNameError) as caught:
+        open_group(ledger, "k-1", stream=stream)
+    assert caught.value.name == stream
+    with pytest.raises(InvalidStreamNameError):
+        ledger.claim(request_for("k-1", stream=stream), group, now_ms=T0_MS)
+    with pytest.raises(InvalidStreamNameError):
+        ledger.get_claim(stream, "k-1")
+    with pytest.raises(InvalidStreamNameError):
+        ledger.get_group(stream, group.group_id)
+    assert ledger.get_claim(STREAM, "k-1") is None
 
 
 # --- Spark batch records ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from typing import TypeVar
 
 from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
 from dedupe_store.inflight import Cursor, bucket_of, walk_index
+from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
@@ -185,7 +186,7 @@ class InMemoryLedger:
     def get_claim(self, stream: str, key: str) -> KeyClaim | None:
         with self._lock:
             self._read_fault("get_claim", key)
-            return self._claims.get((stream, key))
+            return self._claims.get((check_stream_name(stream), key))
 
     def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
         with self._lock:
@@ -197,7 +198,7 @@ class InMemoryLedger:
     def get_group(self, stream: str, group_id: str) -> Group | None:
         with self._lock:
             self._read_fault("get_group")
-            return self._groups.get((stream, group_id))
+            return self._groups.get((check_stream_name(stream), group_id))
 
     def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
         with self._lock:
@@ -483,7 +484,10 @@ class InMemoryLedger:
         condition: Callable[[KeyClaim | None], bool],
         change: Callable[[KeyClaim | None, str], KeyClaim],
     ) -> tuple[bool, KeyClaim | None]:
-        return self._write(operation, self._claims, (stream, key), condition, change)
+        # a key is built here, as DynamoDBLedger builds its item keys: the name is checked
+        return self._write(
+            operation, self._claims, (check_stream_name(stream), key), condition, change
+        )
 
     def _write_group(
         self,
@@ -493,7 +497,9 @@ class InMemoryLedger:
         condition: Callable[[Group | None], bool],
         change: Callable[[Group | None, str], Group],
     ) -> tuple[bool, Group | None]:
-        return self._write(operation, self._groups, (stream, group_id), condition, change)
+        return self._write(
+            operation, self._groups, (check_stream_name(stream), group_id), condition, change
+        )
 
     def _write(
         self,
@@ -544,7 +550,7 @@ class InMemoryLedger:
 
 def group_pk(stream: str, group_id: str) -> str:
     """The group's key, as :func:`dedupe_store.ledger.group_pk` spells it."""
-    return f"__keo__/group/{stream}/{group_id}"
+    return f"__keo__/group/{check_stream_name(stream)}/{group_id}"
 
 
 def _held(seen: KeyClaim) -> Callable[[KeyClaim | None], bool]:

@@ -8,12 +8,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import pytest
 import typer
 import typer.main
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from api.errors import ApiConfigError
 from cli.app import app
+from cli.exit_codes import ExitCode
 from cli.logs import (
     JsonFormatter,
     LogFormat,
@@ -23,6 +27,24 @@ from cli.logs import (
     log_level,
     report,
 )
+from cli.options import explain
+from dedupe_store.errors import (
+    ConfigurationError,
+    InvalidStreamNameError,
+    InvalidTransitionError,
+    LedgerSchemaError,
+    LedgerThrottledError,
+    LedgerUnavailableError,
+)
+from dedupe_store.packing import PackingError
+from producer.errors import (
+    AuditTooLargeError,
+    StreamNotFoundError,
+    StreamUnavailableError,
+    UnresolvedKeysError,
+)
+from producer.settings import ProducerSettings
+from spark_jobs.options import OptionsError
 
 runner = CliRunner()
 
@@ -217,3 +239,94 @@ def test_keo_audit_says_when_the_expected_keys_are_too_many_for_it_and_names_the
         "python -m spark_jobs.audit --stream orders --table orders-ledger "
         f"--expected {expected}" in result.stderr
     )
+
+
+# --- errors to exit codes -----------------------------------------------------------------------
+
+
+def _validation_error() -> ValidationError:
+    try:
+        ProducerSettings(lease_s=-1)
+    except ValidationError as exc:
+        return exc
+    raise AssertionError("lease_s=-1 was accepted")
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConfigurationError("no AWS region", setting="KEO_REGION"), ExitCode.CONFIG),
+        (OptionsError("format('keo'): unknown option", options=["x"]), ExitCode.CONFIG),
+        (ApiConfigError("KEO_API_TOKEN is not set"), ExitCode.CONFIG),
+        (InvalidStreamNameError("a/b", "may hold only ..."), ExitCode.CONFIG),
+        (StreamNotFoundError("no stream", stream="orders"), ExitCode.CONFIG),
+        (LedgerSchemaError("no table", table="t"), ExitCode.CONFIG),
+        (_validation_error(), ExitCode.CONFIG),
+        (LedgerUnavailableError("DynamoDB failed", table="t"), ExitCode.UNAVAILABLE),
+        (LedgerThrottledError("DynamoDB throttled", table="t"), ExitCode.UNAVAILABLE),
+        (StreamUnavailableError("Kinesis failed", stream="orders"), ExitCode.UNAVAILABLE),
+        (UnresolvedKeysError("orders", ["k-1"]), ExitCode.UNAVAILABLE),
+        (
+            botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"),
+            ExitCode.UNAVAILABLE,
+        ),
+        (InvalidTransitionError("SETTLED", "RENEW"), ExitCode.FAILED),
+        (PackingError("members blob: truncated"), ExitCode.FAILED),
+        (AuditTooLargeError("the stream", max_keys=2), ExitCode.FAILED),
+        (ValueError("not enough values to unpack"), ExitCode.INTERNAL),
+        (KeyError("attempt"), ExitCode.INTERNAL),
+        (TypeError("unsupported operand"), ExitCode.INTERNAL),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else value.name,
+)
+def test_every_error_has_the_exit_code_of_its_class(error: Exception, code: ExitCode) -> None:
+    # GIVEN an error a command met
+    # WHEN it is explained
+    # THEN its exit code is its class's: configuration 3, retriable 4, other keo errors 1, a
+    # bug 70 (a ValueError included: a corrupt item or a mistake is no setting to check)
+    assert explain(error)[0] is code
+
+
+def test_the_internal_exit_code_is_distinct_from_every_other() -> None:
+    assert [code for code in ExitCode if code == ExitCode.INTERNAL] == [ExitCode.INTERNAL]
+
+
+def test_a_bug_exits_70_as_an_internal_error_with_its_traceback_in_the_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a command that meets a plain ValueError (a bug, a corrupt item), not a setting
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise ValueError("not enough values to unpack (expected 3, got 2)")
+
+    monkeypatch.setattr("cli.init.kinesis_client", broken)
+    env = {
+        "KEO_KINESIS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "KEO_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:9",
+        "KEO_REGION": "us-east-1",
+    }
+    # WHEN it runs
+    result = runner.invoke(app, ["init", "--stream", "orders", "--table", "orders-ledger"], env=env)
+    # THEN it exits 70, says it is an internal error, and logs the traceback; it does not
+    # send the user to their settings
+    assert result.exit_code == ExitCode.INTERNAL, result.output
+    *log, last = result.stderr.splitlines()
+    assert last.startswith("keo: internal error, a bug in keo (ValueError: not enough values")
+    assert "Traceback" in "\n".join(log)
+    assert "in broken" in "\n".join(log)
+    assert "invalid setting" not in result.stderr
+
+
+def test_a_configuration_error_met_by_a_command_exits_3_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a command that meets a configuration error once its settings were read
+    def no_region(*_args: object, **_kwargs: object) -> object:
+        raise ConfigurationError("no AWS region: set KEO_REGION", setting="KEO_REGION")
+
+    monkeypatch.setattr("cli.init.kinesis_client", no_region)
+    env = {"KEO_KINESIS_ENDPOINT_URL": "http://127.0.0.1:9", "KEO_REGION": "us-east-1"}
+    # WHEN it runs
+    result = runner.invoke(app, ["init"], env=env)
+    # THEN it exits 3 with the error's line, and no traceback
+    assert result.exit_code == ExitCode.CONFIG, result.output
+    assert result.stderr == "keo: no AWS region: set KEO_REGION\n"

@@ -9,6 +9,7 @@ import pytest
 
 from devstack import failpoints
 from devstack.failpoints import STEPS, FailpointError, Failpoints, from_env
+from producer.errors import ConfigurationError
 from producer.hooks import NO_HOOKS, Step
 
 armed = Failpoints()
@@ -41,7 +42,7 @@ def recorded_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_unknown_step_is_rejected_by_name() -> None:
     # GIVEN a spec naming a step the producer does not have (a typo)
     # WHEN parsed
-    with pytest.raises(ValueError, match="unknown step 'after_clam'") as excinfo:
+    with pytest.raises(ConfigurationError, match="unknown step 'after_clam'") as excinfo:
         failpoints.parse("after_clam=raise")
     # THEN the message names it, the variable, and the steps that exist
     assert "KEO_FAILPOINTS" in str(excinfo.value)
@@ -53,7 +54,7 @@ def test_unknown_action_is_rejected_by_name(action: str) -> None:
     # GIVEN a spec with an action that does not exist
     # WHEN parsed
     # THEN the message names the action and its step
-    with pytest.raises(ValueError, match=f"unknown action '{action}' for before_put"):
+    with pytest.raises(ConfigurationError, match=f"unknown action '{action}' for before_put"):
         failpoints.parse(f"before_put={action}")
 
 
@@ -61,7 +62,7 @@ def test_step_without_action_is_rejected() -> None:
     # GIVEN a step with no "=action"
     # WHEN parsed
     # THEN it is refused rather than ignored
-    with pytest.raises(ValueError, match="unknown action '' for after_put"):
+    with pytest.raises(ConfigurationError, match="unknown action '' for after_put"):
         failpoints.parse("after_put")
 
 
@@ -108,7 +109,7 @@ def test_sleep_with_a_bad_duration_is_rejected_at_parse_time(action: str) -> Non
     # GIVEN a sleep action whose duration is not a non-negative number
     # WHEN parsed
     # THEN it is refused up front, naming the action
-    with pytest.raises(ValueError, match=f"unknown action '{action}'"):
+    with pytest.raises(ConfigurationError, match=f"unknown action '{action}'"):
         failpoints.parse(f"before_put={action}")
 
 
@@ -169,7 +170,7 @@ def test_configure_rejects_a_bad_spec() -> None:
     # GIVEN a spec with an unknown step
     # WHEN configured
     # THEN it is refused rather than half-applied silently
-    with pytest.raises(ValueError, match="unknown step"):
+    with pytest.raises(ConfigurationError, match="unknown step"):
         configure("before_putt=raise")
 
 
