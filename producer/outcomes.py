@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from dedupe_store.records import Position
+from producer.protocol import PreparedMessage
 
 
 class OutcomeStatus(StrEnum):
@@ -58,3 +59,99 @@ class Outcome:
         if not self.ledger_marked:
             body["ledger_marked"] = False
         return body
+
+
+# --- the outcomes of a send, by what became of a message ----------------------------------------
+
+
+def duplicate(item: PreparedMessage, position: Position, attempt: int) -> Outcome:
+    """Already in the stream once, at ``position``: nothing sent."""
+    return Outcome(
+        item.index, item.key, OutcomeStatus.DUPLICATE, position=position, attempt=attempt
+    )
+
+
+def failed(item: PreparedMessage, reason: str) -> Outcome:
+    """Not sent (or released): safe to send again later."""
+    return Outcome(item.index, item.key, OutcomeStatus.FAILED, reason=reason)
+
+
+def in_flight(item: PreparedMessage, attempt: int, reason: str) -> Outcome:
+    """Not resolved by this call: the reconciler (or a later send) settles it."""
+    return Outcome(item.index, item.key, OutcomeStatus.IN_FLIGHT, reason=reason, attempt=attempt)
+
+
+def conflict(
+    item: PreparedMessage, reason: str, *, attempt: int | None, position: Position | None = None
+) -> Outcome:
+    """The key is used for other data: nothing sent."""
+    return Outcome(
+        item.index,
+        item.key,
+        OutcomeStatus.CONFLICT,
+        position=position,
+        reason=reason,
+        attempt=attempt,
+    )
+
+
+def unverifiable(item: PreparedMessage, reason: str, attempt: int) -> Outcome:
+    return Outcome(item.index, item.key, OutcomeStatus.UNVERIFIABLE, reason=reason, attempt=attempt)
+
+
+def written(
+    item: PreparedMessage,
+    position: Position,
+    attempt: int,
+    failure: str | None,
+    *,
+    taken: bool,
+) -> Outcome:
+    """Written by this call at ``position``: SENT, or TAKEN_OVER when its group was taken over
+    before we settled it; ``failure`` says why the ledger does not record it yet."""
+    if taken:
+        return Outcome(
+            item.index,
+            item.key,
+            OutcomeStatus.TAKEN_OVER,
+            position=position,
+            attempt=attempt,
+            reason="written, but the group was taken over before it was settled: the new "
+            "owner records it from the stream",
+        )
+    return Outcome(
+        item.index,
+        item.key,
+        OutcomeStatus.SENT,
+        position=position,
+        attempt=attempt,
+        reason=failure,
+        ledger_marked=failure is None,
+    )
+
+
+def repeat_outcome(item: PreparedMessage, first: PreparedMessage, outcome: Outcome) -> Outcome:
+    """A key repeated in one input: what became of its first occurrence, said of it."""
+    if item.payload_digest != first.payload_digest:
+        return conflict(
+            item,
+            f"the same key appears earlier in this input (#{first.index}) with other data",
+            attempt=None,
+        )
+    if outcome.delivered:
+        return Outcome(
+            item.index,
+            item.key,
+            OutcomeStatus.DUPLICATE,
+            position=outcome.position,
+            attempt=outcome.attempt,
+            reason=f"repeat of message #{first.index} in this input",
+        )
+    return Outcome(
+        item.index,
+        item.key,
+        outcome.status,
+        position=outcome.position,
+        attempt=outcome.attempt,
+        reason=f"repeat of message #{first.index} in this input: {outcome.reason}",
+    )

@@ -12,24 +12,18 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from dedupe_store.clock import Clock
 from dedupe_store.records import LedgerRecord, Position
+from producer.decisions import Resolution
 from producer.kinesis import KinesisReader
 from producer.kpl import UserRecord
 from producer.protocol import LeasePolicy, hash_key_of, payload_digest
 from producer.shards import Shard, lineage
 
+__all__ = ["ReadBackResolver", "ReadBackResult", "Resolution", "visible_to_kcl"]
+
 log = logging.getLogger(__name__)
-
-
-class Resolution(StrEnum):
-    FOUND = "FOUND"  # in the stream at ``position``
-    NOT_FOUND = "NOT_FOUND"  # not in the stream, and its put can no longer land
-    PENDING = "PENDING"  # not in the stream yet, but the lease runs: it may still land
-    UNVERIFIABLE = "UNVERIFIABLE"  # the window starts before the stream's trim horizon
-    CONFLICT = "CONFLICT"  # the key is in the window with other data
 
 
 @dataclass(frozen=True, slots=True)

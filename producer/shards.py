@@ -8,7 +8,7 @@ a record of that key may sit in any of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -47,3 +47,32 @@ def lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:
     """Every shard, open or closed, whose hash range covers ``hash_key``: the key's lineage
     through splits and merges (each parent and child covering it)."""
     return [shard for shard in shards if shard.covers(hash_key)]
+
+
+class OpenShards:
+    """The stream's open shards as last read, for packing user records per shard. Read on
+    first use and again after a reshard is noticed (:meth:`forget`, :meth:`landed_on`)."""
+
+    def __init__(self, read: Callable[[], list[Shard]]) -> None:
+        self._read = read
+        self._open: list[Shard] | None = None
+
+    def current(self) -> list[Shard]:
+        shards = self._open
+        if shards is None:
+            shards = self._open = open_shards(self._read())
+        return shards
+
+    def forget(self) -> None:
+        """The map is stale (a reshard): read it again next time."""
+        self._open = None
+
+    def landed_on(self, shard_id: str) -> Shard | None:
+        """The shard an aggregate landed on, re-reading the map when it is a new one: its
+        members inside the new shard's range are delivered, whatever our map said."""
+        known = next((s for s in self._open or [] if s.shard_id == shard_id), None)
+        if known is not None:
+            return known
+        shards = self._read()
+        self._open = open_shards(shards)
+        return next((s for s in shards if s.shard_id == shard_id), None)

@@ -1,0 +1,171 @@
+"""What every part of a send shares (:class:`SendContext`): the stream, its clients, clock and
+policy, and the ledger calls the parts make, timed into the metrics, with a ledger failure
+returned as a value (the caller decides what it means for each message)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from tenacity import wait_exponential
+
+from dedupe_store.clock import Clock
+from dedupe_store.contract import Ledger
+from dedupe_store.errors import LedgerError
+from dedupe_store.records import ClaimRequest, ClaimResult, Group, KeyClaim
+from producer import metrics
+from producer.hooks import Hooks
+from producer.kinesis import KinesisWriter
+from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage
+from producer.readback import ReadBackResolver
+from producer.retries import wait_full_jitter
+from producer.shards import OpenShards
+
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
+
+__all__ = ["ProducerPolicy", "SendContext"]
+
+log = logging.getLogger("producer.producer")
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerPolicy:
+    lease: LeasePolicy
+    put_max_attempts: int = 8
+    retry_initial_ms: int = 100
+    retry_max_ms: int = 5_000
+    wait_initial_ms: int = 100
+    wait_max_ms: int = 5_000
+    ledger_concurrency: int = 32
+    store_payload_max_bytes: int | None = None  # None: never store payloads in claims
+    group_size: int = MAX_GROUP_KEYS
+    groups_in_flight: int = 2  # a group's claims start once the one before it has claimed
+
+
+class SendContext:
+    """The stream, clients, clock, policy and waits one producer's sends share."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        owner: str,
+        ledger: Ledger,
+        writer: KinesisWriter,
+        clock: Clock,
+        policy: ProducerPolicy,
+        resolver: ReadBackResolver | None,
+        executor: Executor,
+        hooks: Hooks,
+        sleep: Callable[[float], None],
+        rng: random.Random,
+        shards: OpenShards | None,
+        max_record_bytes: int,
+    ) -> None:
+        self.stream = stream
+        self.owner = owner
+        self.ledger = ledger
+        self.writer = writer
+        self.clock = clock
+        self.policy = policy
+        self.resolver = resolver
+        self.hooks = hooks
+        self.sleep = sleep
+        self.shards = shards  # aggregation is on when the stream's shards are given
+        self.max_record_bytes = max_record_bytes
+        self.interrupted = threading.Event()
+        self._executor = executor
+        self.resend_wait: wait_base = wait_full_jitter(
+            initial_s=policy.retry_initial_ms / 1000, max_s=policy.retry_max_ms / 1000, rng=rng
+        )
+        # waiting on another owner's claim: no contention to spread, so no jitter
+        self.claim_wait: wait_base = wait_exponential(
+            multiplier=policy.wait_initial_ms / 1000, max=policy.wait_max_ms / 1000
+        )
+
+    @property
+    def lease(self) -> LeasePolicy:
+        return self.policy.lease
+
+    def map(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+        """``fn`` over ``items`` on the ledger pool: its latency is hidden by concurrency."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        return list(self._executor.map(fn, items))
+
+    # --- the ledger calls of a send, timed; a failure is a value ------------------------------
+
+    def open_group(self, keys: list[str]) -> Group | LedgerError:
+        started = time.perf_counter()
+        try:
+            return self.ledger.open_group(
+                self.stream,
+                keys,
+                owner=self.owner,
+                now_ms=self.clock.now_ms(),
+                lease_ms=self.lease.lease_ms,
+            )
+        except LedgerError as exc:
+            return exc
+        finally:
+            metrics.LEDGER_SECONDS.labels("open").observe(time.perf_counter() - started)
+
+    def claim(self, item: PreparedMessage, group: Group) -> ClaimResult | LedgerError:
+        payload = None
+        limit = self.policy.store_payload_max_bytes
+        if limit is not None and len(item.message.data) <= limit:
+            payload = item.message.data
+        request = ClaimRequest(
+            self.stream, item.key, item.payload_digest, item.explicit_hash_key, payload
+        )
+        started = time.perf_counter()
+        try:
+            result = self.ledger.claim(request, group, now_ms=self.clock.now_ms())
+        except LedgerError as exc:
+            metrics.CLAIMS.labels(self.stream, "error").inc()
+            return exc
+        finally:
+            metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
+        metrics.CLAIMS.labels(self.stream, result.status.value.lower()).inc()
+        return result
+
+    def renew(self, group: Group) -> Group | None:
+        """``group`` with a new lease from now, or None when it cannot be renewed (it expired,
+        was taken over, or the write failed)."""
+        try:
+            renewed = self.ledger.renew_lease(
+                group,
+                now_ms=self.clock.now_ms(),
+                lease_ms=self.lease.lease_ms,
+                skew_ms=self.lease.skew_ms,
+            )
+        except LedgerError as exc:
+            log.warning("lease renewal failed stream=%s error=%s", self.stream, exc)
+            return None
+        return renewed.current if renewed.applied else None
+
+    def take_over_key(self, claim: KeyClaim, group: Group) -> ClaimResult | LedgerError:
+        try:
+            return self.ledger.take_over_key(claim, group, now_ms=self.clock.now_ms())
+        except LedgerError as exc:
+            return exc
+
+    def group_of(self, claim: KeyClaim | None) -> Group | None:
+        """The group ``claim`` names, read consistently; None when it is gone or unreadable."""
+        if claim is None:
+            return None
+        try:
+            return self.ledger.get_group(self.stream, claim.group_id)
+        except LedgerError:
+            return None
