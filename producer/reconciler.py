@@ -32,15 +32,17 @@ from tenacity import wait_exponential
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, LedgerRecord, Position
+from dedupe_store.records import ClaimResult, Group, KeyClaim, LedgerRecord, Position
 from dedupe_store.states import GroupState, KeyState
 from producer import metrics
+from producer.decisions import ReadBackAction, Resolution, read_back_action
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
 from producer.protocol import LeasePolicy, PutResultKind, chunked, put_entry
-from producer.readback import ReadBackResolver, Resolution
+from producer.readback import ReadBackResolver
 from producer.retries import call_retrying
+from producer.takeover import move_into_fresh_group
 
 log = logging.getLogger(__name__)
 
@@ -268,14 +270,20 @@ class Reconciler:
         """Reads of the ledger, and the run record: a retriable error is tried again."""
         return call_retrying(call, attempts=3, wait=self._read_wait, sleep=self._sleep)
 
-    def _take_over_key(self, group: Group) -> Callable[[KeyClaim], ClaimResult | LedgerError]:
-        def take(claim: KeyClaim) -> ClaimResult | LedgerError:
-            try:
-                return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
-            except LedgerError as exc:
-                return exc
+    def _take_over_key(self, claim: KeyClaim, group: Group) -> ClaimResult | LedgerError:
+        try:
+            return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
+        except LedgerError as exc:
+            return exc
 
-        return take
+    def _open_group(self, keys: list[str]) -> Group:
+        return self._ledger.open_group(
+            self.stream,
+            keys,
+            owner=self.owner,
+            now_ms=self._clock.now_ms(),
+            lease_ms=self._lease.lease_ms,
+        )
 
     def _lease_to_send(self, group: Group) -> Group | None:
         """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
@@ -313,23 +321,25 @@ class Reconciler:
         position: Position | None,
         positions: dict[str, Position],
     ) -> str:
-        """Settle one member; returns the report field it counts in (or "resend")."""
+        """Settle one member of a group we took over; returns the report field it counts in
+        (or "resend"). The claim's data is at hand only when it stored its payload."""
+        action = read_back_action(resolution, ours=True, can_resend=claim.payload is not None)
         try:
-            if resolution is Resolution.FOUND and position is not None:
+            if action is ReadBackAction.RECORD and position is not None:
                 positions[claim.key] = position
                 return "delivered"
-            if resolution is Resolution.NOT_FOUND:
-                if claim.payload is not None:
-                    return "resend"
+            if action is ReadBackAction.RESEND:
+                return "resend"
+            if action is ReadBackAction.RELEASE:
                 return _counted(self._ledger.release(claim).applied, "released")
-            if resolution is Resolution.UNVERIFIABLE:
+            if action is ReadBackAction.UNVERIFIABLE:
                 return _counted(self._ledger.mark_unverifiable(claim).applied, "unverifiable")
         except LedgerError as exc:
             log.warning(
                 "reconcile action failed stream=%s error=%s", self.stream, exc, extra=self._where()
             )
             return "errors"
-        if resolution is Resolution.CONFLICT:
+        if action is ReadBackAction.CONFLICT:
             return "conflicts"
         return "pending"
 
@@ -367,12 +377,11 @@ class Reconciler:
         (conditional on the attempt seen), one PutRecords, settle. Ambiguous again: next run.
         Returns the keys that left their old group (taken over by us, or by someone first)."""
         try:
-            group = self._ledger.open_group(
-                self.stream,
-                [claim.key for claim in claims],
-                owner=self.owner,
-                now_ms=self._clock.now_ms(),
-                lease_ms=self._lease.lease_ms,
+            moved = move_into_fresh_group(
+                claims,
+                open_group=self._open_group,
+                take_over=self._take_over_key,
+                map_each=self._map,
             )
         except LedgerError as exc:
             log.warning(
@@ -380,30 +389,24 @@ class Reconciler:
             )
             report.errors += len(claims)
             return set()
-        held: list[KeyClaim] = []
-        moved: set[str] = set()
-        unknown = False  # a take-over whose answer was lost may have applied: keep the group open
-        for claim, taken in zip(claims, self._map(self._take_over_key(group), claims), strict=True):
-            if isinstance(taken, LedgerError):
-                report.errors += 1
-                unknown = True
-                continue
-            moved.add(claim.key)
-            if taken.status is ClaimStatus.WON and taken.claim is not None:
-                held.append(taken.claim)
-            else:
-                report.lost_races += 1
+        group = moved.group
+        held = list(moved.won.values())
+        # a take-over whose answer was lost may have applied: keep the group open
+        unknown = bool(moved.unknown)
+        report.errors += len(moved.unknown)
+        report.lost_races += len(moved.lost)
+        keys_moved = {claims[i].key for i in (*moved.won, *moved.lost)}
         if not held:
             if unknown:
-                return moved  # the next run settles the group, whatever it holds
+                return keys_moved  # the next run settles the group, whatever it holds
             # someone else moved every key on first: the new group has nothing to send
             with contextlib.suppress(LedgerError):
                 self._ledger.record_positions(group, {}, settle=True, now_ms=self._clock.now_ms())
-            return moved
+            return keys_moved
         sendable = self._lease_to_send(group)
         if sendable is None:
             report.pending += len(held)
-            return moved
+            return keys_moved
         group = sendable
         results = self._writer.put_entries(
             [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held],
@@ -431,9 +434,9 @@ class Reconciler:
                 extra={**self._where(), "group": group.group_id},
             )
             report.errors += len(positions)
-            return moved
+            return keys_moved
         report.resent += len(positions) if settled.applied else 0
-        return moved
+        return keys_moved
 
     def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         # ledger latency is hidden by concurrency; every write is conditional on its epoch
