@@ -18,7 +18,6 @@ and a producer) racing over the same group never both act.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -32,17 +31,17 @@ from tenacity import wait_exponential
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimResult, Group, KeyClaim, LedgerRecord, Position
+from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position
 from dedupe_store.states import GroupState, KeyState
 from producer import metrics
-from producer.decisions import ReadBackAction, Resolution, read_back_action
+from producer.decisions import ReadBackAction, read_back_action
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.kinesis import KinesisWriter
-from producer.protocol import LeasePolicy, PutResultKind, chunked, put_entry
-from producer.readback import ReadBackResolver
+from producer.protocol import LeasePolicy, chunked
+from producer.readback import ReadBackResolver, ReadBackResult
+from producer.resend import PayloadResender
 from producer.retries import call_retrying
-from producer.takeover import move_into_fresh_group
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +121,21 @@ class Reconciler:
         self.stream = stream
         self._ledger = ledger
         self._resolver = resolver
-        self._writer = writer
         self._clock = clock
         self._lease = lease
         self.owner = owner
         self._buckets = buckets
         self._chunk_size = chunk_size
+        self._resender = PayloadResender(
+            stream=stream,
+            ledger=ledger,
+            writer=writer,
+            clock=clock,
+            lease=lease,
+            owner=owner,
+            map_each=self._map,
+            where=self._where,
+        )
 
     def run_once(self, progress: Callable[[int], None] | None = None) -> ReconcileReport:
         report = ReconcileReport(self.stream)
@@ -195,8 +203,64 @@ class Reconciler:
         return {"stream": self.stream, "table": self._ledger.table_name}
 
     def _reconcile_chunk(self, group_ids: list[str], report: ReconcileReport) -> None:
+        taken = self._take_over_stale(group_ids, report)
+        if not taken:
+            return
+        report.groups += len(taken)
+        members = {key for group, _ in taken for key in group.members}
+        claims = self._retrying(lambda: self._ledger.batch_get_claims(self.stream, members))
+        # the members each group still holds, unresolved: the others moved on or are done
+        held_claims = {
+            group.group_id: [
+                claim
+                for key in dict.fromkeys(group.members)
+                if (claim := claims.get(key)) is not None
+                and claim.state is KeyState.CLAIMED
+                and claim.group_id == group.group_id
+                and group.position_of(key) is None
+            ]
+            for group, _ in taken
+        }
+        # the window runs to the lease its owner sent under, not the one we just took
+        targets = [
+            LedgerRecord.of(claim, group)
+            for group, _ in taken
+            for claim in held_claims[group.group_id]
+        ]
+        report.scanned += len(targets)
+        results = self._resolver.resolve(targets) if targets else {}
+        to_resend: list[KeyClaim] = []
+        settles: list[tuple[Group, dict[str, Position], bool, set[str]]] = []
+        for group, held in taken:
+            positions: dict[str, Position] = {}
+            resending: set[str] = set()
+            open_left = False
+            for claim in held_claims[group.group_id]:
+                counted = self._act(claim, results[claim.key], positions)
+                if counted == "resend":
+                    to_resend.append(claim)
+                    resending.add(claim.key)
+                    continue
+                if counted == "conflicts":
+                    report.conflicts.append(claim.key)
+                else:
+                    setattr(report, counted, getattr(report, counted) + 1)
+                open_left = open_left or counted in {"pending", "errors", "conflicts"}
+            settles.append((held, positions, open_left, resending))
+        # a key to resend moves to a new group first; one that could not stays in its group
+        moved = self._resender.resend(to_resend, report) if to_resend else set()
+        for held, positions, open_left, resending in settles:
+            self._settle(
+                held, positions, open_left=open_left or bool(resending - moved), report=report
+            )
+
+    def _take_over_stale(
+        self, group_ids: list[str], report: ReconcileReport
+    ) -> list[tuple[Group, Group]]:
+        """Take over each group still OPEN and past its lease for everyone; returns each as
+        its owner left it and as we now hold it. The index is eventually consistent: act only
+        on what a consistent read shows."""
         now_ms = self._clock.now_ms()
-        # the index is eventually consistent: act only on what a consistent read shows
         seen = [
             group
             for group in self._retrying(
@@ -205,7 +269,7 @@ class Reconciler:
             if group.state is GroupState.OPEN
             and self._lease.expired_for_everyone(group.lease_expires_at_ms, now_ms)
         ]
-        taken: list[tuple[Group, Group]] = []  # (as its owner left it, as we hold it)
+        taken: list[tuple[Group, Group]] = []
         for group, held in zip(seen, self._map(self._take_over_group, seen), strict=True):
             if isinstance(held, LedgerError):
                 report.errors += 1
@@ -213,55 +277,7 @@ class Reconciler:
                 report.lost_races += 1
             else:
                 taken.append((group, held))
-        if not taken:
-            return
-        report.groups += len(taken)
-        members = {key for group, _ in taken for key in group.members}
-        claims = self._retrying(lambda: self._ledger.batch_get_claims(self.stream, members))
-        # the members each group still holds, unresolved: the others moved on or are done
-        held_claims: dict[str, list[KeyClaim]] = {}
-        targets: list[LedgerRecord] = []
-        for group, _ in taken:
-            mine = [
-                claim
-                for key in dict.fromkeys(group.members)
-                if (claim := claims.get(key)) is not None
-                and claim.state is KeyState.CLAIMED
-                and claim.group_id == group.group_id
-                and group.position_of(key) is None
-            ]
-            held_claims[group.group_id] = mine
-            # the window runs to the lease its owner sent under, not the one we just took
-            targets.extend(LedgerRecord.of(claim, group) for claim in mine)
-        report.scanned += len(targets)
-        results = self._resolver.resolve(targets) if targets else {}
-        to_resend: list[KeyClaim] = []
-        settles: list[tuple[Group, dict[str, Position], bool, set[str]]] = []
-        for group, held in taken:
-            positions: dict[str, Position] = {}
-            open_left = False
-            resending: set[str] = set()
-            for claim in held_claims[group.group_id]:
-                result = results[claim.key]
-                metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
-                counted = self._act(claim, result.resolution, result.position, positions)
-                if counted == "resend":
-                    to_resend.append(claim)
-                    resending.add(claim.key)
-                    continue
-                if counted == "conflicts":
-                    report.conflicts.append(claim.key)
-                    open_left = True
-                    continue
-                open_left = open_left or counted in {"pending", "errors"}
-                setattr(report, counted, getattr(report, counted) + 1)
-            settles.append((held, positions, open_left, resending))
-        # a key to resend moves to a new group first; one that could not stays in its group
-        moved = self._resend(to_resend, report) if to_resend else set()
-        for held, positions, open_left, resending in settles:
-            self._settle(
-                held, positions, open_left=open_left or bool(resending - moved), report=report
-            )
+        return taken
 
     def _stale(self, bucket: int, cutoff_ms: int) -> list[str]:
         return list(self._ledger.stale_groups(self.stream, now_ms=cutoff_ms, buckets=[bucket]))
@@ -269,34 +285,6 @@ class Reconciler:
     def _retrying(self, call: Callable[[], _T]) -> _T:
         """Reads of the ledger, and the run record: a retriable error is tried again."""
         return call_retrying(call, attempts=3, wait=self._read_wait, sleep=self._sleep)
-
-    def _take_over_key(self, claim: KeyClaim, group: Group) -> ClaimResult | LedgerError:
-        try:
-            return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
-        except LedgerError as exc:
-            return exc
-
-    def _open_group(self, keys: list[str]) -> Group:
-        return self._ledger.open_group(
-            self.stream,
-            keys,
-            owner=self.owner,
-            now_ms=self._clock.now_ms(),
-            lease_ms=self._lease.lease_ms,
-        )
-
-    def _lease_to_send(self, group: Group) -> Group | None:
-        """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
-        now_ms = self._clock.now_ms()
-        if self._lease.safe_to_send(group.lease_expires_at_ms, now_ms):
-            return group
-        try:
-            renewed = self._ledger.renew_lease(
-                group, now_ms=now_ms, lease_ms=self._lease.lease_ms, skew_ms=self._lease.skew_ms
-            )
-        except LedgerError:
-            return None
-        return renewed.current if renewed.applied else None
 
     def _take_over_group(self, group: Group) -> Group | LedgerError | None:
         try:
@@ -314,16 +302,14 @@ class Reconciler:
             return exc
         return taken.current if taken.applied else None
 
-    def _act(
-        self,
-        claim: KeyClaim,
-        resolution: Resolution,
-        position: Position | None,
-        positions: dict[str, Position],
-    ) -> str:
+    def _act(self, claim: KeyClaim, result: ReadBackResult, positions: dict[str, Position]) -> str:
         """Settle one member of a group we took over; returns the report field it counts in
         (or "resend"). The claim's data is at hand only when it stored its payload."""
-        action = read_back_action(resolution, ours=True, can_resend=claim.payload is not None)
+        metrics.READ_BACKS.labels(self.stream, result.resolution.value).inc()
+        position = result.position
+        action = read_back_action(
+            result.resolution, ours=True, can_resend=claim.payload is not None
+        )
         try:
             if action is ReadBackAction.RECORD and position is not None:
                 positions[claim.key] = position
@@ -371,72 +357,6 @@ class Reconciler:
         if not settled.applied:  # another reconciler took the group over from us
             report.delivered -= len(positions)
             report.lost_races += len(positions)
-
-    def _resend(self, claims: list[KeyClaim], report: ReconcileReport) -> set[str]:
-        """Send stored payloads again under a new group of ours: open it, take each key over
-        (conditional on the attempt seen), one PutRecords, settle. Ambiguous again: next run.
-        Returns the keys that left their old group (taken over by us, or by someone first)."""
-        try:
-            moved = move_into_fresh_group(
-                claims,
-                open_group=self._open_group,
-                take_over=self._take_over_key,
-                map_each=self._map,
-            )
-        except LedgerError as exc:
-            log.warning(
-                "resend group failed stream=%s error=%s", self.stream, exc, extra=self._where()
-            )
-            report.errors += len(claims)
-            return set()
-        group = moved.group
-        held = list(moved.won.values())
-        # a take-over whose answer was lost may have applied: keep the group open
-        unknown = bool(moved.unknown)
-        report.errors += len(moved.unknown)
-        report.lost_races += len(moved.lost)
-        keys_moved = {claims[i].key for i in (*moved.won, *moved.lost)}
-        if not held:
-            if unknown:
-                return keys_moved  # the next run settles the group, whatever it holds
-            # someone else moved every key on first: the new group has nothing to send
-            with contextlib.suppress(LedgerError):
-                self._ledger.record_positions(group, {}, settle=True, now_ms=self._clock.now_ms())
-            return keys_moved
-        sendable = self._lease_to_send(group)
-        if sendable is None:
-            report.pending += len(held)
-            return keys_moved
-        group = sendable
-        results = self._writer.put_entries(
-            [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held],
-            lease_expires_at_ms=group.lease_expires_at_ms,
-        )
-        positions: dict[str, Position] = {}
-        for claim, result in zip(held, results, strict=True):
-            if result.kind is PutResultKind.WRITTEN:
-                positions[claim.key] = Position(str(result.shard_id), str(result.sequence_number))
-        # what was not written stays claimed by the new group: the next run settles it
-        report.pending += len(held) - len(positions)
-        try:
-            settled = self._ledger.record_positions(
-                group,
-                positions,
-                settle=len(positions) == len(held) and not unknown,
-                now_ms=self._clock.now_ms(),
-            )
-        except LedgerError as exc:
-            log.warning(
-                "resend settle failed stream=%s group=%s error=%s",
-                self.stream,
-                group.group_id,
-                exc,
-                extra={**self._where(), "group": group.group_id},
-            )
-            report.errors += len(positions)
-            return keys_moved
-        report.resent += len(positions) if settled.applied else 0
-        return keys_moved
 
     def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         # ledger latency is hidden by concurrency; every write is conditional on its epoch

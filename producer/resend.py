@@ -1,0 +1,157 @@
+"""The reconciler's resends: claims whose put can no longer land and whose claim stored the
+payload, sent again under a new group of the reconciler's (:func:`move_into_fresh_group`),
+with one PutRecords and one settle. Ambiguous again: the next run settles it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from dedupe_store.clock import Clock
+from dedupe_store.contract import Ledger
+from dedupe_store.errors import LedgerError
+from dedupe_store.records import ClaimResult, Group, KeyClaim, Position
+from producer.kinesis import KinesisWriter
+from producer.protocol import LeasePolicy, PutResultKind, put_entry
+from producer.takeover import move_into_fresh_group
+
+__all__ = ["PayloadResender", "ResendCounts"]
+
+log = logging.getLogger("producer.reconciler")
+
+
+class ResendCounts(Protocol):
+    """The counters a resend adds to (the reconciler's report)."""
+
+    errors: int
+    lost_races: int
+    pending: int
+    resent: int
+
+
+class PayloadResender:
+    """Sends stored payloads again for the reconciler; every write conditional, as its own."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        ledger: Ledger,
+        writer: KinesisWriter,
+        clock: Clock,
+        lease: LeasePolicy,
+        owner: str,
+        map_each: Callable[..., list[ClaimResult | LedgerError]],
+        where: Callable[[], Mapping[str, str]],
+    ) -> None:
+        self.stream = stream
+        self.owner = owner
+        self._ledger = ledger
+        self._writer = writer
+        self._clock = clock
+        self._lease = lease
+        self._map = map_each
+        self._where = where
+
+    def resend(self, claims: list[KeyClaim], report: ResendCounts) -> set[str]:
+        """Send stored payloads again under a new group of ours: open it, take each key over
+        (conditional on the attempt seen), one PutRecords, settle. Ambiguous again: next run.
+        Returns the keys that left their old group (taken over by us, or by someone first)."""
+        try:
+            moved = move_into_fresh_group(
+                claims,
+                open_group=self._open_group,
+                take_over=self._take_over_key,
+                map_each=self._map,
+            )
+        except LedgerError as exc:
+            log.warning(
+                "resend group failed stream=%s error=%s",
+                self.stream,
+                exc,
+                extra=dict(self._where()),
+            )
+            report.errors += len(claims)
+            return set()
+        report.errors += len(moved.unknown)
+        report.lost_races += len(moved.lost)
+        held = list(moved.won.values())
+        # a take-over whose answer was lost may have applied: keep the group open
+        unknown = bool(moved.unknown)
+        if held:
+            self._put_resend(moved.group, held, unknown=unknown, report=report)
+        elif not unknown:
+            # someone else moved every key on first: the new group has nothing to send
+            with contextlib.suppress(LedgerError):
+                self._ledger.record_positions(
+                    moved.group, {}, settle=True, now_ms=self._clock.now_ms()
+                )
+        return {claims[i].key for i in (*moved.won, *moved.lost)}
+
+    def _put_resend(
+        self, group: Group, held: list[KeyClaim], *, unknown: bool, report: ResendCounts
+    ) -> None:
+        """One PutRecords of ``held``'s stored payloads under ``group``, then its settle; what
+        was not written stays claimed by the group: the next run settles it."""
+        sendable = self._lease_to_send(group)
+        if sendable is None:
+            report.pending += len(held)
+            return
+        results = self._writer.put_entries(
+            [put_entry(claim.key, claim.payload or b"", claim.routing_hash_key) for claim in held],
+            lease_expires_at_ms=sendable.lease_expires_at_ms,
+        )
+        positions = {
+            claim.key: Position(str(result.shard_id), str(result.sequence_number))
+            for claim, result in zip(held, results, strict=True)
+            if result.kind is PutResultKind.WRITTEN
+        }
+        report.pending += len(held) - len(positions)
+        try:
+            settled = self._ledger.record_positions(
+                sendable,
+                positions,
+                settle=len(positions) == len(held) and not unknown,
+                now_ms=self._clock.now_ms(),
+            )
+        except LedgerError as exc:
+            log.warning(
+                "resend settle failed stream=%s group=%s error=%s",
+                self.stream,
+                group.group_id,
+                exc,
+                extra={**self._where(), "group": group.group_id},
+            )
+            report.errors += len(positions)
+            return
+        report.resent += len(positions) if settled.applied else 0
+
+    def _lease_to_send(self, group: Group) -> Group | None:
+        """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
+        now_ms = self._clock.now_ms()
+        if self._lease.safe_to_send(group.lease_expires_at_ms, now_ms):
+            return group
+        try:
+            renewed = self._ledger.renew_lease(
+                group, now_ms=now_ms, lease_ms=self._lease.lease_ms, skew_ms=self._lease.skew_ms
+            )
+        except LedgerError:
+            return None
+        return renewed.current if renewed.applied else None
+
+    def _take_over_key(self, claim: KeyClaim, group: Group) -> ClaimResult | LedgerError:
+        try:
+            return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
+        except LedgerError as exc:
+            return exc
+
+    def _open_group(self, keys: list[str]) -> Group:
+        return self._ledger.open_group(
+            self.stream,
+            keys,
+            owner=self.owner,
+            now_ms=self._clock.now_ms(),
+            lease_ms=self._lease.lease_ms,
+        )
