@@ -141,12 +141,15 @@ def after_fence(key: str, update: GroupUpdate | None) -> tuple[FenceVerdict, Pos
     settled: the key is a DUPLICATE if the group records it, else it is waited on again."""
     if update is None:
         return FenceVerdict.WAIT, None
-    if update.applied or update.current is None:
-        # fenced, or the group item is gone (deleted past its TTL): its lease is long over
+    if update.current is None:
+        # the group item is gone (deleted past its TTL): its lease is long over
         return FenceVerdict.TAKE_OVER, None
     position = update.current.position_of(key)
     if position is not None:
+        # recorded since we read it (fenced or not): the key is in the stream
         return FenceVerdict.DELIVERED, position
+    if update.applied:
+        return FenceVerdict.TAKE_OVER, None
     return FenceVerdict.WAIT, None
 
 
