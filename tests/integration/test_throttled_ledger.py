@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from conftest import Names
 
 KEO = str(Path(sys.executable).with_name("keo"))
-MESSAGES = 300
-CHUNK = 50  # six groups, two in flight
+MESSAGES = 150
+CHUNK = 50  # three groups, two in flight
 # the proxy forwards a delayed put after DELAY_S: past the 1 s read timeout, so the client has
 # given up (ambiguous) when it lands
 DELAY_S = 1.5
