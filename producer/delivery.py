@@ -161,18 +161,19 @@ class ChunkDelivery:
         turn if the take-overs took long. Returns the messages ready to put, and those that
         are no longer ours (another party moved them first: to wait on). The put client
         checks the lease once more as the request leaves."""
-        lease_ends = {m.own.group_id: m.lease_expires_at_ms for m in messages if m.own}
+        # only a claim of ours is ever put (the others are waited on)
+        others = [m for m in messages if m.own is None]
+        ours = [(m, m.own) for m in messages if m.own is not None]
+        lease_ends = {own.group_id: own.group.lease_expires_at_ms for _, own in ours}
         short = groups_to_renew(lease_ends, self._context.clock.now_ms(), self._context.lease)
-        if not short:
-            return messages, []
         stuck = {group_id for group_id in short if not self._renew(self._state.groups[group_id])}
-        ready = [m for m in messages if m.own is None or m.own.group_id not in stuck]
+        ready = [m for m, own in ours if own.group_id not in stuck]
         if not stuck:
-            return ready, []
-        moved = self._takeovers.move([m for m in messages if m.own and m.own.group_id in stuck])
+            return ready, others
+        moved = self._takeovers.move([m for m, own in ours if own.group_id in stuck])
         fresh = [m for m in moved if m.is_ours]
         self._renew_short(fresh)
-        return ready + fresh, [m for m in moved if not m.is_ours]
+        return ready + fresh, others + [m for m in moved if not m.is_ours]
 
     def _renew(self, own: OwnGroup) -> bool:
         renewed = self._context.renew(own.group)
