@@ -138,20 +138,14 @@ def repeat_outcome(item: PreparedMessage, first: PreparedMessage, outcome: Outco
             f"the same key appears earlier in this input (#{first.index}) with other data",
             attempt=None,
         )
-    if outcome.delivered:
-        return Outcome(
-            item.index,
-            item.key,
-            OutcomeStatus.DUPLICATE,
-            position=outcome.position,
-            attempt=outcome.attempt,
-            reason=f"repeat of message #{first.index} in this input",
-        )
+    # delivered once already: DUPLICATE; else whatever became of the first occurrence
+    status = OutcomeStatus.DUPLICATE if outcome.delivered else outcome.status
+    why = "" if outcome.delivered else f": {outcome.reason}"
     return Outcome(
         item.index,
         item.key,
-        outcome.status,
+        status,
         position=outcome.position,
         attempt=outcome.attempt,
-        reason=f"repeat of message #{first.index} in this input: {outcome.reason}",
+        reason=f"repeat of message #{first.index} in this input{why}",
     )
