@@ -85,7 +85,8 @@ def reconcile(
     A claim is stale once its lease and the clock skew have passed: with the signature fence
     (KEO_PUT_FENCE=signature, the default) the lease outlives the 300 s signature window
     (KEO_LEASE_S, 360 s), so a crashed producer's keys wait that long; that is what keeps a
-    stalled producer from writing a duplicate. KEO_PUT_FENCE=off allows a 60 s lease.
+    stalled producer from writing a duplicate. KEO_PUT_FENCE=off allows a 60 s lease (and
+    says once on stderr what it cannot bound: docs/guarantees.md).
 
     Safe to run several at once: every write is conditional on the attempt seen.
 
@@ -114,8 +115,9 @@ def reconcile(
     buckets = parse_bucket_share(bucket, settings.inflight_buckets)
     from devstack import failpoints
     from producer.producer import default_owner
-    from producer.wiring import build_stack
+    from producer.wiring import build_stack, warn_if_unfenced
 
+    warn_if_unfenced(settings)
     show = progress if progress is not None else sys.stderr.isatty()
     with (
         exporting("reconcile", port=metrics_port, host=metrics_host, file=metrics_file),

@@ -85,8 +85,10 @@ def send(
     Kinesis would refuse it (its signature expired) before its lease ends: a process stalled
     between its lease check and its put never writes a duplicate. The price: the lease
     (KEO_LEASE_S, 360 s) outlives the 300 s signature window, so the keys of a producer that
-    crashed wait one lease for 'keo reconcile'. KEO_PUT_FENCE=off allows a 60 s lease, and a
-    stall longer than it can write a duplicate, which 'keo audit' reports.
+    crashed wait one lease for 'keo reconcile'. KEO_PUT_FENCE=off allows a 60 s lease and
+    checks the clock as each put leaves (the put's timeouts + skew of lease left), but a stall
+    after that check, or a put the network holds, longer than the lease can write a duplicate,
+    which 'keo audit' reports; it says so once on stderr.
 
     Exit 0 when every message is SENT or DUPLICATE, 1 otherwise. Ctrl-C (or SIGTERM) stops
     reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
@@ -115,9 +117,10 @@ def _send(
     progress: bool | None,
 ) -> None:
     from devstack import failpoints
-    from producer.wiring import build_stack
+    from producer.wiring import build_stack, warn_if_unfenced
 
     source = _open_input(input_path)
+    warn_if_unfenced(settings)
     show_progress = progress if progress is not None else sys.stderr.isatty()
     lines = _count_lines(input_path) if show_progress else None
     counts: Counter[str] = Counter()

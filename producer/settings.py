@@ -32,7 +32,7 @@ class PutFence(StrEnum):
     """What keeps a put from landing after its lease."""
 
     SIGNATURE = "signature"  # the request's own signature window, checked before it is sent
-    OFF = "off"  # the lease check before each request only: a stalled process may duplicate
+    OFF = "off"  # the lease deadline as each request leaves: a stall after it may duplicate
 
 
 class ProducerSettings(LedgerSettings):
@@ -92,7 +92,11 @@ class ProducerSettings(LedgerSettings):
             "VM) between its lease check and its put: no stalled producer can write a "
             "duplicate. The price: the lease outlives the signature window, so a crashed "
             "producer's keys wait one lease (6 min by default) for the reconciler. `off` "
-            "allows a 60 s lease and the stalled-producer duplicate, which `keo audit` reports"
+            "allows a 60 s lease and checks the clock instead as each put leaves (the lease "
+            "deadline: the put's timeouts + skew of lease left, else not sent), so slow or "
+            "throttled ledger calls and a stall before that check send nothing late; a process "
+            "stalled after it, or a put the network holds, longer than the lease can still "
+            "write a duplicate, which `keo audit` reports (docs/guarantees.md)"
         ),
     )
     signature_window_s: float = setting(
@@ -131,8 +135,8 @@ class ProducerSettings(LedgerSettings):
             "skew either way. 360 s covers the 300 s window with the margins; a crashed "
             "producer's keys then wait 6 minutes for the reconciler. Without the fence, 60 s "
             "leaves room for a stall while those keys wait only a minute, but a process stalled "
-            "longer than its lease between its lease check and its put can still duplicate "
-            "(the audit reports it)"
+            "longer than its lease after the send-time check, or a put the network holds that "
+            "long, can still duplicate (the audit reports it)"
         ),
     )
     put_max_attempts: int = setting(

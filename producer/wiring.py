@@ -3,6 +3,8 @@ nothing in the protocol creates its own clients."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,17 @@ from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.shards import StreamInfo
+
+log = logging.getLogger(__name__)
+
+# What fence-off mode cannot bound (docs/guarantees.md), said once per process.
+UNFENCED_WARNING = (
+    "signature fence off (KEO_PUT_FENCE=off): a put the network holds, or a process stalled "
+    "as it sends, longer than its lease (%g s) can land after its keys were taken over and "
+    "write a duplicate (keo audit reports it); see docs/guarantees.md"
+)
+_said: set[str] = set()
+_said_lock = threading.Lock()
 
 
 def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
@@ -57,6 +70,22 @@ def put_writer(settings: ProducerSettings, clock: Clock | None = None) -> Kinesi
     client = kinesis_client(settings, for_put=True)
     fence_for(settings.lease_policy(), clock or SystemClock()).install(client)
     return KinesisWriter(client, settings.stream)
+
+
+def warn_if_unfenced(settings: ProducerSettings) -> bool:
+    """Say on the log (a WARNING: stderr) what ``KEO_PUT_FENCE=off`` cannot bound, once per
+    process, whatever the settings of later calls. For the entry points that put: ``keo send``,
+    ``keo reconcile``, ``format("keo")`` on the driver. True when this call said it."""
+    if settings.fenced:
+        return False
+    with _said_lock:
+        if UNFENCED_WARNING in _said:
+            return False
+        _said.add(UNFENCED_WARNING)
+    log.warning(
+        UNFENCED_WARNING, settings.lease_s, extra={"event": "fence_off", "stream": settings.stream}
+    )
+    return True
 
 
 def ledger_from(settings: ProducerSettings) -> DynamoDBLedger:

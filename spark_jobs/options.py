@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from producer.errors import ConfigurationError
 from producer.settings import ProducerSettings
+from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.writer import producer_settings, settings_from_env
 
@@ -100,6 +101,8 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> WriteOptions:
+        """The options of a write, checked on the driver; with ``put_fence`` off, the driver
+        says once on stderr what that mode cannot bound (the executors do not repeat it)."""
         options = {name.lower(): value for name, value in raw.items()}
         known = SETTING_OPTIONS | frozenset(WRITE_OPTIONS)
         if streaming:
@@ -119,8 +122,10 @@ class WriteOptions:
         for name in ("key_column", "data_column", "routing_key_column"):
             if chosen[name] is not None and not chosen[name]:
                 raise OptionsError(f"format('keo'): {name} is empty", options=[name])
+        settings = settings_values(options)
+        warn_if_unfenced(producer_settings(settings))
         return cls(
-            settings=settings_values(options),
+            settings=settings,
             key_column=chosen["key_column"] or "key",
             data_column=chosen["data_column"] or "data",
             routing_key_column=chosen["routing_key_column"],

@@ -4,6 +4,9 @@ Enough of the Kinesis API for :class:`producer.kinesis.KinesisWriter` and
 :class:`producer.kinesis.KinesisReader`: ``put_records``, ``list_shards``,
 ``get_shard_iterator`` (TRIM_HORIZON, LATEST, AT/AFTER_SEQUENCE_NUMBER, AT_TIMESTAMP),
 ``get_records``, ``describe_stream_summary``, plus ``split_shard`` for lineage.
+:class:`FakePutClient` is one process's put client over it: its own ``meta.events``, so the
+before-send check ``keo`` installs (:func:`producer.fence.fence_for`) runs on each put, on
+that process's clock.
 
 Time is the injected clock's: a record's ``ApproximateArrivalTimestamp`` is the clock when it
 lands. Sequence numbers are increasing integers (as strings), unique across the stream.
@@ -15,7 +18,11 @@ seeded ``random.Random`` with ``fault_weights``:
     RESPONSE_LOST  written, the response lost: ``ReadTimeoutError``
     NOT_WRITTEN    not written, timed out: ``ReadTimeoutError`` (the client cannot tell it apart)
     LATE           held pending, lands at a later step, always before ``sent_at + put_timeout_ms``
-                   (the design's assumption: no put lands after its client gave up): ``ReadTimeoutError``
+                   (within the put's timeout): ``ReadTimeoutError``
+    HELD           held by the network past the put's timeout (its client gave up:
+                   ``ReadTimeoutError``), landing before the lease it was sent under ends
+                   (:meth:`FakeKinesisClient.under_lease`; as LATE when no lease is given).
+                   Past the lease it could duplicate: fence-off mode's documented bound
     THROTTLED      some records get a per-record ``ProvisionedThroughputExceededException``
                    (those are not written), the others are written and answered
 
@@ -25,16 +32,19 @@ the order of their due times with the clock at each one, so arrival times stay m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import itertools
 import random
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from types import SimpleNamespace
 from typing import Any
 
 import botocore.exceptions
@@ -43,6 +53,9 @@ from dedupe_store.clock import ManualClock
 
 MAX_HASH_KEY = 2**128 - 1
 _ENDPOINT = "https://kinesis.fake.invalid"
+_BEFORE_SEND = "before-send.kinesis.PutRecords"
+# The end of the lease the put being made is sent under (FakeKinesisClient.under_lease).
+_PUT_LEASE_MS: ContextVar[int | None] = ContextVar("fake_put_lease", default=None)
 
 
 class PutFault(StrEnum):
@@ -50,6 +63,7 @@ class PutFault(StrEnum):
     RESPONSE_LOST = "response_lost"
     NOT_WRITTEN = "not_written"
     LATE = "late"
+    HELD = "held"
     THROTTLED = "throttled"
 
 
@@ -201,6 +215,16 @@ class FakeKinesisClient:
         with self._lock:
             return [record for shard in self._shards.values() for record in shard.records]
 
+    @contextlib.contextmanager
+    def under_lease(self, lease_expires_at_ms: int | None) -> Iterator[None]:
+        """The puts made inside are sent under a lease that ends at ``lease_expires_at_ms``:
+        a HELD write lands before then."""
+        token = _PUT_LEASE_MS.set(lease_expires_at_ms)
+        try:
+            yield
+        finally:
+            _PUT_LEASE_MS.reset(token)
+
     def split_shard(self, shard_id: str, new_starting_hash_key: int) -> tuple[str, str]:
         """Close ``shard_id`` and open two children that split its hash range."""
         with self._lock:
@@ -230,10 +254,9 @@ class FakeKinesisClient:
             now_ms = self._clock.now_ms()
             if fault is PutFault.NOT_WRITTEN:
                 raise botocore.exceptions.ReadTimeoutError(endpoint_url=_ENDPOINT)
-            if fault is PutFault.LATE:
+            if fault in {PutFault.LATE, PutFault.HELD}:
                 for entry in Records:
-                    # lands strictly inside (sent_at, sent_at + put_timeout)
-                    due_ms = now_ms + self._rng.randint(1, max(1, self.put_timeout_ms - 1))
+                    due_ms = self._due_ms(fault, now_ms)
                     pending = PendingPut(due_ms, next(self._order), dict(entry), now_ms)
                     heapq.heappush(self._pending, (due_ms, pending.order, pending))
                 raise botocore.exceptions.ReadTimeoutError(endpoint_url=_ENDPOINT)
@@ -383,6 +406,16 @@ class FakeKinesisClient:
         faults = list(self._weights)
         return self._rng.choices(faults, weights=[self._weights[f] for f in faults])[0]
 
+    def _due_ms(self, fault: PutFault, now_ms: int) -> int:
+        """When a late write lands: LATE strictly inside ``(sent_at, sent_at + put_timeout)``;
+        HELD from the put's timeout on, strictly before its lease ends (by Kinesis' clock,
+        which every party's is within the skew of: no one takes its keys over before then)."""
+        lease_ms = _PUT_LEASE_MS.get()
+        if fault is PutFault.HELD and lease_ms is not None and lease_ms - 1 > now_ms:
+            last_ms = lease_ms - 1
+            return self._rng.randint(min(now_ms + self.put_timeout_ms, last_ms), last_ms)
+        return now_ms + self._rng.randint(1, max(1, self.put_timeout_ms - 1))
+
     def _write(self, entry: Mapping[str, Any]) -> StoredRecord:
         hash_key = _hash_key_of(entry)
         shard = next(
@@ -443,3 +476,45 @@ class FakeKinesisClient:
         if shard.parent_shard_id is not None:
             body["ParentShardId"] = shard.parent_shard_id
         return body
+
+
+@dataclass(frozen=True, slots=True)
+class FakeRequest:
+    """What a ``before-send`` handler is given: the request about to leave (unsigned)."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class FakeEvents:
+    """The part of botocore's ``client.meta.events`` a put client's checks use."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, dict[str, Callable[..., Any]]] = {}
+
+    def register_last(
+        self, event_name: str, handler: Callable[..., Any], unique_id: str | None = None
+    ) -> None:
+        handlers = self._handlers.setdefault(event_name, {})
+        handlers[unique_id or f"handler-{id(handler)}"] = handler
+
+    def emit(self, event_name: str, **kwargs: Any) -> None:
+        for handler in list(self._handlers.get(event_name, {}).values()):
+            handler(**kwargs)
+
+
+class FakePutClient:
+    """One process's put client over a shared :class:`FakeKinesisClient`: its ``before-send``
+    handlers (``meta.events``) run on each PutRecords, right before it leaves, as botocore runs
+    them; a handler that raises keeps the request from being sent. Everything else is the
+    shared stream's."""
+
+    def __init__(self, kinesis: FakeKinesisClient) -> None:
+        self.kinesis = kinesis
+        self.meta = SimpleNamespace(events=FakeEvents())
+
+    def put_records(self, *, Records: Sequence[Mapping[str, Any]], StreamName: str) -> Any:  # noqa: N803 - boto3's names
+        self.meta.events.emit(_BEFORE_SEND, request=FakeRequest())
+        return self.kinesis.put_records(Records=Records, StreamName=StreamName)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kinesis, name)

@@ -20,7 +20,13 @@ Fault knobs (:meth:`InMemoryLedger.inject`) make the next call of an operation:
 - ``unavailable``: raise :class:`LedgerUnavailableError`, nothing applied;
 - ``apply_then_raise``: apply the write, then raise (the response was lost, retries exhausted);
 - ``apply_then_retry``: apply, lose the response, and send the very same request again, as the
-  SDK does; the retry fails its condition on its own effect and must be recognised.
+  SDK does; the retry fails its condition on its own effect and must be recognised;
+- ``throttled``: DynamoDB throttles every try the SDK makes: its backoff passes (``delay_ms``
+  on the ledger's ``sleep_ms``, the model's clock), then :class:`LedgerThrottledError`,
+  nothing applied (reads too);
+- ``throttled_then_applied``: throttled, then applied by an SDK retry after its backoff: the
+  write applies late, as it was built when the call began (its ``now_ms``, its condition),
+  and the caller hears of it only then.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import TypeVar
 
-from dedupe_store.errors import InvalidTransitionError, LedgerUnavailableError
+from dedupe_store.errors import (
+    InvalidTransitionError,
+    LedgerThrottledError,
+    LedgerUnavailableError,
+)
 from dedupe_store.inflight import Cursor, bucket_of, walk_index
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
@@ -81,6 +91,12 @@ class LedgerFault(StrEnum):
     UNAVAILABLE = "unavailable"
     APPLY_THEN_RAISE = "apply_then_raise"
     APPLY_THEN_RETRY = "apply_then_retry"
+    THROTTLED = "throttled"
+    THROTTLED_THEN_APPLIED = "throttled_then_applied"
+
+
+# the faults a read can meet: it raises (nothing to apply)
+READ_FAULTS = frozenset({LedgerFault.UNAVAILABLE, LedgerFault.THROTTLED})
 
 
 class InMemoryLedger:
@@ -92,8 +108,10 @@ class InMemoryLedger:
         table_name: str = "in-memory-ledger",
         dedupe_ttl_s: int = 7 * 24 * 3600,
         inflight_buckets: int = 16,
+        sleep_ms: Callable[[int], None] | None = None,
     ) -> None:
         self._table_name = table_name
+        self._sleep_ms = sleep_ms  # how a throttled call's backoff passes
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         self._lock = threading.RLock()
@@ -101,7 +119,7 @@ class InMemoryLedger:
         self._groups: dict[tuple[str, str], Group] = {}
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
-        self._faults: deque[tuple[str, LedgerFault]] = deque()
+        self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
 
@@ -114,16 +132,19 @@ class InMemoryLedger:
 
     # --- fault knobs ----------------------------------------------------------------------
 
-    def inject(self, operation: str, fault: LedgerFault | str) -> None:
-        """The next call of ``operation`` (or of any operation, ``"*"``) meets ``fault``."""
+    def inject(self, operation: str, fault: LedgerFault | str, *, delay_ms: int = 0) -> None:
+        """The next call of ``operation`` (or of any operation, ``"*"``) meets ``fault``; a
+        throttled one ``delay_ms`` later (the SDK's backoff, on ``sleep_ms``)."""
         fault = LedgerFault(fault)
         known = WRITE_OPERATIONS | READ_OPERATIONS | {"*"}
         if operation not in known:
             raise ValueError(f"unknown ledger operation {operation!r}; known: {sorted(known)}")
-        if fault is not LedgerFault.UNAVAILABLE and operation in READ_OPERATIONS:
+        if fault not in READ_FAULTS and operation in READ_OPERATIONS:
             raise ValueError(f"{fault} needs a write operation, not {operation}")
+        if delay_ms and self._sleep_ms is None:
+            raise ValueError("a delayed fault needs the ledger's sleep_ms (a clock to move)")
         with self._lock:
-            self._faults.append((operation, fault))
+            self._faults.append((operation, fault, delay_ms))
 
     def pending_faults(self) -> int:
         with self._lock:
@@ -134,18 +155,29 @@ class InMemoryLedger:
             self._faults.clear()
 
     def _take_fault(self, operation: str) -> LedgerFault | None:
-        for index, (wanted, fault) in enumerate(self._faults):
+        """The fault the call meets, if any, once its delay (a throttled call's backoff) has
+        passed."""
+        for index, (wanted, fault, delay_ms) in enumerate(self._faults):
             if wanted == operation or (
-                wanted == "*"
-                and (fault is LedgerFault.UNAVAILABLE or operation in WRITE_OPERATIONS)
+                wanted == "*" and (fault in READ_FAULTS or operation in WRITE_OPERATIONS)
             ):
                 del self._faults[index]
                 self.injected.append((operation, fault))
+                if delay_ms and self._sleep_ms is not None:
+                    self._sleep_ms(delay_ms)
                 return fault
         return None
 
     def _read_fault(self, operation: str, key: str | None = None) -> None:
-        if self._take_fault(operation) is not None:
+        self._raise_for(self._take_fault(operation), operation, key)
+
+    def _raise_for(self, fault: LedgerFault | None, operation: str, key: str | None) -> None:
+        """The error of a call that applied nothing: ``unavailable`` or ``throttled``."""
+        if fault is LedgerFault.THROTTLED:
+            raise LedgerThrottledError(
+                f"injected: DynamoDB throttled {operation}", table=self._table_name, key=key
+            )
+        if fault is LedgerFault.UNAVAILABLE:
             raise LedgerUnavailableError(
                 f"injected: the ledger is unavailable ({operation})",
                 table=self._table_name,
@@ -513,12 +545,7 @@ class InMemoryLedger:
         token = uuid.uuid4().hex
         with self._lock:
             fault = self._take_fault(operation)
-            if fault is LedgerFault.UNAVAILABLE:
-                raise LedgerUnavailableError(
-                    f"injected: the ledger is unavailable ({operation})",
-                    table=self._table_name,
-                    key=at[1],
-                )
+            self._raise_for(fault, operation, at[1])
             result = self._apply(items, at, condition, change, token)
             if fault is LedgerFault.APPLY_THEN_RAISE:
                 raise LedgerUnavailableError(

@@ -295,6 +295,61 @@ def test_reconcile_without_json_prints_its_summary_on_stdout(
     assert result.stdout.decode().startswith(f"keo reconcile: stream {settings.stream}: 0 stale")
 
 
+UNFENCED_WARNING = "signature fence off (KEO_PUT_FENCE=off): a put the network holds"
+
+
+def test_send_and_reconcile_with_the_fence_off_say_so_once_on_stderr(
+    settings: ProducerSettings, env: dict[str, str], kinesis: Any, tmp_path: Path
+) -> None:
+    # GIVEN four messages sent one per chunk, and KEO_PUT_FENCE=off
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(b"\n".join(good(n) for n in range(1, 5)) + b"\n")
+    unfenced = {**env, "KEO_PUT_FENCE": "off"}
+    # WHEN `keo send` and `keo reconcile --once` run
+    sent = keo(
+        "send",
+        "--input",
+        str(source),
+        "--chunk-size",
+        "1",
+        "--no-progress",
+        *where(settings),
+        env=unfenced,
+    )
+    reconciled = keo("reconcile", "--once", *where(settings), env=unfenced)
+    # THEN each says once on stderr (not once per chunk) what fence-off mode cannot bound,
+    # with its lease and where that is documented; stdout carries only its results
+    for result in (sent, reconciled):
+        stderr = result.stderr.decode()
+        assert result.returncode == 0, stderr
+        assert stderr.count(UNFENCED_WARNING) == 1, stderr
+        assert "WARNING" in stderr
+        assert "longer than its lease (60 s)" in stderr
+        assert "see docs/guarantees.md" in stderr
+        assert UNFENCED_WARNING not in result.stdout.decode()
+    assert [o["status"] for o in outcomes_of(sent.stdout)] == ["SENT"] * 4
+    streamcheck.assert_exactly_once(
+        streamcheck.read_stream(kinesis, settings.stream),
+        [f"good-{n}" for n in range(1, 5)],
+        ledger_from(settings),
+    )
+
+
+def test_send_and_reconcile_with_the_fence_on_say_nothing_of_it(
+    settings: ProducerSettings, env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN the signature fence on (the default)
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(good(1) + b"\n")
+    # WHEN `keo send` and `keo reconcile --once` run
+    sent = keo("send", "--input", str(source), "--no-progress", *where(settings), env=env)
+    reconciled = keo("reconcile", "--once", *where(settings), env=env)
+    # THEN neither says anything about fence-off mode
+    for result in (sent, reconciled):
+        assert result.returncode == 0, result.stderr.decode()
+        assert "KEO_PUT_FENCE=off" not in result.stderr.decode()
+
+
 # --- configuration errors -----------------------------------------------------------------------
 
 

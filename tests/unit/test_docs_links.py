@@ -1,5 +1,5 @@
 """The README, the changelog and docs/ link only to files of the repository, and every such
-file exists."""
+file exists; every test they name as the evidence for a claim exists under that name."""
 
 from __future__ import annotations
 
@@ -24,3 +24,39 @@ def test_local_links_stay_in_the_repository_and_resolve(page: Path) -> None:
     assert [t for t, path in resolved.items() if not path.is_relative_to(ROOT)] == []
     # AND the file is there
     assert [t for t, path in resolved.items() if not path.exists()] == []
+
+
+# `integration/test_x.py::test_name` (a path from tests/), or `::test_name` after another
+# reference; a parametrized id (`test_name[case]`) names its function
+TEST_REFERENCE = re.compile(r"`((?:[\w./-]+\.py)?)::(test_\w+)(?:\[[^\]`]*\])?`")
+TESTS = ROOT / "tests"
+
+
+def _defined_tests(path: Path) -> set[str]:
+    """The tests a file defines, and those it takes with ``from module import *``."""
+    text = path.read_text("utf-8")
+    names = set(re.findall(r"^(?:async )?def (test_\w+)\(", text, re.MULTILINE))
+    for module in re.findall(r"^from (\w+) import \*", text, re.MULTILINE):
+        if (TESTS / f"{module}.py").is_file():
+            names |= _defined_tests(TESTS / f"{module}.py")
+    return names
+
+
+def _defined_tests_of(file: str) -> set[str]:
+    path = TESTS / file
+    return _defined_tests(path) if path.is_file() else set()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_tests_named_as_evidence_exist_under_those_names(page: Path) -> None:
+    # GIVEN the tests a page names as the evidence for a claim
+    references = TEST_REFERENCE.findall(page.read_text(encoding="utf-8"))
+    everywhere = set().union(*(_defined_tests(path) for path in TESTS.rglob("test_*.py")))
+    # WHEN each is looked up: in the file it names, or (`::name` alone) in any test file
+    missing = [
+        f"{file}::{name}"
+        for file, name in references
+        if not (name in everywhere if not file else name in _defined_tests_of(file))
+    ]
+    # THEN every one is there: a renamed test leaves no claim pointing at nothing
+    assert missing == []

@@ -30,7 +30,7 @@ from ledger_contract import (
     request_for,
 )
 
-from dedupe_store.errors import LedgerUnavailableError
+from dedupe_store.errors import LedgerThrottledError, LedgerUnavailableError
 from dedupe_store.records import ClaimStatus
 from dedupe_store.states import GroupState, KeyState, LedgerState
 
@@ -155,6 +155,40 @@ def test_unavailable_applies_nothing(ledger: InMemoryLedger) -> None:
     assert ledger.record_positions(
         group, {"k-down": POSITION}, settle=True, now_ms=T0_MS + 2
     ).applied
+
+
+def test_a_throttled_renewal_applies_nothing_once_the_sdk_backoff_has_passed() -> None:
+    # GIVEN an open group, and DynamoDB throttling every try of the next renewal for 12 s
+    waited: list[int] = []
+    ledger = InMemoryLedger(dedupe_ttl_s=TTL_S, inflight_buckets=4, sleep_ms=waited.append)
+    group = open_group(ledger, "k-throttled")
+    ledger.inject("renew_lease", LedgerFault.THROTTLED, delay_ms=12_000)
+    # WHEN its owner renews its lease
+    with pytest.raises(LedgerThrottledError):
+        ledger.renew_lease(group, now_ms=T0_MS + 1, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+    # THEN the backoff passed first, and the lease is what it was
+    assert waited == [12_000]
+    assert ledger.get_group(STREAM, group.group_id) == group
+
+
+def test_a_renewal_throttled_then_applied_is_the_write_built_when_the_call_began() -> None:
+    # GIVEN an open group, and the next renewal throttled, then applied by an SDK retry 12 s on
+    waited: list[int] = []
+    ledger = InMemoryLedger(dedupe_ttl_s=TTL_S, inflight_buckets=4, sleep_ms=waited.append)
+    group = open_group(ledger, "k-late")
+    ledger.inject("renew_lease", LedgerFault.THROTTLED_THEN_APPLIED, delay_ms=12_000)
+    # WHEN its owner renews its lease
+    renewed = ledger.renew_lease(group, now_ms=T0_MS + 1, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+    # THEN it applied after the backoff, with the lease counted from the call's start
+    assert waited == [12_000]
+    assert renewed.applied
+    assert renewed.current is not None
+    assert renewed.current.lease_expires_at_ms == T0_MS + 1 + LEASE_MS
+
+
+def test_a_delayed_fault_needs_a_clock_to_move(ledger: InMemoryLedger) -> None:
+    with pytest.raises(ValueError, match="sleep_ms"):
+        ledger.inject("renew_lease", LedgerFault.THROTTLED, delay_ms=1)
 
 
 # --- batched reads (items written the way this backend can) ------------------------------

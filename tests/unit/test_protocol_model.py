@@ -2,9 +2,16 @@
 
 Hypothesis drives two ``ExactlyOnceProducer`` s, a ``Reconciler`` and the clock through sends
 (keys repeat, sometimes with other data), put faults (written, response lost, not written,
-late, throttled), ledger faults, crashes at each failpoint, and time passing. Nothing sleeps:
-``sleep`` moves a ``ManualClock`` and lands late writes, which always land before their put's
-timeout (the design's assumption). After every step:
+late, held, throttled), ledger faults (unavailable, responses lost, throttled: slow and applied
+late, or failing after the SDK's backoff, lease renewals and take-overs included), crashes at
+each failpoint, and time passing. Nothing sleeps: ``sleep`` moves a ``ManualClock`` and lands
+late writes. The signature fence is off (``LEASE`` has no window): each party's put client has
+the lease deadline ``keo`` installs then (:func:`producer.fence.fence_for`, on its own clock),
+which refuses a put with less than its timeouts + skew of lease left. A LATE write lands within
+its put's timeout; a HELD one after it (the client gave up; the network still holds it), but
+before the lease it was sent under ends. Past that lease, by a process stalled after the check
+or a network holding it longer, fence-off mode can duplicate (the documented bound, which only
+the signature window closes): the model has neither. After every step:
 
 - each key is in the stream at most once, counting the late writes still to land;
 - every DELIVERED ledger item names a record at exactly its position, with its key and digest;
@@ -25,7 +32,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
 import pytest
-from fakes.kinesis import FakeKinesisClient, PutFault
+from fakes.kinesis import FakeKinesisClient, FakePutClient, PutFault
 from fakes.ledger import InMemoryLedger, LedgerFault
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -41,11 +48,19 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from devstack.failpoints import FailpointError, Failpoints
+from producer.fence import fence_for
 from producer.hooks import Hooks, Step
 from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
-from producer.protocol import LeasePolicy, Message, explicit_hash_key, payload_digest
+from producer.protocol import (
+    LEASE_FENCE,
+    LeasePolicy,
+    Message,
+    RecordResult,
+    explicit_hash_key,
+    payload_digest,
+)
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 
@@ -70,6 +85,9 @@ LEDGER_OPERATIONS = [
     "batch_get_groups",
 ]
 READ_OPERATIONS = {"batch_get_claims", "batch_get_groups"}
+# how long the SDK's retries of a throttled ledger call take: up to past a put's timeouts +
+# skew (the lease deadline then refuses the put that follows), and past a whole lease
+THROTTLED_FOR_MS = [200, 5_000, LEASE.put_timeout_ms + LEASE.skew_ms, LEASE.lease_ms]
 
 
 def data_of(key: str, variant: int) -> bytes:
@@ -97,12 +115,12 @@ class ProtocolModel(RuleBasedStateMachine):
         self.kinesis = FakeKinesisClient(
             stream=STREAM, clock=self.clock, shard_count=2, put_timeout_ms=LEASE.put_timeout_ms
         )
-        self.ledger = InMemoryLedger(inflight_buckets=4)
-        self.writer = KinesisWriter(self.kinesis, STREAM)
+        self.ledger = InMemoryLedger(inflight_buckets=4, sleep_ms=self.kinesis.advance)
         self.producers: list[ExactlyOnceProducer] = []
         self.reconciler: Reconciler | None = None
         self.sent: dict[str, set[int]] = {}  # key -> data variants ever given to send()
         self.delivered_claims: list[tuple[str, Position]] = []  # from SENT/DUPLICATE outcomes
+        self.writers: list[_LeaseTellingWriter] = []
 
     @initialize(
         seed=st.integers(0, 2**16),
@@ -126,12 +144,20 @@ class ProtocolModel(RuleBasedStateMachine):
             stream=STREAM,
             ledger=self.ledger,
             resolver=self._resolver(clock),
-            writer=self.writer,
+            writer=self._writer(clock),
             clock=clock,
             lease=LEASE,
             owner="reconciler",
             sleep=self.kinesis.sleep,
         )
+
+    def _writer(self, clock: Clock) -> KinesisWriter:
+        """A party's writer: its own put client, with the lease deadline on its clock."""
+        client = FakePutClient(self.kinesis)
+        fence_for(LEASE, clock).install(client)
+        writer = _LeaseTellingWriter(client, self.kinesis)
+        self.writers.append(writer)
+        return writer
 
     def _resolver(self, clock: Clock) -> ReadBackResolver:
         reader = KinesisReader(self.kinesis, STREAM, sleep=self.kinesis.sleep)
@@ -149,7 +175,7 @@ class ProtocolModel(RuleBasedStateMachine):
         return ExactlyOnceProducer(
             stream=STREAM,
             ledger=self.ledger,
-            writer=self.writer,
+            writer=self._writer(clock),
             clock=clock,
             policy=policy,
             resolver=self._resolver(clock),
@@ -213,6 +239,19 @@ class ProtocolModel(RuleBasedStateMachine):
             fault = LedgerFault.UNAVAILABLE
         self.ledger.inject(operation, fault)
 
+    @rule(
+        operation=st.sampled_from(LEDGER_OPERATIONS),
+        applied=st.booleans(),
+        delay_ms=st.sampled_from(THROTTLED_FOR_MS),
+    )
+    def ledger_throttled(self, operation: str, applied: bool, delay_ms: int) -> None:
+        """DynamoDB throttles the next call: the SDK's retries take ``delay_ms``, then the
+        write applies late (as built when the call began) or the call fails."""
+        fault = LedgerFault.THROTTLED_THEN_APPLIED if applied else LedgerFault.THROTTLED
+        if operation in READ_OPERATIONS:
+            fault = LedgerFault.THROTTLED
+        self.ledger.inject(operation, fault, delay_ms=delay_ms)
+
     @rule(ms=st.sampled_from([200, 1_000, 5_000, LEASE.lease_ms, LEASE.lease_ms + LEASE.skew_ms]))
     def advance(self, ms: int) -> None:
         self.kinesis.advance(ms)
@@ -230,6 +269,7 @@ class ProtocolModel(RuleBasedStateMachine):
             for name in ("delivered", "resent", "released", "pending", "lost_races", "errors"):
                 if getattr(report, name):
                     event(f"reconcile: {name}")
+        self._note_refusals()
 
     # --- invariants -------------------------------------------------------------------------
 
@@ -322,6 +362,11 @@ class ProtocolModel(RuleBasedStateMachine):
                 assert outcome.key is not None
                 assert outcome.position is not None, outcome
                 self.delivered_claims.append((outcome.key, outcome.position))
+        self._note_refusals()
+
+    def _note_refusals(self) -> None:
+        if any(writer.refused for writer in self.writers):
+            event("a put refused by the lease deadline")
 
     def _story(self) -> Iterator[Any]:
         return iter(
@@ -338,6 +383,25 @@ class ProtocolModel(RuleBasedStateMachine):
                 ("now", self.clock.now_ms()),
             ]
         )
+
+
+class _LeaseTellingWriter(KinesisWriter):
+    """Tells the fake Kinesis the lease each put is sent under, so that a write the network
+    holds past its put's timeout (HELD) still lands before that lease ends."""
+
+    def __init__(self, client: FakePutClient, kinesis: FakeKinesisClient) -> None:
+        super().__init__(client, STREAM)
+        self._kinesis = kinesis
+        self.refused = 0  # puts the lease deadline kept from leaving
+
+    def put_entries(
+        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
+    ) -> list[RecordResult]:
+        with self._kinesis.under_lease(lease_expires_at_ms):
+            results = super().put_entries(entries, lease_expires_at_ms=lease_expires_at_ms)
+        if any(result.error_code == LEASE_FENCE for result in results):
+            self.refused += 1
+        return results
 
 
 class _Switch:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from producer import wiring
 from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.options import OptionsError, ReadOptions, WriteOptions
 
@@ -125,3 +128,39 @@ def test_a_metrics_option_it_cannot_use_is_refused_by_name(
 def test_reads_have_no_metrics_port() -> None:
     with pytest.raises(OptionsError, match="unknown option 'metrics_port'"):
         ReadOptions.parse({**STREAM, "metrics_port": "9109"})
+
+
+@pytest.fixture
+def fresh_driver(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A driver process that has said nothing yet, its warnings captured."""
+    monkeypatch.setattr(wiring, "_said", set())
+    caplog.set_level(logging.WARNING, logger=wiring.log.name)
+
+
+def test_writes_with_the_fence_off_say_once_on_the_driver_what_that_cannot_bound(
+    fresh_driver: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a driver whose writes turn the signature fence off
+    # WHEN a streaming write and then a batch write check their options
+    WriteOptions.parse({**STREAM, "put_fence": "off"}, streaming=True)
+    WriteOptions.parse({**STREAM, "put_fence": "off", "lease_s": "90"}, streaming=False)
+    # THEN the driver says once, as a warning, what a put the network holds can do, with the
+    # lease it has, and where the bound is documented
+    said = [r for r in caplog.records if r.name == wiring.log.name]
+    assert [r.levelno for r in said] == [logging.WARNING]
+    message = said[0].getMessage()
+    assert message.startswith("signature fence off (KEO_PUT_FENCE=off): a put the network holds")
+    assert "longer than its lease (60 s)" in message
+    assert "docs/guarantees.md" in message
+
+
+def test_writes_with_the_fence_on_say_nothing_about_it(
+    fresh_driver: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN writes with the signature fence on, by default or by name, and a read
+    # WHEN their options are checked
+    WriteOptions.parse(STREAM, streaming=True)
+    WriteOptions.parse({**STREAM, "put_fence": "signature"}, streaming=False)
+    ReadOptions.parse({**STREAM, "put_fence": "off"})
+    # THEN nothing is said: only a write with the fence off puts without it (a read never puts)
+    assert [r for r in caplog.records if r.name == wiring.log.name] == []
