@@ -215,12 +215,23 @@ class ProtocolModel(RuleBasedStateMachine):
     @rule(
         producer=st.integers(0, 1),
         batch=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+        step=st.sampled_from([Step(step) for step in STEPS]),
         reconcile=st.booleans(),
+        other_sends=st.booleans(),
     )
-    def stall_before_settling(self, producer: int, batch: list[str], reconcile: bool) -> None:
-        """The producer stalls after its puts, past its group's lease, while a reconciler
-        (maybe) takes the group over; then it wakes up and tries to settle it."""
-        self.hooks.current = _Stall(self, reconcile=reconcile)
+    def stall_mid_send(
+        self, producer: int, batch: list[str], step: Step, reconcile: bool, other_sends: bool
+    ) -> None:
+        """The producer stalls at ``step``, past its group's lease, while a reconciler (maybe)
+        takes the group over and the other producer (maybe) sends the same keys; then it wakes
+        up: it renews or moves its keys (its take-overs racing theirs), puts, and settles."""
+        self.hooks.current = _Stall(
+            self,
+            step=step,
+            reconcile=reconcile,
+            other=1 - producer if other_sends else None,
+            keys=batch,
+        )
         try:
             self._send(producer, [(key, 0) for key in batch])
         finally:
@@ -352,17 +363,24 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _send(self, producer: int, batch: list[tuple[str, int]]) -> None:
+    def send_now(self, producer: int, batch: list[tuple[str, int]]) -> None:
+        """A send by ``producer`` in the middle of another's (from a stall's hook, on the
+        stalled producer's thread: Hypothesis' events are recorded on the test's only)."""
+        self._send(producer, batch, events=False)
+
+    def _send(self, producer: int, batch: list[tuple[str, int]], *, events: bool = True) -> None:
         for key, variant in batch:
             self.sent.setdefault(key, set()).add(variant)
         messages = [Message(key, data_of(key, variant)) for key, variant in batch]
         for outcome in self.producers[producer].send(messages):
-            event(f"outcome: {outcome.status}")
+            if events:
+                event(f"outcome: {outcome.status}")
             if outcome.status in {OutcomeStatus.SENT, OutcomeStatus.DUPLICATE}:
                 assert outcome.key is not None
                 assert outcome.position is not None, outcome
                 self.delivered_claims.append((outcome.key, outcome.position))
-        self._note_refusals()
+        if events:
+            self._note_refusals()
 
     def _note_refusals(self) -> None:
         if any(writer.refused for writer in self.writers):
@@ -415,21 +433,37 @@ class _Switch:
 
 
 class _Stall:
-    """At ``before_mark`` (after the puts, before the group is settled): every lease runs out
-    by every clock, every late write lands, and the reconciler may take the group over."""
+    """At ``step`` of a send (once): every lease runs out by every clock, every late write
+    lands, the reconciler may take the group over, and the other producer may send the same
+    keys (its take-overs racing the stalled one's once it wakes)."""
 
-    def __init__(self, model: ProtocolModel, *, reconcile: bool) -> None:
+    def __init__(
+        self,
+        model: ProtocolModel,
+        *,
+        step: Step,
+        reconcile: bool,
+        other: int | None = None,
+        keys: list[str] | None = None,
+    ) -> None:
         self._model = model
+        self._step = step
         self._reconcile = reconcile
+        self._other = other
+        self._keys = keys or []
+        self._stalled = False
 
     def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
-        if step is not Step.BEFORE_MARK:
+        if step is not self._step or self._stalled:
             return
+        self._stalled = True
         self._model.kinesis.advance(FOREVER_MS)
         self._model.kinesis.land_all()
         if self._reconcile and self._model.reconciler is not None:
             with contextlib.suppress(LedgerError):
                 self._model.reconciler.run_once()
+        if self._other is not None:
+            self._model.send_now(self._other, [(key, 0) for key in self._keys])
 
 
 def _digest(key: str, variant: int) -> str:
