@@ -461,6 +461,45 @@ def test_without_the_fence_a_put_the_network_holds_past_its_lease_lands_twice_an
     assert report["missing_count"] == 0
 
 
+def test_a_take_over_lost_to_the_reconciler_is_waited_on_then_delivered_once(
+    emulators: local_stack.Endpoints,
+    names: Names,
+    proxy: FaultProxy,
+    kinesis: Any,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    # Issue 22's second defect through `keo send`: a take-over into a fresh group that loses a
+    # key to the reconciler used to put that key as if it were ours (KeyError, outcomes lost)
+    # GIVEN `keo send` stopped right after its claims (SIGSTOP), until its lease has run out
+    settings = settings_for(emulators, names, proxy, UNFENCED)
+    batch = batch_of("lost-take-over")
+    send = Send(
+        write_jsonl(tmp_path / "batch.jsonl", batch),
+        keo_env(env, settings, UNFENCED),
+        "after_claim=stop",
+    )
+    send.wait_stopped()
+    # AND the reconciler takes its group over and moves its keys into a group of its own
+    # whose put Kinesis refuses (throttled): that group stays OPEN, holding the keys
+    proxy.schedule.rules.append(FaultRule("PutRecords", "throttle"))
+    reconciler = build_stack(settings).reconciler(owner="reconciler")
+    try:
+        assert poll_until(lambda: reconciler.run_once().groups > 0, timeout_s=60, interval_s=0.2)
+    finally:
+        proxy.schedule.rules.clear()
+        # WHEN `keo send` resumes: its lease is over, so it moves its keys to a fresh group,
+        # and loses every take-over to the reconciler's group
+        send.resume()
+    outcomes = send.outcomes()
+
+    # THEN it waits that group's lease out, reads back (not there), fences it, takes the keys
+    # over and sends them: every key SENT, once
+    assert Counter(o["status"] for o in outcomes) == {"SENT": KEYS}, outcomes
+    contents = streamcheck.read_stream(kinesis, settings.stream)
+    assert contents.counts == Counter({m.key: 1 for m in batch})
+
+
 # --- keo emulators proxy ------------------------------------------------------------------------
 
 
