@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # botocore's transport failures as our codes, the most specific first: a ConnectTimeoutError
 # is also a ConnectionError. Whether each was sent, and so whether it may be resent, is the
-# protocol's data (TransportFailure), not something read off a class name.
+# data of ours (TransportFailure, kinesis_store.results), not something read off a class name.
 _TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
     (botocore.exceptions.ConnectTimeoutError, TransportFailure.CONNECT_TIMEOUT),
     (botocore.exceptions.EndpointConnectionError, TransportFailure.CONNECTION_NOT_MADE),
