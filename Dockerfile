@@ -19,6 +19,7 @@ COPY cli ./cli
 COPY devstack ./devstack
 COPY spark_jobs ./spark_jobs
 COPY producer ./producer
+COPY kinesis_store ./kinesis_store
 COPY dedupe_store ./dedupe_store
 COPY api ./api
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[spark]'

@@ -24,12 +24,12 @@ from cli.options import (
 from cli.progress import Progress
 from cli.stdout import write_json_line
 from dedupe_store.records import MAX_KEY_CHARS
+from kinesis_store.kpl import UserRecord
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard
 from producer.audit import LISTED_KEYS
 from producer.errors import AuditTooLargeError
-from producer.kinesis import KinesisReader
-from producer.kpl import UserRecord
 from producer.protocol import Message
-from producer.shards import Shard
 
 if TYPE_CHECKING:
     from producer.audit import AuditReport

@@ -17,7 +17,7 @@ from cli.options import (
     load_settings,
 )
 from dedupe_store.ledger import TtlStatus
-from producer.provisioning import StreamSpec, provision_stream
+from kinesis_store.provisioning import StreamSpec, provision_stream
 from producer.wiring import kinesis_client, ledger_from
 
 DEFAULT_SHARDS = 4

@@ -18,9 +18,9 @@ The tree::
                                       (dedupe_store.packing; a ValueError too)
 
 The other packages grow their branches from these roots, each drawn in its own module:
-:mod:`producer.errors` (Kinesis, the fence, the audit; ``AggregationFormatError`` in
-:mod:`producer.kpl`), :mod:`api.errors`, ``OptionsError`` in :mod:`spark_jobs.options`,
-``LogSettingError`` in :mod:`cli.logs`.
+:mod:`kinesis_store.errors` (Kinesis: the stream, the fence's refusal, KPL aggregates),
+:mod:`producer.errors` (the batch, the audit; it re-exports the stream's), :mod:`api.errors`,
+``OptionsError`` in :mod:`spark_jobs.options`, ``LogSettingError`` in :mod:`cli.logs`.
 
 Expected outcomes, such as a claim lost to another producer or a mark lost to a takeover,
 are return values of the ledger, not errors.

@@ -22,10 +22,12 @@ from typing import Any
 from dedupe_store.model import data_client
 from devstack.cost_meter import BillingMeter, ledger_table_spec
 from devstack.failpoints import FailpointError, Failpoints
+from kinesis_store.entries import put_entry
+from kinesis_store.provisioning import create_stream
+from kinesis_store.reader import KinesisReader
 from producer.hooks import Step
-from producer.kinesis import KinesisReader, create_stream
 from producer.producer import ExactlyOnceProducer
-from producer.protocol import Message, explicit_hash_key, put_entry
+from producer.protocol import Message, explicit_hash_key
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 

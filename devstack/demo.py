@@ -26,12 +26,14 @@ import botocore.exceptions
 from tenacity import stop_after_attempt, wait_exponential, wait_random_exponential
 
 from devstack.fault_proxy import FaultProxy
+from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
+from kinesis_store.provisioning import create_stream
+from kinesis_store.reader import KinesisReader
 from producer.audit import Anomaly, AuditReport, audit_stream
 from producer.errors import ConfigurationError
 from producer.hooks import Step
-from producer.kinesis import KinesisReader, create_stream
 from producer.outcomes import OutcomeStatus
-from producer.protocol import MAX_RECORDS_PER_PUT, Message, explicit_hash_key, put_entry
+from producer.protocol import Message, explicit_hash_key
 from producer.reconciler import ReconcileReport
 from producer.retries import repeat_while
 from producer.settings import ProducerSettings

@@ -62,7 +62,7 @@ from typing import Any, Final
 from devstack import emulators
 from devstack.bench import load_average
 from devstack.spark_demo import AtLeastOnceSink
-from producer.kinesis import create_stream
+from kinesis_store.provisioning import create_stream
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs import register
 from spark_jobs.datasource import (

@@ -47,12 +47,12 @@ from devstack.demo import (
     put_at_least_once,
 )
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
+from kinesis_store.provisioning import create_stream, wait_active
 from producer.audit import audit_stream
 from producer.errors import ConfigurationError
 from producer.hooks import Step
-from producer.kinesis import create_stream, wait_active
 from producer.producer import default_owner
-from producer.protocol import MAX_RECORDS_PER_PUT, put_entry
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs import register

@@ -9,6 +9,8 @@ The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hook
 
 from __future__ import annotations
 
+from kinesis_store.reader import KinesisReader
+from kinesis_store.writer import KinesisWriter
 from producer.audit import Anomaly, AuditReport, audit_stream
 from producer.errors import (
     AuditTooLargeError,
@@ -20,7 +22,6 @@ from producer.errors import (
     UnresolvedKeysError,
 )
 from producer.hooks import NO_HOOKS, Hooks, Step
-from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message

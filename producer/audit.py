@@ -29,9 +29,9 @@ from typing import Any
 from dedupe_store.contract import Ledger
 from dedupe_store.records import LedgerRecord, Position
 from dedupe_store.states import LedgerState
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import visible_to_kcl
 from producer.errors import AuditTooLargeError
-from producer.kinesis import KinesisReader
-from producer.readback import visible_to_kcl
 
 # keys listed per anomaly in a report: the counts are exact, the lists are the first keys
 LISTED_KEYS = 1000

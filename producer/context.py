@@ -19,13 +19,13 @@ from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimRequest, ClaimResult, Group, KeyClaim
+from kinesis_store.shards import OpenShards
+from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.hooks import Hooks
-from producer.kinesis import KinesisWriter
 from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage
 from producer.readback import ReadBackResolver
 from producer.retries import wait_full_jitter
-from producer.shards import OpenShards
 
 if TYPE_CHECKING:
     from tenacity.wait import wait_base

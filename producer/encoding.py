@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from producer.kpl import Aggregate
-from producer.protocol import PreparedMessage, record_size
-from producer.shards import Shard
+from kinesis_store.entries import record_size
+from kinesis_store.kpl import Aggregate
+from kinesis_store.shards import Shard
+from producer.protocol import PreparedMessage
 
 _M = TypeVar("_M")
 

@@ -1,22 +1,19 @@
 """Errors of the producer, the read-back, the reconciler and the audit.
 
 They grow from the roots in :mod:`dedupe_store.errors` (the lowest layer), re-exported here:
-``KeoError``, the root of every keo error, and ``ConfigurationError``. The tree::
+``KeoError``, the root of every keo error, and ``ConfigurationError``; so are the Kinesis
+adapter's (:mod:`kinesis_store.errors`), which the producer's callers meet. The tree::
 
     KeoError                          anything keo cannot do for its caller (dedupe_store.errors)
     ├── ConfigurationError            settings that cannot work (names the setting; dedupe_store)
     ├── LedgerError                   the ledger's branch (dedupe_store.errors)
-    ├── StreamError                   Kinesis failed in a way the caller cannot continue from
-    │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
-    │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
-    │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
+    ├── StreamError                   Kinesis' branch (kinesis_store.errors): not found,
+    │                                 unavailable, throttled
     ├── PutFencedError                a before-send check kept a put from leaving: not sent
-    │                                 (the signature fence, or with it off the lease deadline;
-    │                                 KinesisWriter turns it into a NOT_WRITTEN result)
+    │                                 (kinesis_store.errors; raised by producer.fence)
+    ├── AggregationFormatError        a KPL aggregate that cannot be read (kinesis_store.errors)
     ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
-    ├── AuditTooLargeError            more keys than one process audits (use the Spark audit)
-    └── AggregationFormatError        a KPL aggregated record that cannot be read (producer.kpl;
-                                      a ValueError too)
+    └── AuditTooLargeError            more keys than one process audits (use the Spark audit)
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
 of :class:`producer.outcomes.Outcome`, never exceptions.
@@ -27,8 +24,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dedupe_store.errors import ConfigurationError, KeoError
+from kinesis_store.errors import (
+    AggregationFormatError,
+    PutFencedError,
+    StreamError,
+    StreamNotFoundError,
+    StreamThrottledError,
+    StreamUnavailableError,
+)
 
 __all__ = [
+    "AggregationFormatError",
     "AuditTooLargeError",
     "ConfigurationError",
     "KeoError",
@@ -39,49 +45,6 @@ __all__ = [
     "StreamUnavailableError",
     "UnresolvedKeysError",
 ]
-
-
-class StreamError(KeoError):
-    def __init__(self, message: str, *, stream: str, shard_id: str | None = None) -> None:
-        super().__init__(message)
-        self.stream = stream
-        self.shard_id = shard_id
-
-
-class StreamNotFoundError(StreamError):
-    pass
-
-
-class StreamUnavailableError(StreamError):
-    retriable = True
-
-
-class StreamThrottledError(StreamUnavailableError):
-    """Kinesis throttled a read: the reader waits and tries again before raising it."""
-
-
-class PutFencedError(KeoError):
-    """Raised by a before-send check on the put client, before the request is sent: it was
-    signed (or, with the signature fence off, checked) at ``signed_at_ms`` and might land after
-    its lease (``lease_expires_at_ms``), or it has no lease or no signature time to check
-    (None). ``code`` is the result code the writer reports (``SignatureFence``, ``LeaseFence``).
-    Retriable: the next attempt checks the lease again, renews it or moves its keys to a fresh
-    group."""
-
-    retriable = True
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        code: str,
-        signed_at_ms: int | None,
-        lease_expires_at_ms: int | None,
-    ) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.signed_at_ms = signed_at_ms
-        self.lease_expires_at_ms = lease_expires_at_ms
 
 
 class UnresolvedKeysError(KeoError):

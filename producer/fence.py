@@ -7,10 +7,11 @@ handler sees the request's signing time; it lets the request go only if
 end). A request that passes lands before its lease ends however long its process stalls
 afterwards: a server-side fence, checked on our side of the wire.
 
-The handler learns the lease of the request being sent from :func:`sending_under`, which
-:class:`producer.kinesis.KinesisWriter` enters around each call (a context variable: one value
-per thread, the thread that makes the call). A refused request is not sent: the handler raises
-:class:`producer.errors.PutFencedError`, which the writer turns into a NOT_WRITTEN result
+The handler learns the lease of the request being sent from
+:func:`kinesis_store.put_lease.sending_under`, which :class:`kinesis_store.writer.KinesisWriter`
+enters around each call (a context variable: one value per thread, the thread that makes the
+call). A refused request is not sent: the handler raises
+:class:`kinesis_store.errors.PutFencedError`, which the writer turns into a NOT_WRITTEN result
 (``SignatureFence``, retriable). It fails closed: a request with no lease given, or no
 signing time, is refused too.
 
@@ -32,41 +33,27 @@ than its timeouts; only the signature's window bounds those.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from dedupe_store.clock import Clock
-from producer.errors import PutFencedError
-from producer.protocol import LEASE_FENCE, SIGNATURE_FENCE, LeasePolicy
+from kinesis_store.errors import PutFencedError
+from kinesis_store.put_lease import put_lease_expires_at_ms
+from kinesis_store.results import LEASE_FENCE, SIGNATURE_FENCE
+from producer.protocol import LeasePolicy
 
 __all__ = [
     "SIGNED_AT_HEADER",
     "LeaseDeadline",
     "SignatureFence",
     "fence_for",
-    "sending_under",
     "signed_at_ms",
 ]
 
 SIGNED_AT_HEADER: Final = "X-Amz-Date"
 _SIGNED_AT_FORMAT: Final = "%Y%m%dT%H%M%SZ"  # SigV4's basic ISO 8601, always UTC
 _EVENT: Final = "before-send.kinesis.PutRecords"
-
-# The end of the lease the request being sent is put under: the earliest of its groups'.
-_LEASE_EXPIRES_AT_MS: ContextVar[int | None] = ContextVar("keo_put_lease", default=None)
-
-
-@contextlib.contextmanager
-def sending_under(lease_expires_at_ms: int | None) -> Iterator[None]:
-    """The requests made inside are put under a lease that ends at ``lease_expires_at_ms``."""
-    token = _LEASE_EXPIRES_AT_MS.set(lease_expires_at_ms)
-    try:
-        yield
-    finally:
-        _LEASE_EXPIRES_AT_MS.reset(token)
 
 
 def signed_at_ms(headers: Mapping[str, Any]) -> int | None:
@@ -106,7 +93,7 @@ class SignatureFence(_BeforeSendCheck):
 
     def check(self, request: Any, **_: Any) -> None:
         """Raise :class:`PutFencedError` unless ``request`` may leave under its lease."""
-        lease_expires_at_ms = _LEASE_EXPIRES_AT_MS.get()
+        lease_expires_at_ms = put_lease_expires_at_ms()
         signed_at = signed_at_ms(request.headers)
         if lease_expires_at_ms is None or signed_at is None:
             missing = "no lease was given" if lease_expires_at_ms is None else "it is not signed"
@@ -139,7 +126,7 @@ class LeaseDeadline(_BeforeSendCheck):
 
     def check(self, request: Any, **_: Any) -> None:  # noqa: ARG002 - botocore's signature
         """Raise :class:`PutFencedError` unless a put sent now lands before its lease ends."""
-        lease_expires_at_ms = _LEASE_EXPIRES_AT_MS.get()
+        lease_expires_at_ms = put_lease_expires_at_ms()
         now_ms = self._clock.now_ms()
         if lease_expires_at_ms is None:
             raise PutFencedError(

@@ -30,14 +30,15 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.shards import OpenShards, Shard
+from kinesis_store.writer import KinesisWriter
 from producer import metrics, outcomes
 from producer.context import ProducerPolicy, SendContext
 from producer.delivery import ChunkDelivery
 from producer.hooks import NO_HOOKS, Hooks
-from producer.kinesis import KinesisWriter
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
-    DEFAULT_MAX_RECORD_BYTES,
     MAX_GROUP_MEMBER_BYTES,
     Message,
     PreparedMessage,
@@ -46,7 +47,6 @@ from producer.protocol import (
     prepare,
 )
 from producer.readback import ReadBackResolver
-from producer.shards import OpenShards, Shard
 
 __all__ = ["ExactlyOnceProducer", "ProducerPolicy", "default_owner"]
 

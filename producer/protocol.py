@@ -1,7 +1,9 @@
-"""The protocol's pure decisions: validation, routing, digests, PutRecords entries, lease
-arithmetic and the signature fence's check, batching, and the classification of PutRecords
-results (written, not written, ambiguous; and for those not written, whether to resend). No
-I/O; every function here is unit-tested without sockets.
+"""The protocol's pure decisions: validation, routing, digests, lease arithmetic and the
+signature fence's check, batching. No I/O; every function here is unit-tested without sockets.
+
+What Kinesis itself counts (its limits, the MD5 hash key, a record's size, an entry's shape)
+is :mod:`kinesis_store.entries`; the classification of PutRecords results is
+:mod:`kinesis_store.results`.
 """
 
 from __future__ import annotations
@@ -9,17 +11,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from dedupe_store.records import MAX_KEY_CHARS
+from kinesis_store.entries import (
+    MAX_PUT_REQUEST_BYTES,
+    MAX_RECORDS_PER_PUT,
+    hash_key_of,
+    put_entry,
+    record_size,
+)
 
 _T = TypeVar("_T")
 
-MAX_RECORDS_PER_PUT = 500
-MAX_PUT_REQUEST_BYTES = 5 * 1024 * 1024
-DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
-MAX_HASH_KEY = 2**128 - 1
 # A claim group: the keys sent together (one PutRecords-sized chunk). Its item lists them, so
 # their bytes are capped well under DynamoDB's 400 KB item limit, with room for positions.
 MAX_GROUP_KEYS = MAX_RECORDS_PER_PUT
@@ -67,11 +71,6 @@ class Rejection:
 # --- routing and identity -------------------------------------------------------------------
 
 
-def hash_key_of(routing_key: str) -> int:
-    """Kinesis routing: the MD5 of the key as a 128-bit unsigned integer."""
-    return int.from_bytes(hashlib.md5(routing_key.encode("utf-8"), usedforsecurity=False).digest())
-
-
 def explicit_hash_key(message: Message) -> str:
     """The hash key the record is routed by: the routing key's, else the message key's."""
     return str(hash_key_of(message.routing_key if message.routing_key is not None else message.key))
@@ -89,20 +88,6 @@ def payload_digest(data: bytes, routing_hash_key: str) -> str:
 def group_member_bytes(key: str) -> int:
     """What a key adds to its group item at most: its UTF-8 bytes and a length prefix."""
     return len(key.encode("utf-8")) + 2
-
-
-def record_size(key: str, data: bytes) -> int:
-    """What Kinesis counts against the record limit: data plus the UTF-8 partition key."""
-    return len(data) + len(key.encode("utf-8"))
-
-
-def put_entry(key: str, data: bytes, explicit_hash_key: str | None = None) -> dict[str, Any]:
-    """One PutRecords entry. The message key is the partition key, so every record names its
-    key; ``explicit_hash_key``, when given, routes it instead of the key's MD5."""
-    entry: dict[str, Any] = {"Data": data, "PartitionKey": key}
-    if explicit_hash_key is not None:
-        entry["ExplicitHashKey"] = explicit_hash_key
-    return entry
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -304,150 +289,3 @@ def batch_by_size(
         batch_bytes += size
     if batch:
         yield batch
-
-
-# --- classification of PutRecords results ---------------------------------------------------
-
-
-class PutResultKind(StrEnum):
-    WRITTEN = "WRITTEN"
-    NOT_WRITTEN = "NOT_WRITTEN"  # safe to resend under the same claim
-    AMBIGUOUS = "AMBIGUOUS"  # may be in the stream: resolve by read-back, never resend blindly
-
-
-class TransportFailure(StrEnum):
-    """A PutRecords request that got no HTTP answer, by what the client can know of it.
-
-    Our own codes, not the SDK's class names: they are stable data that users see in outcomes
-    and metrics. :class:`producer.kinesis.KinesisWriter` maps botocore's exceptions onto them.
-    """
-
-    CONNECTION_NOT_MADE = "ConnectionNotMade"  # no connection: the request never left
-    CONNECT_TIMEOUT = "ConnectTimeout"  # no connection in time: the request never left
-    READ_TIMEOUT = "ReadTimeout"  # sent, no answer in time: it may have been applied
-    CONNECTION_LOST = "ConnectionLost"  # reset, closed, TLS or proxy failure, answer cut short
-
-    @property
-    def sent(self) -> bool:
-        """Whether the request may have reached Kinesis (and been applied)."""
-        return self not in _NEVER_SENT
-
-
-_NEVER_SENT = frozenset({TransportFailure.CONNECTION_NOT_MADE, TransportFailure.CONNECT_TIMEOUT})
-
-# An aggregate landed on a shard that no longer covers some of its user records.
-STALE_SHARD_MAP = "StaleShardMap"
-# The signature fence kept a request from leaving: its lease would not outlive its signature.
-# Nothing was sent; the next attempt checks the lease again (renews it, or moves the keys).
-SIGNATURE_FENCE = "SignatureFence"
-# With the signature fence off, the before-send check kept a request from leaving: sent now, it
-# could land after its lease (less than the put's timeouts plus the skew left). Nothing was
-# sent; the next attempt renews the lease first, or moves the keys to a fresh group.
-LEASE_FENCE = "LeaseFence"
-# Kinesis refused a request whose signature was too old (or too new) on arrival: not written,
-# and the next attempt is signed anew. Any other InvalidSignatureException (a wrong secret key)
-# would fail the same way again.
-INVALID_SIGNATURE = "InvalidSignatureException"
-_STALE_SIGNATURE_MESSAGES = ("Signature expired", "Signature not yet current")
-
-# Not-written results worth resending under the same claim: load, a failure on Kinesis' side,
-# a connection never made, a stale shard map. Any other (a 4xx such as ValidationException or
-# AccessDenied, an unknown per-record code) would fail the same way again.
-RETRIABLE_NOT_WRITTEN_CODES = frozenset(
-    {
-        STALE_SHARD_MAP,
-        SIGNATURE_FENCE,
-        LEASE_FENCE,
-        "ProvisionedThroughputExceededException",
-        "InternalFailure",
-        "LimitExceededException",
-        "KMSThrottlingException",
-        "ThrottlingException",
-        *(failure.value for failure in _NEVER_SENT),
-    }
-)
-
-# Error codes that prove the whole request was refused, whatever its HTTP status says.
-_REFUSED_CODES = frozenset({"ProvisionedThroughputExceededException", "LimitExceededException"})
-
-
-@dataclass(frozen=True, slots=True)
-class RecordResult:
-    """What became of one record of a PutRecords request.
-
-    ``retriable``: it was not written, and sending it again under the same claim may succeed.
-    Decided once, when the result is classified; nothing downstream looks at codes again.
-    """
-
-    kind: PutResultKind
-    shard_id: str | None = None
-    sequence_number: str | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    retriable: bool = False
-
-    def __post_init__(self) -> None:
-        if self.retriable and self.kind is not PutResultKind.NOT_WRITTEN:
-            # resending a written or possibly written record is the duplicate we prevent
-            raise ValueError(f"a {self.kind} result cannot be retriable")
-
-
-def not_written(code: str, message: str | None = None) -> RecordResult:
-    """Definitely not written; retriable when ``code`` is one the same record may pass next time."""
-    return RecordResult(
-        PutResultKind.NOT_WRITTEN,
-        error_code=code,
-        error_message=message,
-        retriable=code in RETRIABLE_NOT_WRITTEN_CODES,
-    )
-
-
-def ambiguous(code: str, message: str | None = None) -> RecordResult:
-    """Maybe written: never resent blindly, resolved by read-back."""
-    return RecordResult(PutResultKind.AMBIGUOUS, error_code=code, error_message=message)
-
-
-def classify_record(entry: dict[str, Any]) -> RecordResult:
-    """One entry of a PutRecords response's ``Records``, aligned with the request by position."""
-    shard_id = entry.get("ShardId")
-    sequence_number = entry.get("SequenceNumber")
-    if shard_id and sequence_number:
-        return RecordResult(PutResultKind.WRITTEN, shard_id, str(sequence_number))
-    code = entry.get("ErrorCode")
-    if code:
-        # Every per-record ErrorCode means this record was not written (API reference).
-        return not_written(str(code), entry.get("ErrorMessage"))
-    # A record with neither a position nor an error: the response cannot be trusted.
-    return ambiguous("MalformedResult")
-
-
-def classify_response(response: dict[str, Any], sent: int) -> list[RecordResult]:
-    """Classify a whole PutRecords response; a response that does not align is ambiguous."""
-    entries = response.get("Records")
-    if not isinstance(entries, list) or len(entries) != sent:
-        return [ambiguous("MalformedResponse")] * sent
-    return [classify_record(entry) for entry in entries]
-
-
-def classify_request_error(
-    status_code: int | None, error_code: str | None, message: str | None = None
-) -> RecordResult:
-    """A PutRecords request Kinesis answered with an error, for each of its records: a 4xx
-    (or a throttle, whatever the status) refused it whole; a 5xx may have applied it. A
-    signature refused as expired or not yet current is worth another attempt (signed anew)."""
-    code = error_code or str(status_code)
-    if code == INVALID_SIGNATURE and (message or "").startswith(_STALE_SIGNATURE_MESSAGES):
-        # refused on arrival, so not written; the next attempt carries a fresh signature
-        return RecordResult(
-            PutResultKind.NOT_WRITTEN, error_code=code, error_message=message, retriable=True
-        )
-    if (status_code is not None and 400 <= status_code < 500) or error_code in _REFUSED_CODES:
-        return not_written(code, message)
-    return ambiguous(code, message)
-
-
-def classify_transport_failure(failure: TransportFailure, message: str | None) -> RecordResult:
-    """A PutRecords request without an HTTP answer, for each of its records."""
-    if failure.sent:
-        return ambiguous(failure.value, message)
-    return not_written(failure.value, message)

@@ -24,20 +24,14 @@ from tenacity import RetryCallState, stop_after_attempt, stop_when_event_set
 
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
+from kinesis_store.entries import MAX_RECORDS_PER_PUT
+from kinesis_store.results import STALE_SHARD_MAP, PutResultKind, RecordResult, not_written
 from producer import metrics, outcomes
 from producer.claims import ChunkState, ClaimedMessage
 from producer.context import SendContext
 from producer.encoding import PutUnit, aggregated_units, single_units
 from producer.hooks import Step
-from producer.protocol import (
-    MAX_RECORDS_PER_PUT,
-    STALE_SHARD_MAP,
-    PreparedMessage,
-    PutResultKind,
-    RecordResult,
-    batch_by_size,
-    not_written,
-)
+from producer.protocol import PreparedMessage, batch_by_size
 from producer.retries import repeat_while
 
 __all__ = ["LeaseKeeper", "PutLoop", "PutReport"]

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from dedupe_store.clock import Clock
 from dedupe_store.records import LedgerRecord, Position
+from kinesis_store.kpl import UserRecord
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard, lineage, visible_to_kcl
 from producer.decisions import Resolution
-from producer.kinesis import KinesisReader
-from producer.kpl import UserRecord
-from producer.protocol import LeasePolicy, hash_key_of, payload_digest
-from producer.shards import Shard, lineage
+from producer.protocol import LeasePolicy, payload_digest
 
-__all__ = ["ReadBackResolver", "ReadBackResult", "Resolution", "visible_to_kcl"]
+__all__ = ["ReadBackResolver", "ReadBackResult", "Resolution"]
 
 log = logging.getLogger(__name__)
 
@@ -143,19 +143,6 @@ class ReadBackResolver:
                 conflicts.setdefault(claim.key, _position(record))
             if not by_key:
                 return
-
-
-def visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
-    """KCL drops deaggregated user records whose hash key is outside the shard's range:
-    such a record was written but is never delivered, so it does not count."""
-    if not record.aggregated:
-        return True
-    hash_key = (
-        int(record.explicit_hash_key)
-        if record.explicit_hash_key
-        else hash_key_of(record.partition_key)
-    )
-    return shard.covers(hash_key)
 
 
 def _position(record: UserRecord) -> Position:

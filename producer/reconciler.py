@@ -33,11 +33,11 @@ from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position
 from dedupe_store.states import GroupState, KeyState
+from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.decisions import ReadBackAction, read_back_action
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
-from producer.kinesis import KinesisWriter
 from producer.protocol import LeasePolicy, chunked
 from producer.readback import ReadBackResolver, ReadBackResult
 from producer.resend import PayloadResender

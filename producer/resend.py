@@ -13,8 +13,10 @@ from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimResult, Group, KeyClaim, Position
-from producer.kinesis import KinesisWriter
-from producer.protocol import LeasePolicy, PutResultKind, put_entry
+from kinesis_store.entries import put_entry
+from kinesis_store.results import PutResultKind
+from kinesis_store.writer import KinesisWriter
+from producer.protocol import LeasePolicy
 from producer.takeover import move_into_fresh_group
 
 __all__ = ["PayloadResender", "ResendCounts"]

@@ -14,15 +14,16 @@ from botocore.config import Config
 
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import StreamInfo
+from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
-from producer.kinesis import KinesisReader, KinesisWriter
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
-from producer.shards import StreamInfo
 
 log = logging.getLogger(__name__)
 

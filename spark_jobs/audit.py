@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 from dedupe_store.records import MAX_KEY_CHARS, Group, Position
 from dedupe_store.states import KeyState, delivery_state
+from kinesis_store.reader import KinesisReader
 from producer.audit import LISTED_KEYS, AuditReport, Findings
 from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
-from producer.kinesis import KinesisReader
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs.options import SETTING_OPTIONS
 from spark_jobs.writer import producer_settings, settings_from_env

@@ -61,12 +61,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
+from kinesis_store.kpl import UserRecord
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard, visible_to_kcl
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
-from producer.kinesis import KinesisReader
-from producer.kpl import UserRecord
-from producer.readback import visible_to_kcl
-from producer.shards import Shard
 from producer.wiring import kinesis_client
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.options import FORMAT, OptionsError, ReadOptions, WriteOptions, flag

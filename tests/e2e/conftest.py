@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from spark_support import FAST_LEASES, SHARDS, streamcheck
 
-from producer.kinesis import create_stream
+from kinesis_store.provisioning import create_stream
 from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
 from spark_jobs.writer import producer_settings
 

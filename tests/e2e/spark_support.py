@@ -19,8 +19,9 @@ import planting
 from prometheus_client.parser import text_string_to_metric_families
 
 from dedupe_store.records import ClaimRequest
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from producer.audit import audit_stream
-from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, prepare
+from producer.protocol import Message, prepare
 from producer.retries import poll_until
 from producer.wiring import Stack
 

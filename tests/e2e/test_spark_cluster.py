@@ -41,7 +41,7 @@ from spark_support import (
 )
 
 from dedupe_store.records import BatchRecord
-from producer.kinesis import create_stream
+from kinesis_store.provisioning import create_stream
 from producer.wiring import Stack, build_stack, kinesis_client
 from spark_jobs import audit as spark_audit
 from spark_jobs.session import worker_python_path

@@ -19,9 +19,10 @@ from spark_support import events, plant_unverifiable, streamcheck
 
 import spark_jobs
 from dedupe_store.records import Position
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
+from kinesis_store.kpl import Aggregate
 from producer.audit import Anomaly, Findings, audit_stream
-from producer.kpl import Aggregate
-from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, put_entry
+from producer.protocol import Message
 from producer.wiring import Stack
 from spark_jobs import audit as spark_audit
 from spark_jobs.datasource import READ_SCHEMA

@@ -1,7 +1,7 @@
 """``FakeKinesisClient``: a boto3-shaped Kinesis client over in-memory shards, with put faults.
 
-Enough of the Kinesis API for :class:`producer.kinesis.KinesisWriter` and
-:class:`producer.kinesis.KinesisReader`: ``put_records``, ``list_shards``,
+Enough of the Kinesis API for :class:`kinesis_store.writer.KinesisWriter` and
+:class:`kinesis_store.reader.KinesisReader`: ``put_records``, ``list_shards``,
 ``get_shard_iterator`` (TRIM_HORIZON, LATEST, AT/AFTER_SEQUENCE_NUMBER, AT_TIMESTAMP),
 ``get_records``, ``describe_stream_summary``, plus ``split_shard`` for lineage.
 :class:`FakePutClient` is one process's put client over it: its own ``meta.events``, so the

@@ -11,7 +11,7 @@ import pytest
 
 from dedupe_store.ledger import DynamoDBLedger
 from devstack import emulators as local_stack
-from producer.kinesis import create_stream
+from kinesis_store.provisioning import create_stream
 from producer.retries import poll_until
 from producer.settings import ProducerSettings
 from producer.wiring import kinesis_client, ledger_from

@@ -2,7 +2,7 @@
 
 It reads with plain boto3 calls (ListShards, GetShardIterator TRIM_HORIZON, GetRecords to the
 tip), not with the product's ``KinesisReader``, so a bug in the reader cannot hide a duplicate.
-Aggregated records are split with ``producer.kpl.deaggregate``, as a KCL consumer would.
+Aggregated records are split with ``kinesis_store.kpl.deaggregate``, as a KCL consumer would.
 
     contents = read_stream(kinesis, stream)
     assert_exactly_once(contents, keys, ledger)        # once each, ledger position == stream
@@ -23,7 +23,7 @@ from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
-from producer.kpl import UserRecord, deaggregate
+from kinesis_store.kpl import UserRecord, deaggregate
 
 _MAX_EMPTY_PAGES = 3  # an open shard's tip: empty pages with MillisBehindLatest 0
 

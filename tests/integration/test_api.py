@@ -37,7 +37,7 @@ from api.cursor import CURSOR_PATTERN
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group, LedgerRecord, Position
-from producer.kinesis import create_stream, wait_active
+from kinesis_store.provisioning import create_stream, wait_active
 from producer.retries import poll_until
 
 TOKEN = "test-token-0123456789abcdef"

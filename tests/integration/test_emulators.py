@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from cli.emulators import app as emulators_cli
 from cli.exit_codes import ExitCode
 from devstack import emulators as local_stack
+from kinesis_store.provisioning import wait_active
 from producer.errors import StreamUnavailableError
-from producer.kinesis import wait_active
 from producer.retries import poll_until
 
 if TYPE_CHECKING:

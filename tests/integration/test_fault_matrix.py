@@ -18,8 +18,8 @@ import streamcheck
 from dedupe_store.clock import SkewedClock, SystemClock
 from devstack import emulators as local_stack
 from devstack.failpoints import FailpointError, Failpoints
+from kinesis_store.provisioning import create_stream, wait_active
 from producer.audit import audit_stream
-from producer.kinesis import create_stream, wait_active
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings, PutFence

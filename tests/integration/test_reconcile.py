@@ -39,9 +39,11 @@ from dedupe_store.ledger import DynamoDBLedger, inflight_bucket
 from dedupe_store.records import ClaimStatus, Group, GroupUpdate, LedgerRecord
 from dedupe_store.states import GroupState, LedgerState
 from devstack import emulators as local_stack
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.results import PutResultKind
 from producer.audit import audit_stream
 from producer.outcomes import OutcomeStatus
-from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, batches, prepare
+from producer.protocol import Message, batches, prepare
 from producer.readback import ReadBackResolver, ReadBackResult
 from producer.reconciler import Reconciler, ReconcileReport
 from producer.settings import ProducerSettings

@@ -23,14 +23,16 @@ import streamcheck
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
-from producer import kinesis as kinesis_admin
+from kinesis_store import provisioning as kinesis_admin
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.results import PutResultKind
+from kinesis_store.shards import Shard
 from producer.audit import audit_stream
 from producer.errors import StreamUnavailableError
 from producer.outcomes import OutcomeStatus
-from producer.protocol import DEFAULT_MAX_RECORD_BYTES, Message, PutResultKind, prepare
+from producer.protocol import Message, prepare
 from producer.reconciler import Reconciler
 from producer.settings import ProducerSettings
-from producer.shards import Shard
 from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:

@@ -42,9 +42,11 @@ from dedupe_store.settings import env_var
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule
+from kinesis_store.entries import put_entry
+from kinesis_store.results import LEASE_FENCE, SIGNATURE_FENCE, PutResultKind
 from producer.audit import audit_stream
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.protocol import LEASE_FENCE, SIGNATURE_FENCE, Message, PutResultKind, put_entry
+from producer.protocol import Message
 from producer.retries import poll_until
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import build_stack, put_writer

@@ -25,7 +25,7 @@ import streamcheck
 
 from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
-from producer.kinesis import create_stream
+from kinesis_store.provisioning import create_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings

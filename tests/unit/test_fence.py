@@ -18,18 +18,18 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dedupe_store.clock import ManualClock
-from producer.errors import PutFencedError
-from producer.fence import LeaseDeadline, SignatureFence, fence_for, sending_under, signed_at_ms
-from producer.kinesis import KinesisWriter
-from producer.protocol import (
+from kinesis_store.entries import put_entry
+from kinesis_store.put_lease import sending_under
+from kinesis_store.results import (
     LEASE_FENCE,
     SIGNATURE_FENCE,
-    LeasePolicy,
     PutResultKind,
     classify_request_error,
-    put_entry,
-    signature_fence_admits,
 )
+from kinesis_store.writer import KinesisWriter
+from producer.errors import PutFencedError
+from producer.fence import LeaseDeadline, SignatureFence, fence_for, signed_at_ms
+from producer.protocol import LeasePolicy, signature_fence_admits
 
 # the design's defaults with the fence: 300 s window, 2 + 5 s put timeouts, 5 s skew, 360 s lease
 WINDOW_MS = 300_000

@@ -17,8 +17,8 @@ from fakes.ledger import InMemoryLedger
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import ClaimRequest, ClaimResult, Group
+from kinesis_store.writer import KinesisWriter
 from producer.hooks import Step
-from producer.kinesis import KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message

@@ -8,8 +8,8 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from kinesis_store.provisioning import create_stream, wait_active
 from producer.errors import StreamUnavailableError
-from producer.kinesis import create_stream, wait_active
 
 
 def summary(status: str) -> dict[str, Any]:

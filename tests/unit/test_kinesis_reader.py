@@ -12,8 +12,8 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from kinesis_store.reader import KinesisReader
 from producer.errors import StreamThrottledError, StreamUnavailableError
-from producer.kinesis import KinesisReader
 
 STREAM = "orders"
 SHARD = {

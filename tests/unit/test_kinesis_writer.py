@@ -11,9 +11,10 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from kinesis_store.entries import put_entry
+from kinesis_store.results import PutResultKind
+from kinesis_store.writer import KinesisWriter
 from producer.errors import StreamNotFoundError
-from producer.kinesis import KinesisWriter
-from producer.protocol import PutResultKind, put_entry
 
 WRITTEN = PutResultKind.WRITTEN
 NOT_WRITTEN = PutResultKind.NOT_WRITTEN

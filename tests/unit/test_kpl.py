@@ -17,15 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer import kpl
-from producer.kpl import (
-    MAGIC,
-    AggregationFormatError,
-    UserRecord,
-    arrival_ms_of,
-    deaggregate,
-    is_aggregated,
-)
+from kinesis_store import kpl
+from kinesis_store.errors import AggregationFormatError
+from kinesis_store.kpl import MAGIC, UserRecord, arrival_ms_of, deaggregate, is_aggregated
 
 ARRIVAL = datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=UTC)
 ARRIVAL_MS = 1_714_566_615_250

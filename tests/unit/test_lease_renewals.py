@@ -23,11 +23,12 @@ from fakes.ledger import InMemoryLedger, LedgerFault
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group, KeyClaim
+from kinesis_store.reader import KinesisReader
+from kinesis_store.writer import KinesisWriter
 from producer.claims import ChunkState, ClaimedMessage
 from producer.context import ProducerPolicy, SendContext
 from producer.delivery import ChunkDelivery
 from producer.hooks import NO_HOOKS, Step
-from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer
 from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare

@@ -7,14 +7,12 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer.protocol import (
+from kinesis_store.entries import (
     DEFAULT_MAX_RECORD_BYTES,
     MAX_PUT_REQUEST_BYTES,
     MAX_RECORDS_PER_PUT,
-    Message,
-    PreparedMessage,
-    batches,
 )
+from producer.protocol import Message, PreparedMessage, batches
 
 
 def item(index: int, data: bytes, key: str | None = None) -> PreparedMessage:

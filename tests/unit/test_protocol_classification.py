@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from producer.protocol import (
+from kinesis_store.results import (
     STALE_SHARD_MAP,
     PutResultKind,
     RecordResult,

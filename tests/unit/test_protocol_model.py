@@ -48,9 +48,10 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from devstack.failpoints import FailpointError, Failpoints
+from kinesis_store.reader import KinesisReader
+from kinesis_store.writer import KinesisWriter
 from producer.fence import fence_for
 from producer.hooks import Hooks, Step
-from producer.kinesis import KinesisReader, KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import (

@@ -7,15 +7,8 @@ import hashlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer.protocol import (
-    MAX_HASH_KEY,
-    Message,
-    explicit_hash_key,
-    hash_key_of,
-    payload_digest,
-    prepare,
-    put_entry,
-)
+from kinesis_store.entries import MAX_HASH_KEY, hash_key_of, put_entry
+from producer.protocol import Message, explicit_hash_key, payload_digest, prepare
 
 # Text Kinesis can carry: no surrogate code points (they cannot be encoded as UTF-8).
 utf8_text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=64)

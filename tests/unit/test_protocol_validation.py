@@ -10,15 +10,8 @@ from typing import Any
 import pytest
 
 from dedupe_store.records import MAX_KEY_CHARS
-from producer.protocol import (
-    DEFAULT_MAX_RECORD_BYTES,
-    Message,
-    explicit_hash_key,
-    payload_digest,
-    prepare,
-    record_size,
-    validate,
-)
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, record_size
+from producer.protocol import Message, explicit_hash_key, payload_digest, prepare, validate
 
 MAX = DEFAULT_MAX_RECORD_BYTES
 

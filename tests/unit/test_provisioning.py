@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from producer.provisioning import ON_DEMAND, PROVISIONED, StreamSpec, StreamState, differences
+from kinesis_store.provisioning import ON_DEMAND, PROVISIONED, StreamSpec, StreamState, differences
 
 FOUR_SHARDS = StreamState(mode=PROVISIONED, open_shards=4, retention_hours=24, kms_key=None)
 

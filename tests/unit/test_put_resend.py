@@ -17,7 +17,7 @@ from fakes.ledger import InMemoryLedger
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.states import LedgerState
-from producer.kinesis import KinesisWriter
+from kinesis_store.writer import KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message

@@ -12,7 +12,8 @@ from planting import request_of
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import ClaimRequest
-from producer.kinesis import KinesisReader, KinesisWriter
+from kinesis_store.reader import KinesisReader
+from kinesis_store.writer import KinesisWriter
 from producer.protocol import LeasePolicy, Message
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler

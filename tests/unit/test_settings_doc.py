@@ -13,7 +13,7 @@ from dedupe_store.settings import SettingNotes
 from devstack import settings_doc
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("cli", "devstack", "spark_jobs", "producer", "dedupe_store", "api")
+PACKAGES = ("cli", "devstack", "spark_jobs", "producer", "kinesis_store", "dedupe_store", "api")
 KEO_VARIABLE = re.compile(r"\bKEO_[A-Z0-9_]+\b")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from producer.shards import Shard, lineage, open_shards
+from kinesis_store.shards import Shard, lineage, open_shards
 
 HALF = 2**127
 

@@ -1,5 +1,6 @@
-"""A stream's shards as plain data: hash ranges, lineage through reshards, and what the stream
-says of itself. No I/O: :class:`producer.kinesis.KinesisReader` reads them from Kinesis.
+"""A stream's shards as plain data: hash ranges, lineage through reshards, what the stream
+says of itself, and which user records a KCL consumer of a shard sees. No I/O:
+:class:`kinesis_store.reader.KinesisReader` reads them from Kinesis.
 
 A key's hash key routes it to the one open shard whose range covers it. After splits and
 merges, every shard, open or closed, whose range covers the hash key is in the key's lineage:
@@ -10,6 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kinesis_store.entries import hash_key_of
+
+if TYPE_CHECKING:
+    from kinesis_store.kpl import UserRecord
+
+__all__ = ["OpenShards", "Shard", "StreamInfo", "lineage", "open_shards", "visible_to_kcl"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,19 @@ def lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:
     """Every shard, open or closed, whose hash range covers ``hash_key``: the key's lineage
     through splits and merges (each parent and child covering it)."""
     return [shard for shard in shards if shard.covers(hash_key)]
+
+
+def visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
+    """KCL drops deaggregated user records whose hash key is outside the shard's range:
+    such a record was written but is never delivered, so it does not count."""
+    if not record.aggregated:
+        return True
+    hash_key = (
+        int(record.explicit_hash_key)
+        if record.explicit_hash_key
+        else hash_key_of(record.partition_key)
+    )
+    return shard.covers(hash_key)
 
 
 class OpenShards:

@@ -1,4 +1,5 @@
-"""``keo init``'s stream: on demand or N shards, a retention, KMS encryption.
+"""Administering a stream: create it and wait until it is ACTIVE (``keo init``, the demos, the
+bench, the tests), and ``keo init``'s stream: on demand or N shards, a retention, KMS.
 
 A stream this call creates gets everything asked for, each change waited on until the stream
 is ACTIVE again. A stream that exists is left as it is, as ``keo init`` promises: what it has
@@ -8,16 +9,21 @@ to report, never changed behind the operator's back (a lower retention would dro
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.kinesis import create_stream, wait_active
+import botocore.exceptions
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from kinesis_store.errors import StreamUnavailableError
 
 DEFAULT_RETENTION_HOURS = 24
 ON_DEMAND = "ON_DEMAND"
 PROVISIONED = "PROVISIONED"
+_ACTIVE_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +119,58 @@ def provision_stream(
     if created:
         return Provisioned(created=True, state=state)
     return Provisioned(False, state, differences(spec, state, shards_given=shards_given))
+
+
+def create_stream(
+    client: Any,
+    stream: str,
+    shards: int | None,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Create ``stream`` with ``shards`` shards (None: on demand) unless it exists (an existing
+    stream keeps its shard count), then wait until it is ACTIVE. True when this call created it.
+
+    Other botocore errors reach the caller as they are (``keo init`` reports them as AWS
+    errors); not ACTIVE in time is :class:`StreamUnavailableError`.
+    """
+    created = True
+    try:
+        if shards is None:
+            client.create_stream(StreamName=stream, StreamModeDetails={"StreamMode": "ON_DEMAND"})
+        else:
+            client.create_stream(StreamName=stream, ShardCount=shards)
+    except botocore.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise
+        created = False
+    wait_active(client, stream, timeout_s=timeout_s, sleep=sleep)
+    return created
+
+
+def wait_active(
+    client: Any,
+    stream: str,
+    *,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait until ``stream`` is ACTIVE (after a create, a split or a merge), polling every
+    0.1 s; :class:`StreamUnavailableError` when it is not within ``timeout_s``."""
+
+    def active() -> bool:
+        summary = client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+        return bool(summary["StreamStatus"] == "ACTIVE")
+
+    polling = Retrying(
+        retry=retry_if_result(operator.not_),
+        wait=wait_fixed(_ACTIVE_POLL_S),
+        stop=stop_after_delay(timeout_s),
+        sleep=sleep,
+        retry_error_callback=lambda _state: False,  # not ACTIVE in time
+    )
+    if not polling(active):
+        raise StreamUnavailableError(
+            f"stream {stream} is not ACTIVE after {timeout_s:g} s", stream=stream
+        )

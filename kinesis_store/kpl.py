@@ -2,7 +2,8 @@
 
 Why a wrapper: importing aws-kinesis-agg puts its own folder first on ``sys.path`` (we put it
 back), its deaggregator re-encodes user data as base64 while raw records come back as bytes
-(we return bytes for both), and it prints and drops what it cannot parse (we raise instead).
+(we return bytes for both), and it prints and drops what it cannot parse (we raise
+:class:`kinesis_store.errors.AggregationFormatError` instead).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from producer.errors import KeoError
-from producer.protocol import put_entry
+from kinesis_store.entries import put_entry
+from kinesis_store.errors import AggregationFormatError
 
 MAGIC = b"\xf3\x89\x9a\xc2"
 _DIGEST_BYTES = 16
@@ -59,18 +60,6 @@ class Aggregate:
         """The PutRecords entry: routed by the first user record's hash key."""
         partition_key, explicit_hash_key, data = self._record.get_contents()
         return put_entry(partition_key, data, explicit_hash_key or None)
-
-
-class AggregationFormatError(KeoError, ValueError):
-    """A record carries the KPL magic and a valid digest but its user records cannot be read
-    (a keo error, and a ValueError for callers that catch those)."""
-
-    def __init__(self, shard_id: str, sequence_number: str, reason: str) -> None:
-        super().__init__(
-            f"aggregated record {shard_id}/{sequence_number} cannot be deaggregated: {reason}"
-        )
-        self.shard_id = shard_id
-        self.sequence_number = sequence_number
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,8 @@
-"""Kinesis adapters: ``KinesisWriter`` puts records, ``KinesisReader`` reads shards back, and
-``create_stream`` / ``wait_active`` administer a stream (``keo init``, demos, bench, tests).
+"""``KinesisReader``: reads a stream back: its description, its shard map with lineage, a
+shard's records in a time window or whole, deaggregated as a KCL consumer sees them.
 
-They translate each botocore error once, into ours (keeping the cause) or into put results
-classified with :mod:`producer.protocol`, which carry whether to resend; nothing past this
-module looks at botocore's exception classes. The put client must be built with SDK retries
-off: a retried PutRecords is exactly the duplicate this project exists to prevent.
+Reads are idempotent: a throttled one is tried again in place; every other botocore error is
+translated once into :mod:`kinesis_store.errors`, keeping the cause.
 """
 
 from __future__ import annotations
@@ -24,120 +22,18 @@ from tenacity import (
     wait_exponential,
 )
 
-from producer.errors import (
-    PutFencedError,
-    StreamNotFoundError,
-    StreamThrottledError,
-    StreamUnavailableError,
-)
-from producer.fence import sending_under
-from producer.kpl import UserRecord, arrival_ms_of, deaggregate
-from producer.protocol import (
-    DEFAULT_MAX_RECORD_BYTES,
-    RecordResult,
-    TransportFailure,
-    classify_request_error,
-    classify_response,
-    classify_transport_failure,
-    not_written,
-)
-from producer.retries import poll_until
-from producer.shards import Shard, StreamInfo
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.errors import StreamNotFoundError, StreamThrottledError, StreamUnavailableError
+from kinesis_store.kpl import UserRecord, arrival_ms_of, deaggregate
+from kinesis_store.shards import Shard, StreamInfo
+
+__all__ = ["KinesisReader"]
 
 log = logging.getLogger(__name__)
 
-# botocore's transport failures as our codes, the most specific first: a ConnectTimeoutError
-# is also a ConnectionError. Whether each was sent, and so whether it may be resent, is the
-# protocol's data (TransportFailure), not something read off a class name.
-_TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
-    (botocore.exceptions.ConnectTimeoutError, TransportFailure.CONNECT_TIMEOUT),
-    (botocore.exceptions.EndpointConnectionError, TransportFailure.CONNECTION_NOT_MADE),
-    (botocore.exceptions.ReadTimeoutError, TransportFailure.READ_TIMEOUT),
-    # any other: a reset, a closed connection, TLS, a proxy in the way, a cut response stream
-    (botocore.exceptions.HTTPClientError, TransportFailure.CONNECTION_LOST),
-    (botocore.exceptions.ConnectionError, TransportFailure.CONNECTION_LOST),
-)
-_TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
-_ACTIVE_POLL_S = 0.1
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
-
-
-class KinesisWriter:
-    """PutRecords for one stream, classifying every record's result."""
-
-    def __init__(self, client: Any, stream: str) -> None:
-        self._client = client
-        self.stream = stream
-
-    @property
-    def client(self) -> Any:
-        """The botocore client, for event hooks (metrics, injected faults)."""
-        return self._client
-
-    def put_entries(
-        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
-    ) -> list[RecordResult]:
-        """One PutRecords call; one classified result per entry, in request order. Every
-        failure is a result (written, not written, ambiguous), except a missing stream.
-
-        ``lease_expires_at_ms``: the end of the lease the entries are put under (the earliest
-        of their groups'), for the before-send check the client has (:mod:`producer.fence`:
-        the signature fence, or the lease deadline); a request it refuses is not sent:
-        NOT_WRITTEN, retriable.
-        """
-        try:
-            with sending_under(lease_expires_at_ms):
-                response = self._client.put_records(StreamName=self.stream, Records=entries)
-        except PutFencedError as exc:
-            log.warning(
-                "put not sent stream=%s records=%d code=%s error=%s",
-                self.stream,
-                len(entries),
-                exc.code,
-                exc,
-            )
-            return [not_written(exc.code, str(exc))] * len(entries)
-        except _TRANSPORT_ERRORS as exc:
-            failure = transport_failure_of(exc)
-            log.warning(
-                "put %s stream=%s records=%d code=%s error=%s",
-                "ambiguous" if failure.sent else "not sent",
-                self.stream,
-                len(entries),
-                failure,
-                exc,
-            )
-            return [classify_transport_failure(failure, str(exc))] * len(entries)
-        except botocore.exceptions.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code == "ResourceNotFoundException":
-                raise StreamNotFoundError(
-                    f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
-                ) from exc
-            result = classify_request_error(status, code, error.get("Message"))
-            log.warning(
-                "put failed stream=%s records=%d status=%s code=%s kind=%s",
-                self.stream,
-                len(entries),
-                status,
-                code,
-                result.kind,
-            )
-            return [result] * len(entries)
-        return classify_response(response, len(entries))
-
-
-def transport_failure_of(exc: BaseException) -> TransportFailure:
-    """The transport failure a botocore exception stands for (any unknown one may have been
-    sent: it counts as a lost connection)."""
-    return next(
-        (failure for error, failure in _TRANSPORT_FAILURES if isinstance(exc, error)),
-        TransportFailure.CONNECTION_LOST,
-    )
 
 
 class KinesisReader:
@@ -324,57 +220,6 @@ class KinesisReader:
             )
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
-        )
-
-
-# --- administration: for `keo init`, the demos, the bench and the tests --------------------------
-
-
-def create_stream(
-    client: Any,
-    stream: str,
-    shards: int | None,
-    *,
-    timeout_s: float = 120.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Create ``stream`` with ``shards`` shards (None: on demand) unless it exists (an existing
-    stream keeps its shard count), then wait until it is ACTIVE. True when this call created it.
-
-    Other botocore errors reach the caller as they are (``keo init`` reports them as AWS
-    errors); not ACTIVE in time is :class:`StreamUnavailableError`.
-    """
-    created = True
-    try:
-        if shards is None:
-            client.create_stream(StreamName=stream, StreamModeDetails={"StreamMode": "ON_DEMAND"})
-        else:
-            client.create_stream(StreamName=stream, ShardCount=shards)
-    except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise
-        created = False
-    wait_active(client, stream, timeout_s=timeout_s, sleep=sleep)
-    return created
-
-
-def wait_active(
-    client: Any,
-    stream: str,
-    *,
-    timeout_s: float = 120.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Wait until ``stream`` is ACTIVE (after a create, a split or a merge), polling every
-    0.1 s; :class:`StreamUnavailableError` when it is not within ``timeout_s``."""
-
-    def active() -> bool:
-        summary = client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
-        return bool(summary["StreamStatus"] == "ACTIVE")
-
-    if not poll_until(active, timeout_s=timeout_s, interval_s=_ACTIVE_POLL_S, sleep=sleep):
-        raise StreamUnavailableError(
-            f"stream {stream} is not ACTIVE after {timeout_s:g} s", stream=stream
         )
 
 

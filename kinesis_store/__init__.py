@@ -1,0 +1,70 @@
+"""The Kinesis adapter: what the exactly-once protocol needs from Kinesis, and nothing of the
+protocol itself.
+
+:class:`KinesisWriter` puts records and classifies every record's result
+(:mod:`kinesis_store.results`: written, not written, ambiguous); :class:`KinesisReader` reads a
+stream back (its description, its shards and their lineage, a shard's records in a window,
+deaggregated by :mod:`kinesis_store.kpl`, the one wrapper of aws-kinesis-agg);
+:func:`create_stream`, :func:`wait_active` and :func:`provision_stream` administer a stream.
+What Kinesis counts (its limits, routing, a record's size) is :mod:`kinesis_store.entries`.
+Its errors are the stream's branch of ``KeoError`` (:mod:`kinesis_store.errors`). It imports
+:mod:`dedupe_store` only for that root; the protocol (:mod:`producer`) builds on it.
+"""
+
+from __future__ import annotations
+
+from kinesis_store.entries import (
+    DEFAULT_MAX_RECORD_BYTES,
+    MAX_HASH_KEY,
+    MAX_PUT_REQUEST_BYTES,
+    MAX_RECORDS_PER_PUT,
+    hash_key_of,
+    put_entry,
+    record_size,
+)
+from kinesis_store.errors import (
+    AggregationFormatError,
+    PutFencedError,
+    StreamError,
+    StreamNotFoundError,
+    StreamThrottledError,
+    StreamUnavailableError,
+)
+from kinesis_store.kpl import Aggregate, UserRecord
+from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
+from kinesis_store.reader import KinesisReader
+from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
+from kinesis_store.shards import Shard, StreamInfo, lineage, open_shards, visible_to_kcl
+from kinesis_store.writer import KinesisWriter
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "MAX_HASH_KEY",
+    "MAX_PUT_REQUEST_BYTES",
+    "MAX_RECORDS_PER_PUT",
+    "Aggregate",
+    "AggregationFormatError",
+    "KinesisReader",
+    "KinesisWriter",
+    "PutFencedError",
+    "PutResultKind",
+    "RecordResult",
+    "Shard",
+    "StreamError",
+    "StreamInfo",
+    "StreamNotFoundError",
+    "StreamSpec",
+    "StreamThrottledError",
+    "StreamUnavailableError",
+    "TransportFailure",
+    "UserRecord",
+    "create_stream",
+    "hash_key_of",
+    "lineage",
+    "open_shards",
+    "provision_stream",
+    "put_entry",
+    "record_size",
+    "visible_to_kcl",
+    "wait_active",
+]

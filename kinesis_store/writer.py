@@ -1,0 +1,119 @@
+"""``KinesisWriter``: PutRecords for one stream, every record's result classified.
+
+It translates each botocore error once: into a put result classified with
+:mod:`kinesis_store.results` (which carries whether to resend), or, for a missing stream, into
+:class:`kinesis_store.errors.StreamNotFoundError`, keeping the cause; nothing past this module
+looks at botocore's exception classes on the put path. The put client must be built with SDK
+retries off: a retried PutRecords is exactly the duplicate this project exists to prevent.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import botocore.exceptions
+
+from kinesis_store.errors import PutFencedError, StreamNotFoundError
+from kinesis_store.put_lease import sending_under
+from kinesis_store.results import (
+    RecordResult,
+    TransportFailure,
+    classify_request_error,
+    classify_response,
+    classify_transport_failure,
+    not_written,
+)
+
+__all__ = ["KinesisWriter", "transport_failure_of"]
+
+log = logging.getLogger(__name__)
+
+# botocore's transport failures as our codes, the most specific first: a ConnectTimeoutError
+# is also a ConnectionError. Whether each was sent, and so whether it may be resent, is the
+# data of ours (TransportFailure, kinesis_store.results), not something read off a class name.
+_TRANSPORT_FAILURES: tuple[tuple[type[Exception], TransportFailure], ...] = (
+    (botocore.exceptions.ConnectTimeoutError, TransportFailure.CONNECT_TIMEOUT),
+    (botocore.exceptions.EndpointConnectionError, TransportFailure.CONNECTION_NOT_MADE),
+    (botocore.exceptions.ReadTimeoutError, TransportFailure.READ_TIMEOUT),
+    # any other: a reset, a closed connection, TLS, a proxy in the way, a cut response stream
+    (botocore.exceptions.HTTPClientError, TransportFailure.CONNECTION_LOST),
+    (botocore.exceptions.ConnectionError, TransportFailure.CONNECTION_LOST),
+)
+_TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
+
+
+class KinesisWriter:
+    """PutRecords for one stream, classifying every record's result."""
+
+    def __init__(self, client: Any, stream: str) -> None:
+        self._client = client
+        self.stream = stream
+
+    @property
+    def client(self) -> Any:
+        """The botocore client, for event hooks (metrics, injected faults)."""
+        return self._client
+
+    def put_entries(
+        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
+    ) -> list[RecordResult]:
+        """One PutRecords call; one classified result per entry, in request order. Every
+        failure is a result (written, not written, ambiguous), except a missing stream.
+
+        ``lease_expires_at_ms``: the end of the lease the entries are put under (the earliest
+        of their groups'), for the before-send check the client has (:mod:`producer.fence`:
+        the signature fence, or the lease deadline); a request it refuses is not sent:
+        NOT_WRITTEN, retriable.
+        """
+        try:
+            with sending_under(lease_expires_at_ms):
+                response = self._client.put_records(StreamName=self.stream, Records=entries)
+        except PutFencedError as exc:
+            log.warning(
+                "put not sent stream=%s records=%d code=%s error=%s",
+                self.stream,
+                len(entries),
+                exc.code,
+                exc,
+            )
+            return [not_written(exc.code, str(exc))] * len(entries)
+        except _TRANSPORT_ERRORS as exc:
+            failure = transport_failure_of(exc)
+            log.warning(
+                "put %s stream=%s records=%d code=%s error=%s",
+                "ambiguous" if failure.sent else "not sent",
+                self.stream,
+                len(entries),
+                failure,
+                exc,
+            )
+            return [classify_transport_failure(failure, str(exc))] * len(entries)
+        except botocore.exceptions.ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = error.get("Code")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "ResourceNotFoundException":
+                raise StreamNotFoundError(
+                    f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
+                ) from exc
+            result = classify_request_error(status, code, error.get("Message"))
+            log.warning(
+                "put failed stream=%s records=%d status=%s code=%s kind=%s",
+                self.stream,
+                len(entries),
+                status,
+                code,
+                result.kind,
+            )
+            return [result] * len(entries)
+        return classify_response(response, len(entries))
+
+
+def transport_failure_of(exc: BaseException) -> TransportFailure:
+    """The transport failure a botocore exception stands for (any unknown one may have been
+    sent: it counts as a lost connection)."""
+    return next(
+        (failure for error, failure in _TRANSPORT_FAILURES if isinstance(exc, error)),
+        TransportFailure.CONNECTION_LOST,
+    )
