@@ -49,19 +49,13 @@ from dedupe_store.records import Position
 from dedupe_store.states import LedgerState
 from devstack.failpoints import FailpointError, Failpoints
 from kinesis_store.reader import KinesisReader
+from kinesis_store.results import LEASE_FENCE, RecordResult
 from kinesis_store.writer import KinesisWriter
 from producer.fence import fence_for
 from producer.hooks import Hooks, Step
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
-from producer.protocol import (
-    LEASE_FENCE,
-    LeasePolicy,
-    Message,
-    RecordResult,
-    explicit_hash_key,
-    payload_digest,
-)
+from producer.protocol import LeasePolicy, Message, explicit_hash_key, payload_digest
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 
