@@ -21,6 +21,7 @@ from dedupe_store.errors import (
 )
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import (
+    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -31,12 +32,16 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    ReplayRun,
+    RunAttempt,
     RunRecord,
+    RunRegistration,
 )
 from dedupe_store.settings import LedgerSettings
-from dedupe_store.states import GroupState, KeyState, LedgerState
+from dedupe_store.states import GroupState, KeyState, LedgerState, RunState
 
 __all__ = [
+    "AttemptRenewal",
     "BatchRecord",
     "ClaimRequest",
     "ClaimResult",
@@ -61,7 +66,11 @@ __all__ = [
     "LedgerUnavailableError",
     "ManualClock",
     "Position",
+    "ReplayRun",
+    "RunAttempt",
     "RunRecord",
+    "RunRegistration",
+    "RunState",
     "SkewedClock",
     "SystemClock",
 ]

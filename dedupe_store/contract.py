@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from dedupe_store.records import (
+    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -22,7 +23,10 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    ReplayRun,
+    RunAttempt,
     RunRecord,
+    RunRegistration,
 )
 
 __all__ = ["Ledger", "LedgerReader"]
@@ -156,3 +160,34 @@ class Ledger(LedgerReader, Protocol):
     def mark_batch_complete(
         self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
     ) -> None: ...
+
+    # --- replay-mode runs: an item per run, its attempts on it ---------------------------------
+
+    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+        """Add ``attempt`` to ``run`` (opening it), unless the run is COMPLETE. The run comes
+        back with every attempt registered so far: the earlier ones are what recovery reads."""
+        ...
+
+    def supersede_attempts(
+        self, stream: str, run: str, attempt_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        """Mark earlier attempts superseded: none of them can renew its lease any more, so the
+        leases the run now shows are final. None when the run is gone."""
+        ...
+
+    def renew_attempt(
+        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> AttemptRenewal:
+        """A new lease from ``now_ms`` for an attempt of an OPEN run, not superseded, whose
+        lease is still valid by more than ``skew_ms``."""
+        ...
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+    ) -> ReplayRun:
+        """OPEN (or absent) -> COMPLETE; a run already COMPLETE stays as it was."""
+        ...
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        """The run, read consistently; None when it has no item."""
+        ...

@@ -12,6 +12,9 @@ The timeline the conditions guard::
     group renew:      OPEN and epoch = held and lease > now + skew ─────────> epoch + 1
     group take over:  OPEN and epoch = seen and lease + skew <= now ────────> epoch + 1
     group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
+    run register:     absent or OPEN, and no attempt of that id ─────────────> OPEN, + attempt
+    attempt renew:    run OPEN, attempt not superseded, lease > now + skew ──> lease from now
+    run complete:     absent, OPEN or COMPLETE ──────────────────────────────> COMPLETE (once)
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ NAMES: dict[str, str] = {
     "#expires": "expires_at",
     "#payload": "payload",
     "#token": "write_token",
+    "#superseded": "superseded",
+    "#completed": "completed_at_ms",
+    "#counts": "counts",
 }
 
 # --- conditions, from named parts ------------------------------------------------------------
@@ -72,6 +78,22 @@ TAKE_OVER_GROUP = "SET #epoch = :next_epoch, #owner = :owner, #lease = :lease, #
 RECORD = "SET #positions = :positions, #recorded = :now, #token = :token"
 SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 
+# replay-mode runs: each attempt is a map attribute of the run item, named "attempt:<id>"
+# (#me below), so that registering one never rewrites the others
+RUN_REGISTRABLE = f"({ITEM_ABSENT} OR #state = :open) AND attribute_not_exists(#me)"
+REGISTER_ATTEMPT = (
+    "SET #state = if_not_exists(#state, :open), #stream = :stream, #me = :attempt, "
+    "#expires = if_not_exists(#expires, :expires), #token = :token"
+)
+ATTEMPT_RENEWABLE = "#state = :open AND #me.#superseded = :false AND #me.#lease > :now_plus_skew"
+RENEW_ATTEMPT = "SET #me.#lease = :lease, #token = :token"
+RUN_COMPLETABLE = f"{ITEM_ABSENT} OR #state = :open OR #state = :complete"
+COMPLETE_RUN = (
+    "SET #state = :complete, #stream = :stream, #completed = if_not_exists(#completed, :now), "
+    "#counts = if_not_exists(#counts, :counts), #expires = if_not_exists(#expires, :expires), "
+    "#token = :token"
+)
+
 
 def s(value: str) -> dict[str, str]:
     return {"S": value}
@@ -94,7 +116,8 @@ def names_in(*expressions: str) -> dict[str, str]:
 
 def _tokens(text: str) -> set[str]:
     out: set[str] = set()
-    for raw in text.replace(",", " ").replace("(", " ").replace(")", " ").split():
+    # a document path ("#me.#lease") names each of its parts
+    for raw in text.replace(",", " ").replace("(", " ").replace(")", " ").replace(".", " ").split():
         if raw.startswith("#"):
             out.add(raw)
     return out
@@ -108,13 +131,15 @@ def update_kwargs(
     values: dict[str, Any],
     *,
     returns: str = "ALL_NEW",
+    names: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``names``: placeholders for attribute names known only at run time (a run's attempts)."""
     return {
         "TableName": table,
         "Key": {"pk": s(pk)},
         "UpdateExpression": update,
         "ConditionExpression": condition,
-        "ExpressionAttributeNames": names_in(update, condition),
+        "ExpressionAttributeNames": {**names_in(update, condition), **(names or {})},
         "ExpressionAttributeValues": values,
         "ReturnValues": returns,
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",

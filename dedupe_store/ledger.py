@@ -63,6 +63,7 @@ from dedupe_store.model import (
 from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
+    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -72,15 +73,21 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    ReplayRun,
+    RunAttempt,
     RunRecord,
+    RunRegistration,
 )
 from dedupe_store.states import (
     GroupState,
     GroupTransition,
     KeyState,
     KeyTransition,
+    RunState,
+    RunTransition,
     next_group_state,
     next_key_state,
+    next_run_state,
 )
 
 __all__ = [
@@ -123,6 +130,10 @@ def _run_pk(stream: str) -> str:
 
 def _batch_pk(stream: str, query: str, batch_id: int) -> str:
     return f"__keo__/spark-batch/{check_stream_name(stream)}/{query}/{batch_id}"
+
+
+def replay_run_pk(stream: str, run: str) -> str:
+    return f"__keo__/run/{check_stream_name(stream)}/{run}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
@@ -611,6 +622,95 @@ class DynamoDBLedger:
         with self._translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
 
+    # --- replay-mode runs: (stream, run) -> OPEN | COMPLETE, its attempts ----------------------
+
+    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+        next_run_state(None, RunTransition.REGISTER)
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":stream": x.s(stream),
+            ":attempt": _attempt_value(attempt),
+            ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
+        }
+        applied, item = self._update(
+            replay_run_pk(stream, run),
+            None,
+            x.REGISTER_ATTEMPT,
+            x.RUN_REGISTRABLE,
+            values,
+            names={"#me": _attempt_name(attempt.attempt_id)},
+        )
+        if item is None:  # pragma: no cover - a lost condition always has an item
+            raise LedgerUnavailableError(
+                f"run {run!r} vanished while registering", table=self.table_name
+            )
+        current = _run_of(stream, run, item)
+        return RunRegistration(applied or current.attempt(attempt.attempt_id) == attempt, current)
+
+    def supersede_attempts(
+        self, stream: str, run: str, attempt_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        if not attempt_ids:
+            return self.get_run(stream, run)
+        names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
+        update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
+        condition = " AND ".join(f"attribute_exists({n})" for n in names)
+        _, item = self._update(
+            replay_run_pk(stream, run),
+            None,
+            update,
+            condition,
+            {":true": {"BOOL": True}},
+            names=names,
+        )
+        return None if item is None else _run_of(stream, run, item)
+
+    def renew_attempt(
+        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> AttemptRenewal:
+        next_run_state(RunState.OPEN, RunTransition.RENEW)
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":false": {"BOOL": False},
+            ":now_plus_skew": x.n(now_ms + skew_ms),
+            ":lease": x.n(now_ms + lease_ms),
+        }
+        applied, item = self._update(
+            replay_run_pk(stream, run),
+            None,
+            x.RENEW_ATTEMPT,
+            x.ATTEMPT_RENEWABLE,
+            values,
+            names={"#me": _attempt_name(attempt_id)},
+        )
+        return AttemptRenewal(applied, None if item is None else _run_of(stream, run, item))
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+    ) -> ReplayRun:
+        next_run_state(RunState.OPEN, RunTransition.COMPLETE)
+        values = {
+            ":complete": x.s(RunState.COMPLETE.value),
+            ":stream": x.s(stream),
+            ":now": x.n(now_ms),
+            ":counts": x.s(json.dumps(counts, sort_keys=True)),
+            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
+        }
+        # every writer of COMPLETE writes the same fact; the first one's time and counts stay
+        values[":open"] = x.s(RunState.OPEN.value)
+        _, item = self._update(
+            replay_run_pk(stream, run), None, x.COMPLETE_RUN, x.RUN_COMPLETABLE, values
+        )
+        if item is None:  # pragma: no cover - an applied update returns the item
+            raise LedgerUnavailableError(
+                f"run {run!r} vanished while completing", table=self.table_name
+            )
+        return _run_of(stream, run, item)
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        item = self._get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
+        return None if item is None else _run_of(stream, run, item)
+
     # --- groups -----------------------------------------------------------------------------
 
     def open_group(
@@ -810,6 +910,7 @@ class DynamoDBLedger:
         values: dict[str, Any],
         *,
         returns: str = "ALL_NEW",
+        names: dict[str, str] | None = None,
     ) -> tuple[bool, dict[str, Any] | None]:
         """One conditional UpdateItem: (True, the item ``returns`` asks for: the new one, or
         with ``UPDATED_OLD`` the old values of the attributes written, None for a new item),
@@ -821,7 +922,9 @@ class DynamoDBLedger:
         """
         token = secrets.token_hex(8)
         values[":token"] = x.s(token)
-        kwargs = x.update_kwargs(self.table_name, pk, update, condition, values, returns=returns)
+        kwargs = x.update_kwargs(
+            self.table_name, pk, update, condition, values, returns=returns, names=names
+        )
         with self._translated("update", key):
             try:
                 # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity,
@@ -991,4 +1094,54 @@ def _group_of(item: Mapping[str, Any]) -> Group:
         recorded_at_ms=_number(item, "recorded_at_ms"),
         expires_at_s=_number(item, TTL_ATTRIBUTE),
         write_token=_text(item, "write_token"),
+    )
+
+
+_ATTEMPT_PREFIX = "attempt:"
+
+
+def _attempt_name(attempt_id: str) -> str:
+    return f"{_ATTEMPT_PREFIX}{attempt_id}"
+
+
+def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
+    return {
+        "M": {
+            "execution_id": x.s(attempt.execution_id),
+            "task": x.s(attempt.task),
+            "task_attempt": x.n(attempt.task_attempt),
+            "started_at_ms": x.n(attempt.started_at_ms),
+            "lease_expires_at_ms": x.n(attempt.lease_expires_at_ms),
+            "superseded": {"BOOL": attempt.superseded},
+        }
+    }
+
+
+def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
+    attempts = []
+    for name, value in item.items():
+        if not name.startswith(_ATTEMPT_PREFIX):
+            continue
+        fields = value["M"]
+        attempts.append(
+            RunAttempt(
+                attempt_id=name.removeprefix(_ATTEMPT_PREFIX),
+                execution_id=fields["execution_id"]["S"],
+                task=fields["task"]["S"],
+                task_attempt=int(fields["task_attempt"]["N"]),
+                started_at_ms=int(fields["started_at_ms"]["N"]),
+                lease_expires_at_ms=int(fields["lease_expires_at_ms"]["N"]),
+                superseded=bool(fields["superseded"]["BOOL"]),
+            )
+        )
+    attempts.sort(key=lambda a: (a.started_at_ms, a.attempt_id))
+    completed = item.get("completed_at_ms", {}).get("N")
+    counts = item.get("counts", {}).get("S")
+    return ReplayRun(
+        stream=stream,
+        run=run,
+        state=RunState(item["state"]["S"]),
+        attempts=tuple(attempts),
+        completed_at_ms=int(completed) if completed is not None else None,
+        counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
     )

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dedupe_store.states import GroupState, KeyState, LedgerState, delivery_state
+from dedupe_store.states import GroupState, KeyState, LedgerState, RunState, delivery_state
 
 # A message key is its Kinesis partition key: 1 to 256 Unicode characters. The producer
 # validates keys against it; the API refuses longer ones before asking the ledger.
@@ -232,3 +232,57 @@ class BatchRecord:
     batch_id: int
     completed_ms: int
     counts: dict[str, int]
+
+
+# --- replay mode: a run and its attempts --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One attempt at a replay-mode run: a Spark task attempt (``task`` its partition,
+    ``task_attempt`` Spark's attempt number) of one driver execution, or a CLI process. It
+    puts under its own lease; once ``superseded`` by a later attempt it can no longer renew."""
+
+    attempt_id: str
+    execution_id: str
+    task: str
+    task_attempt: int
+    started_at_ms: int
+    lease_expires_at_ms: int
+    superseded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    """A replay-mode run (``run``: ``<query>/<batch id>``, or a named CLI run): OPEN while its
+    attempts put, COMPLETE once its driver committed it. ``attempts`` in the order they
+    started."""
+
+    stream: str
+    run: str
+    state: RunState
+    attempts: tuple[RunAttempt, ...] = ()
+    completed_at_ms: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def attempt(self, attempt_id: str) -> RunAttempt | None:
+        return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRegistration:
+    """An attempt's registration: ``registered`` False when the run is already COMPLETE (a
+    replay of a committed batch sends nothing); ``run`` as the registration left it, every
+    attempt before this one included."""
+
+    registered: bool
+    run: ReplayRun
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRenewal:
+    """A renewal of an attempt's lease: applied (``run`` shows the new lease), or refused
+    because the attempt was superseded, its lease ran out, or the run is COMPLETE."""
+
+    applied: bool
+    run: ReplayRun | None

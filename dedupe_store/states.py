@@ -10,6 +10,13 @@ known, the key's position::
            OPEN(e) --renew (lease still valid) / take_over (lease expired)--> OPEN(e + 1)
            OPEN(e) --record (positions so far)--> OPEN(e)    OPEN(e) --settle--> SETTLED
 
+A replay-mode run (a Spark micro-batch, a batch write, a named CLI run) is one item: its
+attempts register on it, renew their own lease until a later attempt supersedes them, and the
+run ends COMPLETE::
+
+    run:   (none) --register--> OPEN    OPEN --register / renew / supersede--> OPEN
+           OPEN --complete--> COMPLETE  COMPLETE --complete--> COMPLETE (every writer agrees)
+
 A key is DELIVERED when its key item is CLAIMED by group G and G records a position for it:
 :func:`delivery_state` derives what readers (the API, the audit) see from the two items.
 Pure: no I/O. The DynamoDB conditions in :mod:`dedupe_store.ledger` encode the same tables.
@@ -27,9 +34,12 @@ __all__ = [
     "KeyState",
     "KeyTransition",
     "LedgerState",
+    "RunState",
+    "RunTransition",
     "delivery_state",
     "next_group_state",
     "next_key_state",
+    "next_run_state",
 ]
 
 
@@ -53,6 +63,11 @@ class GroupState(StrEnum):
     SETTLED = "SETTLED"
 
 
+class RunState(StrEnum):
+    OPEN = "OPEN"
+    COMPLETE = "COMPLETE"
+
+
 class KeyTransition(StrEnum):
     CLAIM = "claim"
     TAKE_OVER = "take_over"
@@ -66,6 +81,13 @@ class GroupTransition(StrEnum):
     TAKE_OVER = "take_over"
     RECORD = "record"
     SETTLE = "settle"
+
+
+class RunTransition(StrEnum):
+    REGISTER = "register"
+    RENEW = "renew"
+    SUPERSEDE = "supersede"
+    COMPLETE = "complete"
 
 
 # None stands for "no item", and for an item past its dedupe TTL.
@@ -86,6 +108,17 @@ GROUP_TRANSITIONS: dict[tuple[GroupState | None, GroupTransition], GroupState] =
 }
 
 
+RUN_TRANSITIONS: dict[tuple[RunState | None, RunTransition], RunState] = {
+    (None, RunTransition.REGISTER): RunState.OPEN,
+    (RunState.OPEN, RunTransition.REGISTER): RunState.OPEN,
+    (RunState.OPEN, RunTransition.RENEW): RunState.OPEN,
+    (RunState.OPEN, RunTransition.SUPERSEDE): RunState.OPEN,
+    (None, RunTransition.COMPLETE): RunState.COMPLETE,
+    (RunState.OPEN, RunTransition.COMPLETE): RunState.COMPLETE,
+    (RunState.COMPLETE, RunTransition.COMPLETE): RunState.COMPLETE,
+}
+
+
 def next_key_state(current: KeyState | None, transition: KeyTransition) -> KeyState:
     """The key item's state after ``transition``; raises if the machine forbids it."""
     try:
@@ -98,6 +131,14 @@ def next_group_state(current: GroupState | None, transition: GroupTransition) ->
     """The group item's state after ``transition``; raises if the machine forbids it."""
     try:
         return GROUP_TRANSITIONS[(current, transition)]
+    except KeyError:
+        raise InvalidTransitionError(current, transition) from None
+
+
+def next_run_state(current: RunState | None, transition: RunTransition) -> RunState:
+    """A replay run's state after ``transition``; raises if the machine forbids it."""
+    try:
+        return RUN_TRANSITIONS[(current, transition)]
     except KeyError:
         raise InvalidTransitionError(current, transition) from None
 

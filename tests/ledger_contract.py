@@ -19,8 +19,9 @@ from dedupe_store.records import (
     Group,
     KeyClaim,
     Position,
+    RunAttempt,
 )
-from dedupe_store.states import GroupState, KeyState, LedgerState
+from dedupe_store.states import GroupState, KeyState, LedgerState, RunState
 from producer.protocol import Message, explicit_hash_key, payload_digest
 
 T0_MS = 1_700_000_000_000  # a fixed "now": the ledger takes time as an argument
@@ -455,4 +456,119 @@ def test_batch_records_are_per_query_stream_and_batch_and_never_read_as_keys(
     assert ledger.completed_batch(STREAM, "query-b", 1, now_ms=T0_MS) is None
     assert ledger.completed_batch("other-stream", "query-a", 1, now_ms=T0_MS) is None
     # AND the audit's scan of the stream's keys does not see it
+    assert list(ledger.scan(STREAM)) == []
+
+
+# --- replay-mode runs ---------------------------------------------------------------------------
+
+RUN = "query-a/7"
+
+
+def attempt(
+    attempt_id: str,
+    *,
+    execution: str = "exec-1",
+    task: str = "0",
+    task_attempt: int = 0,
+    started_at_ms: int = T0_MS,
+) -> RunAttempt:
+    return RunAttempt(
+        attempt_id=attempt_id,
+        execution_id=execution,
+        task=task,
+        task_attempt=task_attempt,
+        started_at_ms=started_at_ms,
+        lease_expires_at_ms=started_at_ms + LEASE_MS,
+    )
+
+
+def test_attempts_register_on_their_run_each_seeing_those_before_it(ledger: Ledger) -> None:
+    # GIVEN a task attempt registered on a run
+    first = attempt("a1")
+    registered = ledger.register_attempt(STREAM, RUN, first)
+    assert registered.registered
+    assert (registered.run.state, registered.run.attempts) == (RunState.OPEN, (first,))
+    # WHEN its retry registers a second later
+    retry = attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1_000)
+    again = ledger.register_attempt(STREAM, RUN, retry)
+    # THEN the run shows both, in the order they started: the first is what the retry recovers
+    assert again.registered
+    assert again.run.attempts == (first, retry)
+    assert ledger.get_run(STREAM, RUN) == again.run
+
+
+def test_registering_the_same_attempt_twice_is_one_registration(ledger: Ledger) -> None:
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    # an SDK retry of an applied registration, or the same process asking again
+    again = ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    assert again.registered
+    assert len(again.run.attempts) == 1
+
+
+def test_a_complete_run_takes_no_attempt_and_stays_complete(ledger: Ledger) -> None:
+    # GIVEN a run its driver committed
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    completed = ledger.complete_run(STREAM, RUN, counts={"sent": 3}, now_ms=T0_MS + 5_000)
+    assert (completed.state, completed.completed_at_ms, completed.counts) == (
+        RunState.COMPLETE,
+        T0_MS + 5_000,
+        {"sent": 3},
+    )
+    # WHEN a replay of it registers an attempt
+    replay = ledger.register_attempt(STREAM, RUN, attempt("b1", execution="exec-2"))
+    # THEN it is refused: the replay sends nothing
+    assert not replay.registered
+    assert replay.run.state is RunState.COMPLETE
+    assert [a.attempt_id for a in replay.run.attempts] == ["a1"]
+    # AND completing it again keeps the first commit's time and counts
+    assert ledger.complete_run(STREAM, RUN, counts={}, now_ms=T0_MS + 9_000) == completed
+
+
+def test_an_attempt_renews_its_lease_while_valid_and_not_superseded(ledger: Ledger) -> None:
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    # WHEN it renews with more than the skew left
+    now_ms = T0_MS + LEASE_MS - SKEW_MS - 1
+    renewed = ledger.renew_attempt(
+        STREAM, RUN, "a1", now_ms=now_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    # THEN its lease runs from now
+    assert renewed.applied
+    assert renewed.run is not None
+    found = renewed.run.attempt("a1")
+    assert found is not None
+    assert found.lease_expires_at_ms == now_ms + LEASE_MS
+    # AND once its lease is within the skew of its end, it cannot
+    late_ms = now_ms + LEASE_MS - SKEW_MS
+    late = ledger.renew_attempt(
+        STREAM, RUN, "a1", now_ms=late_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    assert not late.applied
+
+
+def test_a_superseded_attempt_can_no_longer_renew(ledger: Ledger) -> None:
+    # GIVEN a task attempt, and its retry that supersedes it
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    ledger.register_attempt(STREAM, RUN, attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1))
+    superseded = ledger.supersede_attempts(STREAM, RUN, ["a1"])
+    assert superseded is not None
+    first = superseded.attempt("a1")
+    assert first is not None
+    assert first.superseded
+    # WHEN the first (a stalled process, waking) tries to renew
+    renewal = ledger.renew_attempt(
+        STREAM, RUN, "a1", now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    # THEN it is refused: the lease the retry read is final
+    assert not renewal.applied
+    assert ledger.get_run(STREAM, RUN) == superseded
+    # AND the retry itself still renews
+    assert ledger.renew_attempt(
+        STREAM, RUN, "a2", now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    ).applied
+
+
+def test_runs_are_per_stream_and_never_read_as_keys(ledger: Ledger) -> None:
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    assert ledger.get_run("other-stream", RUN) is None
+    assert ledger.get_run(STREAM, "query-a/8") is None
     assert list(ledger.scan(STREAM)) == []

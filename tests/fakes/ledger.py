@@ -47,6 +47,7 @@ from dedupe_store.errors import (
 from dedupe_store.inflight import Cursor, bucket_of, walk_index
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
+    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -56,15 +57,21 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    ReplayRun,
+    RunAttempt,
     RunRecord,
+    RunRegistration,
 )
 from dedupe_store.states import (
     GroupState,
     GroupTransition,
     KeyState,
     KeyTransition,
+    RunState,
+    RunTransition,
     next_group_state,
     next_key_state,
+    next_run_state,
 )
 
 KEY_WRITES = frozenset({"claim", "take_over_key", "release", "mark_unverifiable"})
@@ -81,6 +88,12 @@ READ_OPERATIONS = frozenset(
         "batch_get_claims",
         "get_group",
         "batch_get_groups",
+        # a replay run's calls: a fault there raises, nothing applied
+        "register_attempt",
+        "supersede_attempts",
+        "renew_attempt",
+        "complete_run",
+        "get_run",
     }
 )
 
@@ -119,6 +132,7 @@ class InMemoryLedger:
         self._groups: dict[tuple[str, str], Group] = {}
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
+        self._replay_runs: dict[tuple[str, str], ReplayRun] = {}
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
@@ -346,6 +360,95 @@ class InMemoryLedger:
             self._read_fault("mark_batch_complete")
             record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
             self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
+
+    # --- replay-mode runs -------------------------------------------------------------------
+
+    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+        next_run_state(None, RunTransition.REGISTER)
+        with self._lock:
+            self._read_fault("register_attempt")
+            current = self._replay_runs.get((check_stream_name(stream), run))
+            if current is not None and (
+                current.state is RunState.COMPLETE or current.attempt(attempt.attempt_id)
+            ):
+                return RunRegistration(current.attempt(attempt.attempt_id) == attempt, current)
+            attempts = (*current.attempts, attempt) if current is not None else (attempt,)
+            registered = ReplayRun(
+                stream,
+                run,
+                RunState.OPEN,
+                tuple(sorted(attempts, key=lambda a: (a.started_at_ms, a.attempt_id))),
+            )
+            self._replay_runs[(stream, run)] = registered
+            return RunRegistration(True, registered)
+
+    def supersede_attempts(
+        self, stream: str, run: str, attempt_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        with self._lock:
+            self._read_fault("supersede_attempts")
+            current = self._replay_runs.get((check_stream_name(stream), run))
+            if current is None or not all(current.attempt(a) for a in attempt_ids):
+                return current
+            wanted = set(attempt_ids)
+            updated = dataclasses.replace(
+                current,
+                attempts=tuple(
+                    dataclasses.replace(a, superseded=True) if a.attempt_id in wanted else a
+                    for a in current.attempts
+                ),
+            )
+            self._replay_runs[(stream, run)] = updated
+            return updated
+
+    def renew_attempt(
+        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+    ) -> AttemptRenewal:
+        next_run_state(RunState.OPEN, RunTransition.RENEW)
+        with self._lock:
+            self._read_fault("renew_attempt")
+            current = self._replay_runs.get((check_stream_name(stream), run))
+            mine = current.attempt(attempt_id) if current is not None else None
+            if (
+                current is None
+                or mine is None
+                or current.state is not RunState.OPEN
+                or mine.superseded
+                or mine.lease_expires_at_ms <= now_ms + skew_ms
+            ):
+                return AttemptRenewal(False, current)
+            renewed = dataclasses.replace(mine, lease_expires_at_ms=now_ms + lease_ms)
+            updated = dataclasses.replace(
+                current,
+                attempts=tuple(renewed if a is mine else a for a in current.attempts),
+            )
+            self._replay_runs[(stream, run)] = updated
+            return AttemptRenewal(True, updated)
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+    ) -> ReplayRun:
+        with self._lock:
+            self._read_fault("complete_run")
+            current = self._replay_runs.get((check_stream_name(stream), run))
+            next_run_state(current.state if current else None, RunTransition.COMPLETE)
+            if current is not None and current.state is RunState.COMPLETE:
+                return current
+            completed = ReplayRun(
+                stream,
+                run,
+                RunState.COMPLETE,
+                current.attempts if current is not None else (),
+                completed_at_ms=now_ms,
+                counts=dict(counts),
+            )
+            self._replay_runs[(stream, run)] = completed
+            return completed
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        with self._lock:
+            self._read_fault("get_run")
+            return self._replay_runs.get((check_stream_name(stream), run))
 
     # --- groups -----------------------------------------------------------------------------
 
