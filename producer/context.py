@@ -30,7 +30,7 @@ from producer.retries import wait_full_jitter
 if TYPE_CHECKING:
     from tenacity.wait import wait_base
 
-__all__ = ["ProducerPolicy", "SendContext"]
+__all__ = ["LedgerCalls", "ProducerPolicy", "SendContext"]
 
 log = logging.getLogger("producer.producer")
 
@@ -52,59 +52,18 @@ class ProducerPolicy:
     groups_in_flight: int = 2  # a group's claims start once the one before it has claimed
 
 
-class SendContext:
-    """The stream, clients, clock, policy and waits one producer's sends share."""
+class LedgerCalls:
+    """The ledger calls the producer and the reconciler make alike, timed into the metrics,
+    a failure returned as a value: the caller decides what it means for each message."""
 
     def __init__(
-        self,
-        *,
-        stream: str,
-        owner: str,
-        ledger: Ledger,
-        writer: KinesisWriter,
-        clock: Clock,
-        policy: ProducerPolicy,
-        resolver: ReadBackResolver | None,
-        executor: Executor,
-        hooks: Hooks,
-        sleep: Callable[[float], None],
-        rng: random.Random,
-        shards: OpenShards | None,
-        max_record_bytes: int,
+        self, *, stream: str, owner: str, ledger: Ledger, clock: Clock, lease: LeasePolicy
     ) -> None:
         self.stream = stream
         self.owner = owner
         self.ledger = ledger
-        self.writer = writer
         self.clock = clock
-        self.policy = policy
-        self.resolver = resolver
-        self.hooks = hooks
-        self.sleep = sleep
-        self.shards = shards  # aggregation is on when the stream's shards are given
-        self.max_record_bytes = max_record_bytes
-        self.interrupted = threading.Event()
-        self._executor = executor
-        self.resend_wait: wait_base = wait_full_jitter(
-            initial_s=policy.retry_initial_ms / 1000, max_s=policy.retry_max_ms / 1000, rng=rng
-        )
-        # waiting on another owner's claim: no contention to spread, so no jitter
-        self.claim_wait: wait_base = wait_exponential(
-            multiplier=policy.wait_initial_ms / 1000, max=policy.wait_max_ms / 1000
-        )
-
-    @property
-    def lease(self) -> LeasePolicy:
-        return self.policy.lease
-
-    def map(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-        """``fn`` over ``items`` on the ledger pool: its latency is hidden by concurrency."""
-        items = list(items)
-        if len(items) <= 1:
-            return [fn(item) for item in items]
-        return list(self._executor.map(fn, items))
-
-    # --- the ledger calls of a send, timed; a failure is a value ------------------------------
+        self.lease = lease
 
     def open_group(self, keys: list[str]) -> Group | LedgerError:
         started = time.perf_counter()
@@ -120,25 +79,6 @@ class SendContext:
             return exc
         finally:
             metrics.LEDGER_SECONDS.labels("open").observe(time.perf_counter() - started)
-
-    def claim(self, item: PreparedMessage, group: Group) -> ClaimResult | LedgerError:
-        payload = None
-        limit = self.policy.store_payload_max_bytes
-        if limit is not None and len(item.message.data) <= limit:
-            payload = item.message.data
-        request = ClaimRequest(
-            self.stream, item.key, item.payload_digest, item.explicit_hash_key, payload
-        )
-        started = time.perf_counter()
-        try:
-            result = self.ledger.claim(request, group, now_ms=self.clock.now_ms())
-        except LedgerError as exc:
-            metrics.CLAIMS.labels(self.stream, "error").inc()
-            return exc
-        finally:
-            metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
-        metrics.CLAIMS.labels(self.stream, result.status.value.lower()).inc()
-        return result
 
     def renew(self, group: Group) -> Group | None:
         """``group`` with a new lease from now, or None when it cannot be renewed (it expired,
@@ -169,3 +109,68 @@ class SendContext:
             return self.ledger.get_group(self.stream, claim.group_id)
         except LedgerError:
             return None
+
+
+class SendContext(LedgerCalls):
+    """The stream, clients, clock, policy and waits one producer's sends share."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        owner: str,
+        ledger: Ledger,
+        writer: KinesisWriter,
+        clock: Clock,
+        policy: ProducerPolicy,
+        resolver: ReadBackResolver | None,
+        executor: Executor,
+        hooks: Hooks,
+        sleep: Callable[[float], None],
+        rng: random.Random,
+        shards: OpenShards | None,
+        max_record_bytes: int,
+    ) -> None:
+        super().__init__(stream=stream, owner=owner, ledger=ledger, clock=clock, lease=policy.lease)
+        self.writer = writer
+        self.policy = policy
+        self.resolver = resolver
+        self.hooks = hooks
+        self.sleep = sleep
+        self.shards = shards  # aggregation is on when the stream's shards are given
+        self.max_record_bytes = max_record_bytes
+        self.interrupted = threading.Event()
+        self._executor = executor
+        self.resend_wait: wait_base = wait_full_jitter(
+            initial_s=policy.retry_initial_ms / 1000, max_s=policy.retry_max_ms / 1000, rng=rng
+        )
+        # waiting on another owner's claim: no contention to spread, so no jitter
+        self.claim_wait: wait_base = wait_exponential(
+            multiplier=policy.wait_initial_ms / 1000, max=policy.wait_max_ms / 1000
+        )
+
+    def map(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+        """``fn`` over ``items`` on the ledger pool: its latency is hidden by concurrency."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        return list(self._executor.map(fn, items))
+
+    def claim(self, item: PreparedMessage, group: Group) -> ClaimResult | LedgerError:
+        payload = None
+        limit = self.policy.store_payload_max_bytes
+        if limit is not None and len(item.message.data) <= limit:
+            payload = item.message.data
+        request = ClaimRequest(
+            self.stream, item.key, item.payload_digest, item.explicit_hash_key, payload
+        )
+        started = time.perf_counter()
+        try:
+            result = self.ledger.claim(request, group, now_ms=self.clock.now_ms())
+        except LedgerError as exc:
+            metrics.CLAIMS.labels(self.stream, "error").inc()
+            return exc
+        finally:
+            metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
+        metrics.CLAIMS.labels(self.stream, result.status.value.lower()).inc()
+        return result

@@ -16,6 +16,7 @@ from dedupe_store.records import ClaimResult, Group, KeyClaim, Position
 from kinesis_store.entries import put_entry
 from kinesis_store.results import PutResultKind
 from kinesis_store.writer import KinesisWriter
+from producer.context import LedgerCalls
 from producer.protocol import LeasePolicy
 from producer.takeover import move_into_fresh_group
 
@@ -56,6 +57,9 @@ class PayloadResender:
         self._lease = lease
         self._map = map_each
         self._where = where
+        self._calls = LedgerCalls(
+            stream=stream, owner=owner, ledger=ledger, clock=clock, lease=lease
+        )
 
     def resend(self, claims: list[KeyClaim], report: ResendCounts) -> set[str]:
         """Send stored payloads again under a new group of ours: open it, take each key over
@@ -64,8 +68,8 @@ class PayloadResender:
         try:
             moved = move_into_fresh_group(
                 claims,
-                open_group=self._open_group,
-                take_over=self._take_over_key,
+                open_group=self._calls.open_group,
+                take_over=self._calls.take_over_key,
                 map_each=self._map,
             )
         except LedgerError as exc:
@@ -132,28 +136,6 @@ class PayloadResender:
 
     def _lease_to_send(self, group: Group) -> Group | None:
         """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
-        now_ms = self._clock.now_ms()
-        if self._lease.safe_to_send(group.lease_expires_at_ms, now_ms):
+        if self._lease.safe_to_send(group.lease_expires_at_ms, self._clock.now_ms()):
             return group
-        try:
-            renewed = self._ledger.renew_lease(
-                group, now_ms=now_ms, lease_ms=self._lease.lease_ms, skew_ms=self._lease.skew_ms
-            )
-        except LedgerError:
-            return None
-        return renewed.current if renewed.applied else None
-
-    def _take_over_key(self, claim: KeyClaim, group: Group) -> ClaimResult | LedgerError:
-        try:
-            return self._ledger.take_over_key(claim, group, now_ms=self._clock.now_ms())
-        except LedgerError as exc:
-            return exc
-
-    def _open_group(self, keys: list[str]) -> Group:
-        return self._ledger.open_group(
-            self.stream,
-            keys,
-            owner=self.owner,
-            now_ms=self._clock.now_ms(),
-            lease_ms=self._lease.lease_ms,
-        )
+        return self._calls.renew(group)

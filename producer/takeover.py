@@ -41,17 +41,19 @@ class Moved:
 def move_into_fresh_group(
     claims: Sequence[KeyClaim],
     *,
-    open_group: Callable[[list[str]], Group],
+    open_group: Callable[[list[str]], Group | LedgerError],
     take_over: Callable[[KeyClaim, Group], ClaimResult | LedgerError],
     map_each: Callable[
         [Callable[[KeyClaim], ClaimResult | LedgerError], list[KeyClaim]],
         list[ClaimResult | LedgerError],
     ],
 ) -> Moved:
-    """Open a group (``open_group`` raises :class:`LedgerError` when it cannot), then take
+    """Open a group (raises the :class:`LedgerError` when it cannot be opened), then take
     each claim over into it. A take-over that failed may have applied: the group keeps such a
     key open, so the reconciler settles it."""
     group = open_group([claim.key for claim in claims])
+    if isinstance(group, LedgerError):
+        raise group
     moved = Moved(group)
     for index, result in enumerate(map_each(lambda claim: take_over(claim, group), list(claims))):
         if isinstance(result, LedgerError):
@@ -134,17 +136,10 @@ class TakeOvers:
         those to wait on (another party moved them first and holds them); the others have
         their outcome."""
         context, state = self._context, self._state
-
-        def open_group(keys: list[str]) -> Group:
-            opened = context.open_group(keys)
-            if isinstance(opened, LedgerError):
-                raise opened
-            return opened
-
         try:
             moved = move_into_fresh_group(
                 [m.claim for m in messages],
-                open_group=open_group,
+                open_group=context.open_group,
                 take_over=context.take_over_key,
                 map_each=context.map,
             )
