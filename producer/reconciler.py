@@ -35,6 +35,7 @@ from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position
 from dedupe_store.states import GroupState, KeyState
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
+from producer.context import LedgerCalls
 from producer.decisions import ReadBackAction, read_back_action
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
@@ -127,12 +128,8 @@ class Reconciler:
         self._buckets = buckets
         self._chunk_size = chunk_size
         self._resender = PayloadResender(
-            stream=stream,
-            ledger=ledger,
+            LedgerCalls(stream=stream, owner=owner, ledger=ledger, clock=clock, lease=lease),
             writer=writer,
-            clock=clock,
-            lease=lease,
-            owner=owner,
             map_each=self._map,
             where=self._where,
         )

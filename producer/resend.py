@@ -9,15 +9,12 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from dedupe_store.clock import Clock
-from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimResult, Group, KeyClaim, Position
 from kinesis_store.entries import put_entry
 from kinesis_store.results import PutResultKind
 from kinesis_store.writer import KinesisWriter
 from producer.context import LedgerCalls
-from producer.protocol import LeasePolicy
 from producer.takeover import move_into_fresh_group
 
 __all__ = ["PayloadResender", "ResendCounts"]
@@ -39,27 +36,16 @@ class PayloadResender:
 
     def __init__(
         self,
+        calls: LedgerCalls,
         *,
-        stream: str,
-        ledger: Ledger,
         writer: KinesisWriter,
-        clock: Clock,
-        lease: LeasePolicy,
-        owner: str,
         map_each: Callable[..., list[ClaimResult | LedgerError]],
         where: Callable[[], Mapping[str, str]],
     ) -> None:
-        self.stream = stream
-        self.owner = owner
-        self._ledger = ledger
+        self._calls = calls  # the reconciler's stream, owner, ledger, clock and lease
         self._writer = writer
-        self._clock = clock
-        self._lease = lease
         self._map = map_each
         self._where = where
-        self._calls = LedgerCalls(
-            stream=stream, owner=owner, ledger=ledger, clock=clock, lease=lease
-        )
 
     def resend(self, claims: list[KeyClaim], report: ResendCounts) -> set[str]:
         """Send stored payloads again under a new group of ours: open it, take each key over
@@ -75,7 +61,7 @@ class PayloadResender:
         except LedgerError as exc:
             log.warning(
                 "resend group failed stream=%s error=%s",
-                self.stream,
+                self._calls.stream,
                 exc,
                 extra=dict(self._where()),
             )
@@ -91,8 +77,8 @@ class PayloadResender:
         elif not unknown:
             # someone else moved every key on first: the new group has nothing to send
             with contextlib.suppress(LedgerError):
-                self._ledger.record_positions(
-                    moved.group, {}, settle=True, now_ms=self._clock.now_ms()
+                self._calls.ledger.record_positions(
+                    moved.group, {}, settle=True, now_ms=self._calls.clock.now_ms()
                 )
         return {claims[i].key for i in (*moved.won, *moved.lost)}
 
@@ -116,16 +102,16 @@ class PayloadResender:
         }
         report.pending += len(held) - len(positions)
         try:
-            settled = self._ledger.record_positions(
+            settled = self._calls.ledger.record_positions(
                 sendable,
                 positions,
                 settle=len(positions) == len(held) and not unknown,
-                now_ms=self._clock.now_ms(),
+                now_ms=self._calls.clock.now_ms(),
             )
         except LedgerError as exc:
             log.warning(
                 "resend settle failed stream=%s group=%s error=%s",
-                self.stream,
+                self._calls.stream,
                 group.group_id,
                 exc,
                 extra={**self._where(), "group": group.group_id},
@@ -136,6 +122,6 @@ class PayloadResender:
 
     def _lease_to_send(self, group: Group) -> Group | None:
         """Our resend group, with a lease that outlives a put sent now (renewed if short)."""
-        if self._lease.safe_to_send(group.lease_expires_at_ms, self._clock.now_ms()):
+        if self._calls.lease.safe_to_send(group.lease_expires_at_ms, self._calls.clock.now_ms()):
             return group
         return self._calls.renew(group)
