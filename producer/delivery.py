@@ -24,6 +24,7 @@ import time
 
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimResult, ClaimStatus, KeyClaim
+from kinesis_store.results import RecordResult
 from producer import metrics, outcomes
 from producer.claims import ChunkState, ClaimedMessage, OwnGroup
 from producer.context import SendContext
@@ -51,7 +52,7 @@ class ChunkDelivery:
         self._state = ChunkState()
         self._takeovers = TakeOvers(context, self._state)
         self._held = HeldClaims(context, self._state, self._takeovers)
-        self._puts = PutLoop(context, self._state, leases=self)
+        self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
 
     def run(self, claimed: threading.Event) -> dict[int, Outcome]:
         """Deliver the chunk; ``claimed`` is set once its claims are made (or abandoned), so
@@ -129,13 +130,42 @@ class ChunkDelivery:
             if self._context.interrupted.is_set():
                 self._release_unsent(to_send)
                 to_send = []
-            held = self._puts.put(to_send).held if to_send else []
+            held = self._put(to_send) if to_send else []
             held, to_wait = held + to_wait, []
             if not held:
                 return
             to_send = self._held.settle(held)
         for message in to_send:
             self._state.in_flight(message, "claim changed hands repeatedly; run 'keo reconcile'")
+
+    def _put(self, messages: list[ClaimedMessage]) -> list[ClaimedMessage]:
+        """Put ``messages``; returns those held (ambiguous, or diverted) to wait on."""
+        report = self._puts.put(messages)
+        for message, position in report.written:
+            self._state.resolved(message, position)
+        return report.held
+
+    # --- the put loop's party (producer.put_loop.PutParty) ------------------------------------
+
+    @staticmethod
+    def item_of(message: ClaimedMessage) -> PreparedMessage:
+        return message.item
+
+    @staticmethod
+    def lease_of(message: ClaimedMessage) -> int:
+        return message.lease_expires_at_ms
+
+    def give_up(self, message: ClaimedMessage, result: RecordResult) -> None:
+        """Definitely not written and not worth resending: release the claim for a later send."""
+        reason = f"not written: {result.error_code}: {result.error_message or ''}".rstrip(": ")
+        try:
+            released = self._context.ledger.release(message.claim).applied
+        except LedgerError as exc:
+            released = False
+            reason += f" (release failed, the reconciler will release it: {exc})"
+        if released:
+            self._state.resolved(message, None)
+        self._state.report(outcomes.failed(message.item, reason))
 
     def _release_unsent(self, messages: list[ClaimedMessage]) -> None:
         """Claims of ours never sent (interrupted): released, conditional on the attempt."""

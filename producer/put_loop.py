@@ -1,89 +1,128 @@
-"""The put loop: PutRecords for claimed messages, each record classified, and only what was
-definitely not written sent again.
+"""The put loop: PutRecords for messages put under a lease, each record classified, and only
+what was definitely not written sent again. Both guarantees put through it: key mode's claimed
+messages (:class:`producer.delivery.ChunkDelivery`), replay mode's rows
+(:mod:`producer.replay`); each is the loop's :class:`PutParty`, which says what a message is,
+which lease it is put under, and what becomes of one given up.
 
 ::
 
     put(messages)
       └─ per round (at most put_max_attempts, jittered backoff between them):
-         ├─ per 500 messages: leases checked (renewed, or keys moved to a fresh group)
+         ├─ per 500 messages: the party's leases checked (ready_to_put: renewed, or not ours)
          ├─ per request (500 records, 5 MiB): PutRecords under the earliest lease it carries
          │     ├─ written ───── position (an aggregate's members off its shard: not written)
          │     ├─ ambiguous ─── read back by the caller, never resent blindly
-         │     └─ not written ─ retriable: next round, same claim; else given up (released)
-         └─ diverted: messages no longer ours to put (a take-over lost): waited on
+         │     └─ not written ─ retriable: next round, same lease; else the party gives it up
+         └─ diverted: messages no longer ours to put (key mode: a take-over lost): waited on
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from tenacity import RetryCallState, stop_after_attempt, stop_when_event_set
 
-from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from kinesis_store.entries import MAX_RECORDS_PER_PUT
 from kinesis_store.results import STALE_SHARD_MAP, PutResultKind, RecordResult, not_written
-from producer import metrics, outcomes
-from producer.claims import ChunkState, ClaimedMessage
-from producer.context import SendContext
+from kinesis_store.shards import OpenShards
+from kinesis_store.writer import KinesisWriter
+from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
-from producer.hooks import Step
+from producer.hooks import Hooks, Step
 from producer.protocol import PreparedMessage, batch_by_size
 from producer.retries import repeat_while
 
-__all__ = ["LeaseKeeper", "PutLoop", "PutReport"]
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
+
+__all__ = ["PutContext", "PutLoop", "PutParty", "PutReport"]
 
 log = logging.getLogger("producer.producer")
 
+_M = TypeVar("_M")
 
-class LeaseKeeper(Protocol):
-    def ready_to_put(
-        self, messages: list[ClaimedMessage]
-    ) -> tuple[list[ClaimedMessage], list[ClaimedMessage]]:
-        """The messages whose groups' leases outlive a put sent now (renewed, or moved to a
-        fresh group), and those no longer ours to put (to wait on)."""
+
+class PutContext(Protocol):
+    """What the loop takes from a send's context: the writer, the shard map when records are
+    aggregated, the test hooks, the backoff between rounds and the interrupt."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def writer(self) -> KinesisWriter: ...
+    @property
+    def hooks(self) -> Hooks: ...
+    @property
+    def shards(self) -> OpenShards | None: ...
+    @property
+    def max_record_bytes(self) -> int: ...
+    @property
+    def resend_wait(self) -> wait_base: ...
+    @property
+    def sleep(self) -> Callable[[float], None]: ...
+    @property
+    def interrupted(self) -> threading.Event: ...
+
+
+class PutParty(Protocol[_M]):
+    """Whose messages the loop puts: key mode's claims, or a replay attempt's rows."""
+
+    def item_of(self, message: _M) -> PreparedMessage:
+        """The validated message to put."""
+        ...
+
+    def lease_of(self, message: _M) -> int:
+        """The end of the lease ``message`` is put under (epoch ms): the fence's bound."""
+        ...
+
+    def ready_to_put(self, messages: list[_M]) -> tuple[list[_M], list[_M]]:
+        """The messages whose leases outlive a put sent now (renewed if they were short), and
+        those no longer ours to put."""
+        ...
+
+    def give_up(self, message: _M, result: RecordResult) -> None:
+        """``message`` was definitely not written and is not worth resending."""
         ...
 
 
 @dataclass(slots=True)
-class PutReport:
+class PutReport(Generic[_M]):
     """What became of the messages put: the caller reads back ``ambiguous`` and waits on
-    ``diverted``; the others are settled (written) or have their outcome (given up)."""
+    ``diverted``; ``written`` have their position; the party has given up the others."""
 
-    written: list[tuple[ClaimedMessage, Position]] = field(default_factory=list)
-    ambiguous: list[ClaimedMessage] = field(default_factory=list)
-    diverted: list[ClaimedMessage] = field(default_factory=list)
+    written: list[tuple[_M, Position]] = field(default_factory=list)
+    ambiguous: list[_M] = field(default_factory=list)
+    diverted: list[_M] = field(default_factory=list)
 
     @property
-    def held(self) -> list[ClaimedMessage]:
+    def held(self) -> list[_M]:
         """The messages left to settle by waiting and read-back."""
         return self.ambiguous + self.diverted
 
 
-def _item_of(message: ClaimedMessage) -> PreparedMessage:
-    return message.item
+class PutLoop(Generic[_M]):
+    """Puts one party's messages."""
 
-
-class PutLoop:
-    """Puts the claimed messages of one chunk."""
-
-    def __init__(self, context: SendContext, state: ChunkState, leases: LeaseKeeper) -> None:
+    def __init__(self, context: PutContext, party: PutParty[_M], *, max_attempts: int) -> None:
         self._context = context
-        self._state = state
-        self._leases = leases
+        self._party = party
+        self._max_attempts = max_attempts
 
-    def put(self, messages: list[ClaimedMessage]) -> PutReport:
-        """Put every message once written; each record is put at most ``put_max_attempts``
+    def put(self, messages: list[_M]) -> PutReport[_M]:
+        """Put every message once written; each record is put at most ``max_attempts``
         times. A PutRecords is never repeated whole: only records classified not written and
-        retriable are sent again, under the same claim, after a jittered backoff."""
+        retriable are sent again, under the same lease, after a jittered backoff."""
         context = self._context
-        report = PutReport()
+        report: PutReport[_M] = PutReport()
         pending = messages
 
-        def put_round() -> list[tuple[ClaimedMessage, RecordResult]]:
+        def put_round() -> list[tuple[_M, RecordResult]]:
             nonlocal pending
             resend = self._round(pending, report)
             pending = [message for message, _ in resend]
@@ -93,68 +132,60 @@ class PutLoop:
             put_round,
             more=bool,
             wait=context.resend_wait,
-            stop=stop_after_attempt(context.policy.put_max_attempts)
-            | stop_when_event_set(context.interrupted),
+            stop=stop_after_attempt(self._max_attempts) | stop_when_event_set(context.interrupted),
             sleep=context.sleep,
             before_sleep=self._log_resend,
         )
         for message, result in still_refused:
-            self._give_up(message, result)
-        for message, position in report.written:
-            self._state.resolved(message, position)
+            self._party.give_up(message, result)
         return report
 
-    def _round(
-        self, pending: list[ClaimedMessage], report: PutReport
-    ) -> list[tuple[ClaimedMessage, RecordResult]]:
+    def _round(self, pending: list[_M], report: PutReport[_M]) -> list[tuple[_M, RecordResult]]:
         """Put each pending message once; gives up what is not worth resending, returns the
         rest. The lease is checked right before each request leaves, not once for all."""
-        refused: list[tuple[ClaimedMessage, RecordResult]] = []
+        refused: list[tuple[_M, RecordResult]] = []
         for start in range(0, len(pending), MAX_RECORDS_PER_PUT):
-            ready, diverted = self._leases.ready_to_put(
-                pending[start : start + MAX_RECORDS_PER_PUT]
-            )
+            ready, diverted = self._party.ready_to_put(pending[start : start + MAX_RECORDS_PER_PUT])
             report.diverted.extend(diverted)
             for batch in batch_by_size(self._units(ready), lambda unit: unit.size_bytes):
                 self._request(batch, report, refused)
-        resend: list[tuple[ClaimedMessage, RecordResult]] = []
+        resend: list[tuple[_M, RecordResult]] = []
         for message, result in refused:
             if result.retriable:
                 resend.append((message, result))
             else:
-                self._give_up(message, result)
+                self._party.give_up(message, result)
         return resend
 
     def _request(
         self,
-        batch: list[PutUnit[ClaimedMessage]],
-        report: PutReport,
-        refused: list[tuple[ClaimedMessage, RecordResult]],
+        batch: list[PutUnit[_M]],
+        report: PutReport[_M],
+        refused: list[tuple[_M, RecordResult]],
     ) -> None:
         self._context.hooks.at(Step.BEFORE_PUT)
-        # the request mixes groups when keys moved to a fresh one: the earliest lease
+        # a request may mix leases (key mode: keys moved to a fresh group): the earliest
         lease_expires_at_ms = min(
-            member.lease_expires_at_ms for unit in batch for member in unit.members
+            self._party.lease_of(member) for unit in batch for member in unit.members
         )
         results = self._send([unit.entry for unit in batch], lease_expires_at_ms)
         self._context.hooks.at(Step.AFTER_PUT)
         for unit, result in zip(batch, results, strict=True):
             self._sort_result(unit, result, report, refused)
 
-    def _units(self, messages: list[ClaimedMessage]) -> list[PutUnit[ClaimedMessage]]:
+    def _units(self, messages: list[_M]) -> list[PutUnit[_M]]:
         shards = self._context.shards
+        item_of = self._party.item_of
         if shards is None:
-            return single_units(messages, _item_of)
-        return aggregated_units(
-            messages, _item_of, shards.current(), self._context.max_record_bytes
-        )
+            return single_units(messages, item_of)
+        return aggregated_units(messages, item_of, shards.current(), self._context.max_record_bytes)
 
     def _sort_result(
         self,
-        unit: PutUnit[ClaimedMessage],
+        unit: PutUnit[_M],
         result: RecordResult,
-        report: PutReport,
-        refused: list[tuple[ClaimedMessage, RecordResult]],
+        report: PutReport[_M],
+        refused: list[tuple[_M, RecordResult]],
     ) -> None:
         if result.kind is PutResultKind.AMBIGUOUS:
             report.ambiguous.extend(unit.members)
@@ -169,13 +200,10 @@ class PutLoop:
         shards = self._context.shards
         shard = shards.landed_on(shard_id) if shards is not None else None
         for sub_sequence, member in enumerate(unit.members):
-            if (
-                shards is None
-                or shard is None
-                or not shard.covers(int(member.item.explicit_hash_key))
-            ):
+            hash_key = int(self._party.item_of(member).explicit_hash_key)
+            if shards is None or shard is None or not shard.covers(hash_key):
                 # the shard map was stale (a reshard): KCL drops this user record on read,
-                # so it is not delivered; send it again under the same claim, newly routed
+                # so it is not delivered; send it again under the same lease, newly routed
                 if shards is not None:
                     shards.forget()
                 refused.append((member, not_written(STALE_SHARD_MAP)))
@@ -196,18 +224,6 @@ class PutLoop:
             if result.kind is not PutResultKind.WRITTEN:
                 metrics.PUT_RECORD_ERRORS.labels(stream, result.error_code or "none").inc()
         return results
-
-    def _give_up(self, message: ClaimedMessage, result: RecordResult) -> None:
-        """Definitely not written and not worth resending: release the claim for a later send."""
-        reason = f"not written: {result.error_code}: {result.error_message or ''}".rstrip(": ")
-        try:
-            released = self._context.ledger.release(message.claim).applied
-        except LedgerError as exc:
-            released = False
-            reason += f" (release failed, the reconciler will release it: {exc})"
-        if released:
-            self._state.resolved(message, None)
-        self._state.report(outcomes.failed(message.item, reason))
 
     def _log_resend(self, retry_state: RetryCallState) -> None:
         outcome = retry_state.outcome

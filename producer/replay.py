@@ -1,0 +1,560 @@
+"""Replay mode (``dedupe=replay``): the stream holds exactly what a run without failures would
+have written, however often the run is retried or replayed, with no per-message ledger write.
+
+A *run* is what can be replayed (a Spark micro-batch ``<query>/<batch id>``, a batch write, a
+CLI run named with ``--run-id``); each task attempt or process that puts its rows is an
+*attempt*, registered in the run's ledger item (DESIGN.md "Replay mode"). The decisions are
+pure (:mod:`producer.replay_plan`); the read-back is :mod:`producer.replay_readback`; the puts
+go through the put loop key mode uses (:mod:`producer.put_loop`), under the attempt's lease.
+
+::
+
+    ReplayProducer.attempt(task)                 one ledger write: register (the run not COMPLETE)
+      └─ ReplayAttempt ── recovery_step:
+           ├─ DONE ────── the run is COMPLETE: every row DUPLICATE, nothing sent
+           ├─ FAST_PATH ─ no earlier attempt: plain puts
+           └─ RECOVER, WAIT: supersede the earlier attempts (their leases stop growing), then
+              per call, EarlierPuts.match(rows): a row found is DUPLICATE (not sent again);
+              rows not found while an earlier lease runs: wait for it, read again, then send
+         send(messages) ── puts: full requests, SDK retries off, the fence against the attempt's
+         │                 lease (renewed when short: one write), per-record errors resent
+         │                 ├─ written ───── SENT at its position
+         │                 ├─ ambiguous ─── read back in the attempt's own window: found is
+         │                 │                SENT; not found once the lease it left under is
+         │                 │                over: sent again; else IN_FLIGHT
+         │                 └─ not written ─ FAILED (the lease lost, or not retriable)
+         finish() ──────── every put has a definite result: the lease ends now (one write), so
+                           a replay of the run waits for nothing
+    ReplayProducer.complete(run)                 one write: COMPLETE; a replay sends nothing
+
+Outcomes are key mode's: SENT, DUPLICATE (found from an earlier attempt, or the run is
+COMPLETE), REJECTED, FAILED (not sent: re-run), IN_FLIGHT (may have landed: re-run, the next
+attempt reads it back). A run is complete only when every row is SENT, DUPLICATE or REJECTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dedupe_store.clock import Clock
+from dedupe_store.contract import Ledger
+from dedupe_store.errors import LedgerError
+from dedupe_store.records import Position, ReplayRun, RunAttempt
+from dedupe_store.states import RunState
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.reader import KinesisReader
+from kinesis_store.results import RecordResult
+from kinesis_store.shards import OpenShards, Shard
+from kinesis_store.writer import KinesisWriter
+from producer import metrics
+from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.outcomes import Outcome, OutcomeStatus
+from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare
+from producer.put_loop import PutLoop
+from producer.replay_plan import (
+    RecoveryStep,
+    earlier_attempts,
+    read_windows,
+    recovery_step,
+    still_running,
+    to_supersede,
+)
+from producer.replay_readback import EarlierPuts, read_rows
+from producer.retries import wait_full_jitter
+
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
+
+__all__ = ["ReplayAttempt", "ReplayPolicy", "ReplayProducer", "ReplayTask", "new_execution_id"]
+
+log = logging.getLogger(__name__)
+
+# The outcomes a run may be completed with: nothing more will happen to these rows.
+_FINAL = frozenset({OutcomeStatus.SENT, OutcomeStatus.DUPLICATE, OutcomeStatus.REJECTED})
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTask:
+    """Who puts a run's rows: ``execution_id`` names one driver run of a query (or one CLI
+    process), ``task`` and ``task_attempt`` Spark's partition and attempt number."""
+
+    run: str
+    execution_id: str
+    task: str = "0"
+    task_attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPolicy:
+    lease: LeasePolicy
+    put_max_attempts: int = 8
+    retry_initial_ms: int = 100
+    retry_max_ms: int = 5_000
+    wait_poll_ms: int = 1_000  # how often a wait looks at the clock, the lease and the interrupt
+    max_wait_ms: int | None = None  # the longest wait for a lease; None: as long as it runs
+
+
+@dataclass
+class _Context:
+    """What an attempt shares with its producer (and the put loop: a PutContext)."""
+
+    stream: str
+    ledger: Ledger
+    writer: KinesisWriter
+    reader: KinesisReader
+    clock: Clock
+    policy: ReplayPolicy
+    hooks: Hooks
+    sleep: Callable[[float], None]
+    shards: OpenShards | None
+    max_record_bytes: int
+    resend_wait: wait_base
+    interrupted: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def lease(self) -> LeasePolicy:
+        return self.policy.lease
+
+
+class ReplayProducer:
+    """Delivers runs' rows into one stream in replay mode. One attempt per task or process."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        ledger: Ledger,
+        writer: KinesisWriter,
+        reader: KinesisReader,
+        clock: Clock,
+        policy: ReplayPolicy,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        shard_map: Callable[[], list[Shard]] | None = None,
+        hooks: Hooks = NO_HOOKS,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.stream = stream
+        self._context = _Context(
+            stream=stream,
+            ledger=ledger,
+            writer=writer,
+            reader=reader,
+            clock=clock,
+            policy=policy,
+            hooks=hooks,
+            sleep=sleep,
+            # aggregation is on when a shard map is given: user records are packed per shard
+            shards=OpenShards(shard_map) if shard_map is not None else None,
+            max_record_bytes=max_record_bytes,
+            resend_wait=wait_full_jitter(
+                initial_s=policy.retry_initial_ms / 1000,
+                max_s=policy.retry_max_ms / 1000,
+                rng=rng or random.Random(),
+            ),
+        )
+
+    def interrupt(self) -> None:
+        """Finish the call in flight early (Ctrl-C): send nothing more, wait for nothing; rows
+        not sent are FAILED, puts not resolved IN_FLIGHT. Thread-safe."""
+        self._context.interrupted.set()
+
+    def attempt(self, task: ReplayTask) -> ReplayAttempt:
+        """Register an attempt at ``task.run`` (one conditional write) and decide its first
+        step. Raises :class:`dedupe_store.errors.LedgerError` when the ledger cannot say."""
+        context = self._context
+        now_ms = context.clock.now_ms()
+        me = RunAttempt(
+            attempt_id=uuid.uuid4().hex,
+            execution_id=task.execution_id,
+            task=task.task,
+            task_attempt=task.task_attempt,
+            started_at_ms=now_ms,
+            lease_expires_at_ms=context.lease.lease_expires_at_ms(now_ms),
+        )
+        registration = context.ledger.register_attempt(self.stream, task.run, me)
+        context.hooks.at(Step.REPLAY_AFTER_REGISTER)
+        return ReplayAttempt(
+            context, task, me, registration.run, registered=registration.registered
+        )
+
+    def send(self, task: ReplayTask, messages: Sequence[Message]) -> list[Outcome]:
+        """Deliver ``messages`` as one attempt at ``task.run``; one outcome per message, in
+        order. The run is not completed: :meth:`complete` does that, once every attempt of
+        it succeeded."""
+        with self.attempt(task) as attempt:
+            return attempt.send(messages)
+
+    def complete(self, run: str, counts: dict[str, int]) -> ReplayRun:
+        """Mark ``run`` COMPLETE (one write): a replay of it sends nothing."""
+        context = self._context
+        completed = context.ledger.complete_run(
+            self.stream, run, counts=counts, now_ms=context.clock.now_ms()
+        )
+        log.info(
+            "replay run complete stream=%s run=%s attempts=%d counts=%s",
+            self.stream,
+            run,
+            len(completed.attempts),
+            counts,
+        )
+        return completed
+
+    def run_of(self, run: str) -> ReplayRun | None:
+        return self._context.ledger.get_run(self.stream, run)
+
+
+class ReplayAttempt:
+    """One registered attempt at a run: recovery (when earlier attempts exist), then puts under
+    its own lease. Used by one thread; ``send`` may be called once per chunk of the task's rows
+    (the rows found from earlier attempts are matched across calls, as one multiset)."""
+
+    def __init__(
+        self,
+        context: _Context,
+        task: ReplayTask,
+        me: RunAttempt,
+        run: ReplayRun,
+        *,
+        registered: bool,
+    ) -> None:
+        self._context = context
+        self.task = task
+        self.me = me
+        self.counts: Counter[str] = Counter()
+        self._lease_end_ms = me.lease_expires_at_ms
+        self._lease_lost = False
+        self._unresolved = 0  # puts that may still land: the lease must not end early
+        self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
+        self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
+        self._earlier: EarlierPuts | None = None
+        self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
+        now_ms = context.clock.now_ms()
+        complete = not registered or run.state is RunState.COMPLETE
+        earlier = earlier_attempts(run.attempts, me)
+        if earlier and not complete:
+            # fence their renewals first: the leases the run shows then are final
+            superseded = context.ledger.supersede_attempts(
+                context.stream, task.run, to_supersede(earlier)
+            )
+            if superseded is not None:
+                earlier = earlier_attempts(superseded.attempts, me)
+        self.step = recovery_step(
+            run_complete=complete, earlier=earlier, now_ms=now_ms, lease=context.lease
+        )
+        if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
+            self._earlier = EarlierPuts(
+                context.reader,
+                context.clock,
+                read_windows(earlier, context.lease),
+                final=self.step is RecoveryStep.RECOVER,
+            )
+            self._earlier_end_ms = max(a.lease_expires_at_ms for a in earlier)
+        log.info(
+            "replay attempt stream=%s run=%s attempt=%s execution=%s task=%s task_attempt=%d "
+            "step=%s earlier=%d running=%d",
+            context.stream,
+            task.run,
+            me.attempt_id,
+            task.execution_id,
+            task.task,
+            task.task_attempt,
+            self.step,
+            len(earlier),
+            len(still_running(earlier, now_ms, context.lease)),
+        )
+
+    def __enter__(self) -> ReplayAttempt:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.finish()
+
+    @property
+    def rows_found(self) -> int:
+        """Rows found put by earlier attempts, and so not sent again."""
+        return self._earlier.rows_found if self._earlier is not None else 0
+
+    @property
+    def get_records_calls(self) -> int:
+        return self._context.reader.get_records_calls
+
+    @property
+    def completable(self) -> bool:
+        """Whether every row this attempt was given is SENT, DUPLICATE or REJECTED."""
+        return all(status in _FINAL for status in map(OutcomeStatus, self.counts))
+
+    def send(self, messages: Sequence[Message]) -> list[Outcome]:
+        """Deliver ``messages`` (more rows of this attempt); one outcome per message, in order."""
+        prepared, rejections = prepare(messages, self._context.max_record_bytes)
+        decided: dict[int, Outcome] = {
+            r.index: Outcome(r.index, r.key, OutcomeStatus.REJECTED, reason=r.reason)
+            for r in rejections
+        }
+        if self.step is RecoveryStep.DONE:
+            for item in prepared:
+                decided[item.index] = Outcome(
+                    item.index,
+                    item.key,
+                    OutcomeStatus.DUPLICATE,
+                    reason=f"run {self.task.run!r} is COMPLETE: a replay of it sends nothing",
+                )
+        else:
+            left = prepared
+            if self._earlier is not None:
+                left = self._recover(self._earlier, prepared, decided)
+            self._deliver(left, decided)
+        ordered = [decided[i] for i in range(len(messages))]
+        for outcome in ordered:
+            self.counts[outcome.status.value] += 1
+            metrics.OUTCOMES.labels(self._context.stream, outcome.status.value).inc()
+        return ordered
+
+    def finish(self) -> None:
+        """End the attempt's lease now when every put it made has a definite result, so a
+        replay of the run waits for nothing (one write; best effort: a lease left running
+        costs a replay a wait, never a duplicate)."""
+        context = self._context
+        if self._unresolved or self._lease_lost or self.step is RecoveryStep.DONE:
+            return
+        try:
+            context.ledger.renew_attempt(
+                context.stream,
+                self.task.run,
+                self.me.attempt_id,
+                now_ms=context.clock.now_ms(),
+                lease_ms=0,
+                skew_ms=context.lease.skew_ms,
+            )
+        except LedgerError as exc:
+            log.warning(
+                "replay attempt lease left running stream=%s run=%s attempt=%s error=%s",
+                context.stream,
+                self.task.run,
+                self.me.attempt_id,
+                exc,
+            )
+
+    # --- recovery ----------------------------------------------------------------------------
+
+    def _recover(
+        self, earlier: EarlierPuts, items: list[PreparedMessage], decided: dict[int, Outcome]
+    ) -> list[PreparedMessage]:
+        """The items no earlier attempt put; the others are DUPLICATE at their position."""
+        left = self._take_found(earlier, items, decided)
+        if left and not earlier.final:
+            # not found while an earlier put may still land: wait until none can, read again
+            reason = (
+                f"an earlier attempt of run {self.task.run!r} may still put this row until "
+                f"{self._earlier_end_ms + self._context.lease.skew_ms} (epoch ms): re-run"
+            )
+            if not self._wait_until_over(self._earlier_end_ms):
+                for item in left:
+                    decided[item.index] = _unresolved(item, OutcomeStatus.IN_FLIGHT, reason)
+                self._unresolved += len(left)
+                return []
+            earlier.read_again()
+            left = self._take_found(earlier, left, decided)
+        return left
+
+    @staticmethod
+    def _take_found(
+        earlier: EarlierPuts, items: list[PreparedMessage], decided: dict[int, Outcome]
+    ) -> list[PreparedMessage]:
+        left: list[PreparedMessage] = []
+        for item, position in zip(items, earlier.match(items), strict=True):
+            if position is None:
+                left.append(item)
+            else:
+                decided[item.index] = Outcome(
+                    item.index,
+                    item.key,
+                    OutcomeStatus.DUPLICATE,
+                    position=position,
+                    reason="put by an earlier attempt of this run",
+                )
+        return left
+
+    # --- puts ----------------------------------------------------------------------------------
+
+    def _deliver(self, items: list[PreparedMessage], decided: dict[int, Outcome]) -> None:
+        context = self._context
+        written: set[Position] = set()
+        for _ in range(context.policy.put_max_attempts):
+            if not items:
+                return
+            if context.interrupted.is_set():
+                for item in items:
+                    decided[item.index] = _unresolved(
+                        item, OutcomeStatus.FAILED, "interrupted before it was sent; re-run"
+                    )
+                return
+            report = self._puts.put(items)
+            for item, result in self._given_up:
+                reason = f"not written: {result.error_code}: {result.error_message or ''}"
+                decided[item.index] = _unresolved(item, OutcomeStatus.FAILED, reason.rstrip(": "))
+            self._given_up.clear()
+            for item, position in report.written:
+                decided[item.index] = Outcome(
+                    item.index, item.key, OutcomeStatus.SENT, position=position
+                )
+                written.add(position)
+            for item in report.diverted:
+                decided[item.index] = _unresolved(
+                    item,
+                    OutcomeStatus.FAILED,
+                    f"not sent: the attempt's lease could not be renewed (a later attempt of "
+                    f"run {self.task.run!r} superseded it, or it ran out): re-run",
+                )
+            items = self._read_back_ambiguous(report.ambiguous, written, decided)
+        for item in items:
+            decided[item.index] = _unresolved(
+                item, OutcomeStatus.IN_FLIGHT, "put ambiguous too many times: re-run"
+            )
+        self._unresolved += len(items)
+
+    def _read_back_ambiguous(
+        self,
+        items: list[PreparedMessage],
+        written: set[Position],
+        decided: dict[int, Outcome],
+    ) -> list[PreparedMessage]:
+        """Settle ambiguous puts from the stream; returns those that can no longer land and
+        were not found: to send again. The ones that may still land are IN_FLIGHT."""
+        if not items:
+            return []
+        context = self._context
+        lease = context.lease
+        # every ambiguous request left under a lease that ends by now's lease end
+        bound_ms = self._lease_end_ms
+        excluding = written | (self._earlier.positions() if self._earlier is not None else set())
+        while True:
+            over = lease.expired_for_everyone(bound_ms, context.clock.now_ms())
+            window = lease.read_back_window(self.me.started_at_ms, bound_ms)
+            found = read_rows(context.reader, context.clock, items, window, excluding=excluding)
+            left: list[PreparedMessage] = []
+            for item, position in zip(items, found, strict=True):
+                if position is None:
+                    left.append(item)
+                    continue
+                decided[item.index] = Outcome(
+                    item.index, item.key, OutcomeStatus.SENT, position=position
+                )
+                written.add(position)
+                excluding.add(position)
+            if not left or over:
+                return left
+            items = left
+            if not self._wait_until_over(bound_ms):
+                for item in items:
+                    decided[item.index] = _unresolved(
+                        item,
+                        OutcomeStatus.IN_FLIGHT,
+                        "put ambiguous and not found yet; it may still land: re-run, the "
+                        "run's next attempt reads it back",
+                    )
+                self._unresolved += len(items)
+                return []
+
+    def _wait_until_over(self, lease_end_ms: int) -> bool:
+        """Wait until a lease that ends at ``lease_end_ms`` is over for every clock, keeping
+        this attempt's own lease; False when interrupted, the wait would outlast
+        ``max_wait_ms``, or this attempt lost its lease."""
+        context = self._context
+        policy = context.policy
+        lease = context.lease
+        started_ms = context.clock.now_ms()
+        wait_ms = lease_end_ms + lease.skew_ms - started_ms
+        if policy.max_wait_ms is not None and wait_ms > policy.max_wait_ms:
+            return False
+        if wait_ms > 0:
+            log.info(
+                "replay attempt waiting stream=%s run=%s attempt=%s wait_s=%.1f",
+                context.stream,
+                self.task.run,
+                self.me.attempt_id,
+                wait_ms / 1000,
+            )
+        while not lease.expired_for_everyone(lease_end_ms, context.clock.now_ms()):
+            if context.interrupted.is_set() or not self._keep_lease():
+                return False
+            left_ms = lease_end_ms + lease.skew_ms - context.clock.now_ms()
+            context.sleep(max(0.0, min(policy.wait_poll_ms, left_ms)) / 1000)
+        return True
+
+    def _keep_lease(self) -> bool:
+        """Renew this attempt's lease when a put sent now could outlive it; False once it
+        cannot be (superseded, ran out, the run completed, or the ledger failed)."""
+        context = self._context
+        lease = context.lease
+        now_ms = context.clock.now_ms()
+        if self._lease_lost:
+            return False
+        if lease.safe_to_send(self._lease_end_ms, now_ms):
+            return True
+        try:
+            renewal = context.ledger.renew_attempt(
+                context.stream,
+                self.task.run,
+                self.me.attempt_id,
+                now_ms=now_ms,
+                lease_ms=lease.lease_ms,
+                skew_ms=lease.skew_ms,
+            )
+        except LedgerError as exc:
+            log.warning(
+                "replay lease renewal failed stream=%s run=%s error=%s",
+                context.stream,
+                self.task.run,
+                exc,
+            )
+            return False
+        mine = renewal.run.attempt(self.me.attempt_id) if renewal.run is not None else None
+        if not renewal.applied or mine is None:
+            self._lease_lost = True
+            log.warning(
+                "replay attempt lease lost stream=%s run=%s attempt=%s superseded=%s",
+                context.stream,
+                self.task.run,
+                self.me.attempt_id,
+                mine.superseded if mine is not None else None,
+            )
+            return False
+        self._lease_end_ms = mine.lease_expires_at_ms
+        return True
+
+    # --- the put loop's party (producer.put_loop.PutParty) ---------------------------------------
+
+    @staticmethod
+    def item_of(message: PreparedMessage) -> PreparedMessage:
+        return message
+
+    def lease_of(self, message: PreparedMessage) -> int:  # noqa: ARG002 - one lease for all
+        return self._lease_end_ms
+
+    def ready_to_put(
+        self, messages: list[PreparedMessage]
+    ) -> tuple[list[PreparedMessage], list[PreparedMessage]]:
+        if self._keep_lease():
+            return messages, []
+        return [], messages
+
+    def give_up(self, message: PreparedMessage, result: RecordResult) -> None:
+        self._given_up.append((message, result))
+
+
+def _unresolved(item: PreparedMessage, status: OutcomeStatus, reason: str) -> Outcome:
+    return Outcome(item.index, item.key, status, reason=reason)
+
+
+def new_execution_id() -> str:
+    """A fresh execution id: one per driver run of a query, or per CLI process."""
+    return uuid.uuid4().hex

@@ -1,0 +1,197 @@
+"""Replay mode's read-back: which of an attempt's rows the stream already holds.
+
+A row is ``(key, data)``, counted: a record read back matches a row when its partition key is
+the row's key and its data the row's data, and each record matches one row at most. Records are
+kept by identity (the key and a 16-byte digest of the data, never the payload) with their
+positions, oldest first.
+
+::
+
+    EarlierPuts(windows of the earlier attempts)        recovery (producer.replay)
+      ├─ match(rows) ── reads each shard the rows route to (lineage), once, over every window;
+      │                 takes one found record per row, or None: left to send
+      ├─ read_again() ─ once the earlier leases are over: the reads are final; what was taken
+      │                 stays taken
+      └─ positions() ── every record read: an attempt's own read-back must not count them
+
+    read_rows(rows, windows, excluding)                 an ambiguous put of the attempt itself
+
+Only KCL-visible records count (an aggregate's user record outside its shard's hash range is
+dropped by every consumer: it was not delivered), and only those that arrived inside a window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from dedupe_store.clock import Clock
+from dedupe_store.records import Position
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard, lineage, visible_to_kcl
+from producer.protocol import PreparedMessage
+
+__all__ = ["EarlierPuts", "FoundRows", "RowId", "read_rows", "row_id"]
+
+RowId = tuple[str, bytes]  # the key, and a digest of the data
+
+
+def row_id(key: str, data: bytes) -> RowId:
+    """A row's identity: its key, and its data's 16-byte BLAKE2b digest."""
+    return key, hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _id_of(item: PreparedMessage) -> RowId:
+    return row_id(item.key, item.message.data)
+
+
+@dataclass(slots=True)
+class FoundRows:
+    """Records read back, by row identity, each with its position; taken once each."""
+
+    by_row: dict[RowId, deque[Position]] = field(default_factory=lambda: defaultdict(deque))
+
+    def add(self, row: RowId, position: Position) -> None:
+        self.by_row[row].append(position)
+
+    def take(self, row: RowId) -> Position | None:
+        """The oldest record of ``row`` not taken yet, now taken; None when none is left."""
+        found = self.by_row.get(row)
+        return found.popleft() if found else None
+
+    def drop(self, taken: set[Position]) -> None:
+        """Forget the records at ``taken`` (taken before these were read again)."""
+        for row, positions in self.by_row.items():
+            self.by_row[row] = deque(p for p in positions if p not in taken)
+
+
+def _shards_of(items: Iterable[PreparedMessage], shards: Sequence[Shard]) -> set[str]:
+    """Every shard, open or closed, whose hash range covers one of the items' hash keys."""
+    return {
+        shard.shard_id for item in items for shard in lineage(shards, int(item.explicit_hash_key))
+    }
+
+
+def _read_shard(
+    reader: KinesisReader,
+    shard: Shard,
+    windows: Sequence[tuple[int, int]],
+    now_ms: int,
+    into: FoundRows,
+    *,
+    wanted: Callable[[RowId], bool] | None = None,
+) -> None:
+    """The shard's KCL-visible records that arrived in one of ``windows``, read up to
+    ``now_ms`` (never waiting for the future: the caller knows whether more may land)."""
+    for start_ms, end_ms in windows:
+        if start_ms > now_ms:
+            continue
+        end = min(end_ms, now_ms)
+
+        def closed(end: int = end) -> int:
+            return end + 1  # a read of what has arrived: the caller knows what may still land
+
+        for record in reader.read_window(shard.shard_id, start_ms, end, now_ms=closed):
+            if not start_ms <= record.arrival_ms <= end or not visible_to_kcl(record, shard):
+                continue
+            row = row_id(record.partition_key, record.data)
+            if wanted is None or wanted(row):
+                into.add(
+                    row,
+                    Position(record.shard_id, record.sequence_number, record.sub_sequence_number),
+                )
+
+
+class EarlierPuts:
+    """What the earlier attempts of a run put on the shards this attempt's rows route to.
+
+    Each shard is read once, when the first row routed to it is matched, over every earlier
+    window (merged: :func:`producer.replay_plan.read_windows`). ``final`` says whether the
+    reads can still miss a put: False while an earlier lease runs (found rows are sure, rows
+    not found are not), True once every earlier lease is over for every clock."""
+
+    def __init__(
+        self,
+        reader: KinesisReader,
+        clock: Clock,
+        windows: Sequence[tuple[int, int]],
+        *,
+        final: bool,
+    ) -> None:
+        self._reader = reader
+        self._clock = clock
+        self._windows = list(windows)
+        self.final = final
+        self._shards: list[Shard] | None = None
+        self._read: set[str] = set()
+        self._found = FoundRows()
+        self._taken: set[Position] = set()
+        self.rows_found = 0
+
+    @property
+    def get_records_calls(self) -> int:
+        return self._reader.get_records_calls
+
+    def match(self, items: Sequence[PreparedMessage]) -> list[Position | None]:
+        """Per item, in order: the position of a found record of its row (taken), or None."""
+        self._read_shards(_shards_of(items, self._shard_map()) - self._read)
+        matched: list[Position | None] = []
+        for item in items:
+            position = self._found.take(_id_of(item))
+            if position is not None:
+                self._taken.add(position)
+                self.rows_found += 1
+            matched.append(position)
+        return matched
+
+    def read_again(self) -> None:
+        """Read every shard read so far again, now that no earlier put can still land: the
+        reads become final. Records taken before stay taken."""
+        self.final = True
+        self._shards = None
+        shards, self._read = self._read, set()
+        self._found = FoundRows()
+        self._read_shards(shards)
+        self._found.drop(self._taken)
+
+    def _shard_map(self) -> list[Shard]:
+        if self._shards is None:
+            self._shards = self._reader.shards()
+        return self._shards
+
+    def _read_shards(self, shard_ids: set[str]) -> None:
+        by_id = {shard.shard_id: shard for shard in self._shard_map()}
+        for shard_id in sorted(shard_ids):
+            _read_shard(
+                self._reader, by_id[shard_id], self._windows, self._clock.now_ms(), self._found
+            )
+            self._read.add(shard_id)
+
+    def positions(self) -> set[Position]:
+        """Every record read, taken or not: an attempt's own read-back must not count them."""
+        return {p for rows in self._found.by_row.values() for p in rows} | self._taken
+
+
+def read_rows(
+    reader: KinesisReader,
+    clock: Clock,
+    items: Sequence[PreparedMessage],
+    window: tuple[int, int],
+    *,
+    excluding: set[Position],
+) -> list[Position | None]:
+    """Per item, in order: the position of a record of its row in ``window`` on the shards
+    it routes to, none of them at a position in ``excluding`` (records known to be others'
+    or already matched), each record matched once; None when not found."""
+    wanted = {_id_of(item) for item in items}
+    found = FoundRows()
+    shards = reader.shards()
+    by_id = {shard.shard_id: shard for shard in shards}
+    for shard_id in sorted(_shards_of(items, shards)):
+        _read_shard(
+            reader, by_id[shard_id], [window], clock.now_ms(), found, wanted=wanted.__contains__
+        )
+    found.drop(excluding)
+    return [found.take(_id_of(item)) for item in items]

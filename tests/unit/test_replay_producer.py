@@ -1,0 +1,293 @@
+"""Replay mode's producer (``dedupe=replay``) over the repository's fakes: ``InMemoryLedger``,
+``FakeKinesisClient`` and a ``ManualClock`` that only the producer's own sleeps move.
+
+The stream must end up holding exactly the rows of a run without failures, as a multiset of
+``(key, data)``, however the run's attempts fail and replay; the integration tests
+(``tests/integration/test_replay_send.py``) prove the same on the emulators with kills.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from fakes.kinesis import FakeKinesisClient, PutFault
+from fakes.ledger import InMemoryLedger
+
+from dedupe_store.clock import ManualClock
+from dedupe_store.states import RunState
+from kinesis_store.reader import KinesisReader
+from kinesis_store.writer import KinesisWriter
+from producer.outcomes import OutcomeStatus
+from producer.protocol import LeasePolicy, Message
+from producer.replay import ReplayPolicy, ReplayProducer, ReplayTask
+from producer.replay_plan import RecoveryStep
+
+STREAM = "orders"
+LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=2_000)
+RUN = "query-a/7"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def kinesis(clock: ManualClock) -> FakeKinesisClient:
+    return FakeKinesisClient(stream=STREAM, clock=clock, put_timeout_ms=LEASE.put_timeout_ms)
+
+
+@pytest.fixture
+def ledger() -> InMemoryLedger:
+    return InMemoryLedger(inflight_buckets=4)
+
+
+def producer_over(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock, **policy: int
+) -> ReplayProducer:
+    return ReplayProducer(
+        stream=STREAM,
+        ledger=ledger,
+        writer=KinesisWriter(kinesis, STREAM),
+        reader=KinesisReader(kinesis, STREAM, sleep=kinesis.sleep),
+        clock=clock,
+        policy=ReplayPolicy(lease=LEASE, **policy),
+        sleep=kinesis.sleep,
+        rng=random.Random(0),
+    )
+
+
+def rows(count: int, prefix: str = "k") -> list[Message]:
+    return [Message(f"{prefix}{i}", f"data-{i}".encode()) for i in range(count)]
+
+
+def in_stream(kinesis: FakeKinesisClient) -> Counter[tuple[str, bytes]]:
+    return Counter((r.partition_key, r.data) for r in kinesis.visible())
+
+
+def as_multiset(messages: list[Message]) -> Counter[tuple[str, bytes]]:
+    return Counter((m.key, m.data) for m in messages)
+
+
+def statuses(outcomes: list[object]) -> Counter[str]:
+    return Counter(o.status.value for o in outcomes)  # type: ignore[attr-defined]
+
+
+def test_a_first_attempt_puts_every_row_and_ends_its_lease(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a run no one attempted WHEN an attempt sends 30 rows THEN each is SENT once, on
+    the fast path, and the attempt's lease ends when it finishes (a replay waits for nothing)."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(30)
+    with producer.attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        assert attempt.step is RecoveryStep.FAST_PATH
+        outcomes = attempt.send(messages)
+    assert statuses(outcomes) == {"SENT": 30}
+    assert all(o.position is not None for o in outcomes)
+    assert in_stream(kinesis) == as_multiset(messages)
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.state is RunState.OPEN
+    assert run.attempts[0].lease_expires_at_ms <= clock.now_ms()
+
+
+def test_a_replay_after_the_puts_and_before_the_commit_finds_everything_and_sends_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt that put every row and died before the commit (its lease left running)
+    WHEN another execution replays the run, its rows in another order THEN every row is
+    DUPLICATE at its position, nothing is put, and nothing is waited for."""
+    first = producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1"))
+    messages = rows(40)
+    first.send(messages)  # never finished: a driver killed after its puts
+    puts_before, started_ms = kinesis.put_calls, clock.now_ms()
+
+    replayed = list(reversed(messages))
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as second:
+        assert second.step is RecoveryStep.WAIT
+        outcomes = second.send(replayed)
+
+    assert statuses(outcomes) == {"DUPLICATE": 40}
+    assert kinesis.put_calls == puts_before
+    assert clock.now_ms() == started_ms
+    assert in_stream(kinesis) == as_multiset(messages)
+    assert second.rows_found == 40
+
+
+def test_a_replay_with_more_rows_waits_for_the_earlier_lease_then_sends_only_the_new_ones(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt that put 20 rows and died with its lease running WHEN a replay carries
+    those 20 and 10 more (a non-deterministic source) THEN it waits out the earlier lease, and
+    the stream holds the 30 rows of the replay, each once."""
+    first = producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1"))
+    first.send(rows(20))
+    superset = rows(30)
+    random.Random(3).shuffle(superset)
+
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as second:
+        outcomes = second.send(superset)
+
+    assert statuses(outcomes) == {"DUPLICATE": 20, "SENT": 10}
+    assert in_stream(kinesis) == as_multiset(rows(30))
+    earlier = first.me
+    assert LEASE.expired_for_everyone(earlier.lease_expires_at_ms, clock.now_ms())
+
+
+def test_a_replay_of_a_finished_attempt_sends_its_new_rows_without_waiting(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt that finished (its lease ended) WHEN a replay carries more rows THEN it
+    waits no longer than the skew and sends only the new rows."""
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as first:
+        first.send(rows(10))
+    started_ms = clock.now_ms()
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as second:
+        outcomes = second.send(rows(15))
+    assert statuses(outcomes) == {"DUPLICATE": 10, "SENT": 5}
+    assert clock.now_ms() - started_ms <= LEASE.skew_ms
+    assert in_stream(kinesis) == as_multiset(rows(15))
+
+
+def test_identical_rows_are_two_records_and_a_replay_finds_both(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a batch with the same row twice (and the same key with other data) WHEN it is put,
+    then replayed with a third copy THEN the stream holds two copies after the first attempt
+    and three after the replay: a row is counted, not deduplicated by key."""
+    twice = [Message("k", b"same"), Message("k", b"same"), Message("k", b"other")]
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as first:
+        assert statuses(first.send(twice)) == {"SENT": 3}
+    assert in_stream(kinesis) == {("k", b"same"): 2, ("k", b"other"): 1}
+
+    thrice = [*twice, Message("k", b"same")]
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as second:
+        assert statuses(second.send(thrice)) == {"DUPLICATE": 3, "SENT": 1}
+    assert in_stream(kinesis) == {("k", b"same"): 3, ("k", b"other"): 1}
+
+
+def test_a_complete_run_sends_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a run marked COMPLETE WHEN it is replayed THEN every row is DUPLICATE and nothing
+    is read or put."""
+    producer = producer_over(ledger, kinesis, clock)
+    producer.send(ReplayTask(RUN, "exec-1"), rows(5))
+    producer.complete(RUN, {"sent": 5})
+    puts, reads = kinesis.put_calls, kinesis.get_records_calls
+
+    with producer.attempt(ReplayTask(RUN, "exec-2")) as again:
+        assert again.step is RecoveryStep.DONE
+        outcomes = again.send(rows(5))
+    assert statuses(outcomes) == {"DUPLICATE": 5}
+    assert (kinesis.put_calls, kinesis.get_records_calls) == (puts, reads)
+
+
+def test_a_sibling_task_is_not_earlier_but_a_retry_of_the_same_task_is(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN task 0 of an execution that put its rows WHEN task 1 of the same execution starts
+    THEN it takes the fast path (its rows are others); WHEN task 0 is retried THEN it recovers
+    and sends nothing again."""
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0")) as task0:
+        task0.send(rows(8, "a"))
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="1")) as task1:
+        assert task1.step is RecoveryStep.FAST_PATH
+        task1.send(rows(8, "b"))
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=1)) as retry:
+        assert retry.step in {RecoveryStep.RECOVER, RecoveryStep.WAIT}
+        assert statuses(retry.send(rows(8, "a"))) == {"DUPLICATE": 8}
+    assert in_stream(kinesis) == as_multiset(rows(8, "a") + rows(8, "b"))
+
+
+@pytest.mark.parametrize("fault", [PutFault.RESPONSE_LOST, PutFault.NOT_WRITTEN])
+def test_an_ambiguous_put_is_read_back_and_lands_once(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock, fault: PutFault
+) -> None:
+    """GIVEN the first PutRecords of an attempt is ambiguous (written with its response lost,
+    or timed out unwritten) WHEN the attempt sends THEN every row is SENT and the stream holds
+    each once: a lost response is found at once, a timeout is resent once its lease is over."""
+    kinesis.script(fault)
+    messages = rows(12)
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        outcomes = attempt.send(messages)
+    assert statuses(outcomes) == {"SENT": 12}
+    assert in_stream(kinesis) == as_multiset(messages)
+
+
+def test_a_late_write_is_waited_for_not_sent_twice(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a put that times out and lands later, within its lease WHEN the attempt reads it
+    back THEN it waits for the lease, finds the late record, and sends nothing again."""
+    kinesis.script(PutFault.LATE)
+    messages = rows(6)
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        outcomes = attempt.send(messages)
+    kinesis.land_all()
+    assert statuses(outcomes) == {"SENT": 6}
+    assert in_stream(kinesis) == as_multiset(messages)
+
+
+def test_a_superseded_attempt_cannot_renew_and_puts_nothing_more(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt stalled past its fence margin WHEN a later attempt supersedes it and
+    delivers the run THEN the stalled one, resumed, cannot renew: its rows are FAILED, not
+    written a second time."""
+    stalled = producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1"))
+    clock.advance(LEASE.lease_ms - LEASE.put_timeout_ms)  # a put sent now could outlive it
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as later:
+        assert statuses(later.send(rows(10))) == {"SENT": 10}
+    outcomes = stalled.send(rows(10))
+    assert statuses(outcomes) == {"FAILED": 10}
+    assert in_stream(kinesis) == as_multiset(rows(10))
+
+
+def test_an_interrupted_wait_leaves_the_rows_in_flight(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a replay that would have to wait for an earlier lease WHEN the wait is capped
+    below it THEN the rows not found are IN_FLIGHT (re-run later), and none is sent."""
+    producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")).send(rows(3))
+    capped = producer_over(ledger, kinesis, clock, max_wait_ms=1_000)
+    with capped.attempt(ReplayTask(RUN, "exec-2")) as second:
+        outcomes = second.send(rows(5))
+    assert statuses(outcomes) == {"DUPLICATE": 3, "IN_FLIGHT": 2}
+    assert in_stream(kinesis) == as_multiset(rows(3))
+    assert not second.completable
+
+
+def test_rows_spread_over_calls_of_one_attempt_are_matched_as_one_multiset(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt that put 25 rows WHEN its retry sends 30 rows in chunks of 7 THEN the
+    25 are found once each across the chunks and 5 are sent."""
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1")) as first:
+        first.send(rows(25))
+    found: Counter[str] = Counter()
+    with producer.attempt(ReplayTask(RUN, "exec-2")) as second:
+        messages = rows(30)
+        for start in range(0, 30, 7):
+            found.update(statuses(second.send(messages[start : start + 7])))
+    assert found == {"DUPLICATE": 25, "SENT": 5}
+    assert in_stream(kinesis) == as_multiset(rows(30))
+
+
+def test_invalid_rows_are_rejected_with_a_reason_and_the_rest_delivered(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a batch with an empty key and an oversized record WHEN it is sent THEN both are
+    REJECTED with a reason and the valid rows are SENT."""
+    messages = [Message("", b"x"), Message("big", b"x" * (1024 * 1024 + 1)), *rows(3)]
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        outcomes = attempt.send(messages)
+    assert [o.status for o in outcomes[:2]] == [OutcomeStatus.REJECTED] * 2
+    assert all(o.reason for o in outcomes[:2])
+    assert statuses(outcomes[2:]) == {"SENT": 3}
+    assert attempt.completable
