@@ -29,10 +29,11 @@ from cli.stdout import write_json_line
 from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
+from producer.settings import Dedupe
 
 if TYPE_CHECKING:
-    from producer.producer import ExactlyOnceProducer
     from producer.settings import ProducerSettings
+    from producer.wiring import Stack
 
 
 def send(
@@ -66,13 +67,29 @@ def send(
             "\\[env KEO_AGGREGATE]",
         ),
     ] = None,
+    dedupe: Annotated[
+        Dedupe | None,
+        typer.Option(
+            help="key: each key once, ever (one ledger write per message); replay: what one "
+            "run without failures writes, however often it is re-run (needs --run-id) "
+            "\\[env KEO_DEDUPE; default key]",
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            help="replay mode: the run's name; re-running with the same name after a crash, a "
+            "kill or Ctrl-C sends only the rows the earlier runs did not deliver",
+        ),
+    ] = None,
     kinesis_endpoint_url: KinesisEndpointOpt = None,
     dynamodb_endpoint_url: DynamoEndpointOpt = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = "127.0.0.1",
     metrics_file: MetricsFileOpt = None,
 ) -> None:
-    """Send messages exactly once: each key is claimed in the ledger, put once, and marked.
+    """Send messages exactly once: each key is claimed in the ledger, put once, and marked
+    (--dedupe key, the default), or each line of a named run once (--dedupe replay).
 
     Prints one JSON outcome per non-blank input line on stdout, in input order (index = line
     number from 0; every reason starts with 'line N:', counting from 1): SENT, DUPLICATE
@@ -90,6 +107,15 @@ def send(
     after that check, or a put the network holds, longer than the lease can write a duplicate,
     which 'keo audit' reports; it says so once on stderr.
 
+    Replay mode (--dedupe replay --run-id NAME) writes no ledger item per message: the stream
+    holds what one run without failures would write, however often the run is re-run. A re-run
+    with the same NAME (after a crash, kill -9 or Ctrl-C) reads back what the earlier runs put
+    and sends only the rest: DUPLICATE for a line found, SENT for a line sent now. A line found
+    nowhere while an earlier run's lease may still let it land is waited for (at most one
+    KEO_LEASE_S; a kill -9 leaves its lease running). When every line is delivered the run is
+    COMPLETE: a re-run of it sends nothing. Identity is the line, key and data, counted: keys
+    are not compared across runs, and two equal lines are two records.
+
     Exit 0 when every message is SENT or DUPLICATE, 1 otherwise. Ctrl-C (or SIGTERM) stops
     reading input, finishes the chunk in flight and prints its outcomes, then exits 130; a
     second Ctrl-C exits at once.
@@ -102,11 +128,22 @@ def send(
         stream=stream,
         table=table,
         aggregate=aggregate,
+        dedupe=dedupe,
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
+    if settings.dedupe is Dedupe.REPLAY and not run_id:
+        typer.echo(
+            "keo send: --dedupe replay needs --run-id NAME: the run a re-run continues "
+            "(re-run with the same name after a crash; a new name sends everything again)",
+            err=True,
+        )
+        raise typer.Exit(ExitCode.USAGE)
+    if run_id is not None and settings.dedupe is not Dedupe.REPLAY:
+        typer.echo("keo send: --run-id names a replay-mode run: add --dedupe replay", err=True)
+        raise typer.Exit(ExitCode.USAGE)
     with exporting("send", port=metrics_port, host=metrics_host, file=metrics_file):
-        _send(settings, input_path, data_encoding, chunk_size, progress)
+        _send(settings, input_path, data_encoding, chunk_size, progress, run_id)
 
 
 def _send(
@@ -115,6 +152,7 @@ def _send(
     data_encoding: DataEncoding,
     chunk_size: int,
     progress: bool | None,
+    run_id: str | None,
 ) -> None:
     from devstack import failpoints
     from producer.wiring import build_stack, warn_if_unfenced
@@ -132,7 +170,8 @@ def _send(
         puts = itertools.count(1)
         hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
         stack = build_stack(settings, hooks=hooks)
-        with stack.producer() as producer, GracefulStop(_say, producer.interrupt) as stop:
+        sender = KeySender(stack) if run_id is None else ReplaySender(stack, run_id)
+        with sender, GracefulStop(_say, sender.interrupt) as stop:
             chunks = chunked(_parse_lines(source, data_encoding), chunk_size)
             try:
                 while not stop.requested:
@@ -140,7 +179,7 @@ def _send(
                         chunk = next(chunks, None)
                     if chunk is None:
                         break
-                    for outcome in _outcomes(producer, chunk):
+                    for outcome in _outcomes(sender, chunk):
                         counts[outcome.status.value] += 1
                         write_json_line(outcome.as_json())
                     sys.stdout.flush()
@@ -148,26 +187,101 @@ def _send(
                     bar.advance(len(chunk))
             except StopReadingError:
                 pass  # the lines read since the last chunk were never sent
-    total = sum(counts.values())
+            total = sum(counts.values())
+            ok = counts[OutcomeStatus.SENT.value] + counts[OutcomeStatus.DUPLICATE.value]
+            if not stop.requested:
+                sender.done(counts, delivered=ok == total)
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
     if stop.requested:
         typer.echo(
             f"keo send: interrupted: {total} messages: {summary or 'none'}; input after line "
-            f"{last_line} was not sent (send it again from line {last_line + 1})",
+            f"{last_line} was not sent ({sender.resume_hint(last_line + 1)})",
             err=True,
         )
         raise typer.Exit(ExitCode.INTERRUPTED)
-    typer.echo(f"keo send: {total} messages: {summary or 'none'}", err=True)
-    ok = counts[OutcomeStatus.SENT.value] + counts[OutcomeStatus.DUPLICATE.value]
+    typer.echo(f"keo send: {total} messages: {summary or 'none'}{sender.summary()}", err=True)
     if ok != total:
         raise typer.Exit(ExitCode.FAILED)
 
 
+class KeySender:
+    """``--dedupe key``: the per-key protocol, one producer for the whole input."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._producer = stack.producer()
+
+    def __enter__(self) -> KeySender:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._producer.close()
+
+    def send(self, messages: list[Message]) -> list[Outcome]:
+        return self._producer.send(messages)
+
+    def interrupt(self) -> None:
+        self._producer.interrupt()
+
+    def done(self, counts: Counter[str], *, delivered: bool) -> None:
+        """Nothing to record: the ledger holds every key's claim."""
+
+    @staticmethod
+    def resume_hint(line: int) -> str:
+        return f"send it again from line {line}"
+
+    @staticmethod
+    def summary() -> str:
+        return ""
+
+
+class ReplaySender:
+    """``--dedupe replay --run-id R``: this process is one attempt at run R; when every line
+    is delivered, the run is marked COMPLETE and a re-run of R sends nothing."""
+
+    def __init__(self, stack: Stack, run_id: str) -> None:
+        from producer.replay import ReplayTask, new_execution_id
+
+        self._run = run_id
+        self._producer = stack.replay_producer()
+        self._attempt = self._producer.attempt(
+            ReplayTask(run_id, new_execution_id(), task="cli", task_attempt=0)
+        )
+        self._completed = False
+
+    def __enter__(self) -> ReplaySender:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._attempt.finish()
+
+    def send(self, messages: list[Message]) -> list[Outcome]:
+        return self._attempt.send(messages)
+
+    def interrupt(self) -> None:
+        self._producer.interrupt()
+
+    def done(self, counts: Counter[str], *, delivered: bool) -> None:
+        """The run is COMPLETE once every line was delivered (a rejected line keeps it open:
+        fix it and re-run with the same --run-id; the rows delivered are not sent again)."""
+        self._attempt.finish()
+        if delivered:
+            self._producer.complete(self._run, dict(counts))
+            self._completed = True
+
+    def resume_hint(self, line: int) -> str:  # noqa: ARG002 - a re-run finds what was sent
+        return f"re-run with --run-id {self._run} and the same input: nothing is sent twice"
+
+    def summary(self) -> str:
+        if self._completed:
+            return f"; run {self._run!r} COMPLETE"
+        return f"; run {self._run!r} left OPEN: re-run with --run-id {self._run} to finish it"
+
+
 def _outcomes(
-    producer: ExactlyOnceProducer, chunk: list[tuple[int, Message | BadLine]]
+    sender: KeySender | ReplaySender, chunk: list[tuple[int, Message | BadLine]]
 ) -> Iterator[Outcome]:
     """One outcome per line of ``chunk``, in order: the producer's, or REJECTED."""
-    sent = iter(producer.send([m for _, m in chunk if isinstance(m, Message)]))
+    sent = iter(sender.send([m for _, m in chunk if isinstance(m, Message)]))
     for number, parsed in chunk:
         if isinstance(parsed, Message):
             yield _for_line(number, next(sent))

@@ -5,7 +5,8 @@ points (:func:`from_env`) and parsed here, once. Actions: ``kill`` (SIGKILL itse
 cleanup, like a crash), ``raise`` (:class:`FailpointError`), ``stop`` (SIGSTOP itself: frozen,
 as by a debugger or a starved VM, until someone sends SIGCONT), or ``sleep:<seconds>``.
 Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
-after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete.
+after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete,
+replay_after_register.
 
 A :class:`Failpoints` is the product's :class:`producer.hooks.Hooks`: entry points pass it to
 the producer, the reconciler and the Spark sink. It pickles, so Spark ships it to executors.

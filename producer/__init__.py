@@ -1,7 +1,9 @@
 """The exactly-once producer: claim, put, classify, mark, and read back what is ambiguous.
 
-:class:`ExactlyOnceProducer` sends; :class:`Reconciler` resolves the claims crashes left in
-flight; :func:`audit_stream` proves the stream holds each key once. The protocol's decisions
+:class:`ExactlyOnceProducer` sends each key once (``dedupe=key``); :class:`ReplayProducer`
+sends a named run's rows once however often it is re-run (``dedupe=replay``:
+:meth:`ReplayProducer.send_run`, or an attempt per task with :meth:`ReplayProducer.attempt`);
+:class:`Reconciler` resolves the claims crashes left in flight; :func:`audit_stream` proves the stream holds each key once. The protocol's decisions
 are pure (:mod:`producer.protocol`); Kinesis is reached through :class:`KinesisWriter` and
 :class:`KinesisReader`; :func:`build_stack` wires them all from :class:`ProducerSettings`.
 The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hooks).
@@ -26,7 +28,8 @@ from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 from producer.reconciler import Reconciler, ReconcileReport
-from producer.settings import ProducerSettings
+from producer.replay import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
+from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack, build_stack
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "AuditReport",
     "AuditTooLargeError",
     "ConfigurationError",
+    "Dedupe",
     "ExactlyOnceProducer",
     "Hooks",
     "KeoError",
@@ -48,6 +52,10 @@ __all__ = [
     "ProducerSettings",
     "ReconcileReport",
     "Reconciler",
+    "ReplayAttempt",
+    "ReplayPolicy",
+    "ReplayProducer",
+    "ReplayTask",
     "Stack",
     "Step",
     "StreamError",

@@ -193,6 +193,20 @@ class ReplayProducer:
         with self.attempt(task) as attempt:
             return attempt.send(messages)
 
+    def send_run(self, run: str, messages: Sequence[Message]) -> list[Outcome]:
+        """Deliver ``messages`` as run ``run`` from this process, and complete the run when
+        every message is SENT or DUPLICATE: the whole of replay mode for a caller's own code
+        (what ``keo send --dedupe replay --run-id`` does). Call it again with the same ``run``
+        and messages after a crash: only what no earlier call delivered is sent; a COMPLETE
+        run sends nothing. One outcome per message, in order."""
+        with self.attempt(ReplayTask(run, new_execution_id(), task="api")) as attempt:
+            outcomes = attempt.send(messages)
+            attempt.finish()
+        delivered = {OutcomeStatus.SENT, OutcomeStatus.DUPLICATE}
+        if attempt.step is not RecoveryStep.DONE and all(o.status in delivered for o in outcomes):
+            self.complete(run, dict(attempt.counts))
+        return outcomes
+
     def complete(self, run: str, counts: dict[str, int]) -> ReplayRun:
         """Mark ``run`` COMPLETE (one write): a replay of it sends nothing."""
         context = self._context
@@ -232,6 +246,7 @@ class ReplayAttempt:
         self.counts: Counter[str] = Counter()
         self._lease_end_ms = me.lease_expires_at_ms
         self._lease_lost = False
+        self._finished = False
         self._unresolved = 0  # puts that may still land: the lease must not end early
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
@@ -321,9 +336,12 @@ class ReplayAttempt:
     def finish(self) -> None:
         """End the attempt's lease now when every put it made has a definite result, so a
         replay of the run waits for nothing (one write; best effort: a lease left running
-        costs a replay a wait, never a duplicate)."""
+        costs a replay a wait, never a duplicate). Once: the attempt sends nothing after."""
         context = self._context
-        if self._unresolved or self._lease_lost or self.step is RecoveryStep.DONE:
+        if self._finished or self._unresolved or self._lease_lost:
+            return
+        self._finished = True
+        if self.step is RecoveryStep.DONE:
             return
         try:
             context.ledger.renew_attempt(

@@ -35,6 +35,13 @@ class PutFence(StrEnum):
     OFF = "off"  # the lease deadline as each request leaves: a stall after it may duplicate
 
 
+class Dedupe(StrEnum):
+    """The guarantee a write asks for (DESIGN.md "Two guarantees, two prices")."""
+
+    KEY = "key"  # each key at most once, ever: one conditional ledger write per message
+    REPLAY = "replay"  # what a run without failures writes, however often it is replayed
+
+
 class ProducerSettings(LedgerSettings):
     """The producer, the reconciler and the audit: the ledger's settings, plus the stream, the
     put's timeouts and the lease. Read by ``keo send|reconcile|audit|init`` and the Spark sink."""
@@ -209,6 +216,34 @@ class ProducerSettings(LedgerSettings):
         None,
         description="the producer's identity, recorded in its claims; unique per process",
         why="unset: host:pid:random, unique per process, so two processes never share a claim",
+    )
+    dedupe: Dedupe = setting(
+        Dedupe.KEY,
+        rule="`key` or `replay`",
+        description=(
+            "the guarantee: `key` delivers each key at most once, ever; `replay` delivers what "
+            "a run without failures would have written, however often the run is replayed"
+        ),
+        why=(
+            "`key` is the stronger promise (any process, any run: a key once) at one ledger "
+            "write per message; `replay` needs a run name (a Spark batch, `--run-id`) and costs "
+            "a few ledger writes per task, but keys are not compared across runs "
+            "(docs/guarantees.md)"
+        ),
+    )
+    replay_max_wait_s: float | None = setting(
+        None,
+        ge=0,
+        le=3600,
+        description=(
+            "replay mode: the longest a replay waits for an earlier attempt's lease before it "
+            "gives its rows not found back as IN_FLIGHT (unset: as long as the lease runs)"
+        ),
+        why=(
+            "a replay waits only for rows it did not find while an earlier attempt may still "
+            "put them; the wait is at most one lease, and failing the task instead only moves "
+            "the wait to Spark's retry"
+        ),
     )
     aggregate: bool = setting(
         False,

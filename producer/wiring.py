@@ -23,6 +23,7 @@ from producer.hooks import NO_HOOKS, Hooks
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
+from producer.replay import ReplayPolicy, ReplayProducer
 from producer.settings import ProducerSettings
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,15 @@ def policy_from(settings: ProducerSettings) -> ProducerPolicy:
     )
 
 
+def replay_policy_from(settings: ProducerSettings) -> ReplayPolicy:
+    max_wait_s = settings.replay_max_wait_s
+    return ReplayPolicy(
+        lease=settings.lease_policy(),
+        put_max_attempts=settings.put_max_attempts,
+        max_wait_ms=round(max_wait_s * 1000) if max_wait_s is not None else None,
+    )
+
+
 @dataclass(frozen=True)
 class Stack:
     """Everything a producer or reconciler process needs, wired once."""
@@ -156,6 +166,19 @@ class Stack:
             policy=policy_from(self.settings),
             resolver=self.resolver(),
             owner=owner or self.settings.owner,
+            max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
+            shard_map=self.reader.shards if self.settings.aggregate else None,
+            hooks=self.hooks if hooks is None else hooks,
+        )
+
+    def replay_producer(self, *, hooks: Hooks | None = None) -> ReplayProducer:
+        return ReplayProducer(
+            stream=self.settings.stream,
+            ledger=self.ledger,
+            writer=self.writer,
+            reader=self.reader,
+            clock=self.clock,
+            policy=replay_policy_from(self.settings),
             max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
             shard_map=self.reader.shards if self.settings.aggregate else None,
             hooks=self.hooks if hooks is None else hooks,

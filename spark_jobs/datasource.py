@@ -43,7 +43,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -74,11 +74,14 @@ from spark_jobs.writer import (
     BatchReport,
     PartitionReport,
     PartitionWriter,
+    ReplayPartitionWriter,
+    batch_recorder,
     completed_before,
     data_is_binary,
     log_dead_letters_dropped,
     producer_settings,
     raise_unresolved,
+    run_completer,
     settle_batch,
     stack_for,
 )
@@ -113,6 +116,8 @@ class WritePlan:
     routing_index: int | None
     binary: bool
     hooks: Hooks = NO_HOOKS
+    # replay mode: this driver run of the write (a restarted query is another execution)
+    execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
@@ -154,6 +159,14 @@ class WritePlan:
     @property
     def stream(self) -> str:
         return stack_for(self.options.settings).settings.stream
+
+    def run_of(self, batch_id: int | None) -> str:
+        """Replay mode: the run a batch is (``<query_name>/<batch id>``), or a batch write's
+        (``run_id``, else one per execution: Spark's task retries are covered, not a re-run)."""
+        options = self.options
+        if batch_id is not None and options.query_name is not None:
+            return f"{options.query_name}/{batch_id}"
+        return options.run_id or f"write/{self.execution_id}"
 
 
 def _column(names: Sequence[str], wanted: str, option: str) -> int:
@@ -213,6 +226,15 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
     batch_property = context.getLocalProperty(_BATCH_ID_PROPERTY) if context else None
     batch_id = int(batch_property) if batch_property is not None else None
     options = plan.options
+    if options.replay:
+        report = ReplayPartitionWriter(
+            settings=options.settings,
+            run=plan.run_of(batch_id),
+            execution_id=plan.execution_id,
+            data_is_binary=plan.binary,
+            hooks=plan.hooks,
+        ).write(partition, context.attemptNumber() if context is not None else 0, rows)
+        return KeoCommitMessage(report, skipped=report.skipped, query_id=options.query_name)
     stack = stack_for(options.settings)
     if (
         options.query_name is not None
@@ -260,7 +282,11 @@ def _commit(
             stack=stack,
             hooks=plan.hooks,
             write_dead_letters=lambda done: _write_dead_letters(plan, done),
-            record_as=options.query_name,
+            record=(
+                run_completer(stack, plan.run_of(batch_id))
+                if options.replay
+                else batch_recorder(stack, options.query_name)
+            ),
         )
     except Exception as exc:
         unresolved = isinstance(exc, UnresolvedKeysError)

@@ -19,7 +19,7 @@ from typing import Final
 from urllib.parse import urlparse
 
 from producer.errors import ConfigurationError
-from producer.settings import ProducerSettings
+from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.writer import producer_settings, settings_from_env
@@ -35,6 +35,7 @@ WRITE_OPTIONS: Final = {
     "routing_key_column": None,
     "dead_letter_path": None,
     "query_name": None,
+    "run_id": None,
     "arrow": "true",
     "metrics_port": None,
     "metrics_host": None,  # 127.0.0.1 when metrics_port is set
@@ -98,6 +99,12 @@ class WriteOptions:
     query_name: str | None
     arrow: bool
     metrics: MetricsEndpoint | None = None  # Prometheus metrics on the driver
+    run_id: str | None = None  # replay mode, a batch write: the run a re-run continues
+
+    @property
+    def replay(self) -> bool:
+        """Whether the write is in replay mode (``dedupe=replay``)."""
+        return producer_settings(self.settings).dedupe is Dedupe.REPLAY
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> WriteOptions:
@@ -113,17 +120,20 @@ class WriteOptions:
         if query_name is not None and not streaming:
             raise OptionsError(
                 "format('keo'): query_name names a streaming query, whose batch ids name the "
-                "same rows on a replay; a batch write has no such id (the per-key claims "
-                "already make running it again safe)",
+                "same rows on a replay; a batch write has no such id (in key mode the per-key "
+                "claims already make running it again safe; in replay mode name it with run_id)",
                 options=["query_name"],
             )
         if query_name is not None and not query_name.strip():
             raise OptionsError("format('keo'): query_name is empty", options=["query_name"])
-        for name in ("key_column", "data_column", "routing_key_column"):
-            if chosen[name] is not None and not chosen[name]:
+        for name in ("key_column", "data_column", "routing_key_column", "run_id"):
+            value = chosen[name]
+            if value is not None and not value.strip():
                 raise OptionsError(f"format('keo'): {name} is empty", options=[name])
         settings = settings_values(options)
-        warn_if_unfenced(producer_settings(settings))
+        checked = producer_settings(settings)
+        _check_replay(checked.dedupe, query_name, chosen["run_id"], streaming=streaming)
+        warn_if_unfenced(checked)
         return cls(
             settings=settings,
             key_column=chosen["key_column"] or "key",
@@ -133,6 +143,28 @@ class WriteOptions:
             query_name=query_name,
             arrow=flag("arrow", chosen["arrow"] or "true"),
             metrics=metrics_endpoint(chosen["metrics_port"], chosen["metrics_host"]),
+            run_id=chosen["run_id"],
+        )
+
+
+def _check_replay(
+    dedupe: Dedupe, query_name: str | None, run_id: str | None, *, streaming: bool
+) -> None:
+    """Replay mode names its runs: a streaming query by ``query_name`` (its batches are
+    ``<query_name>/<batch id>``), a batch write by ``run_id`` if it is to be re-run."""
+    if run_id is not None and (dedupe is not Dedupe.REPLAY or streaming):
+        raise OptionsError(
+            "format('keo'): run_id names a batch write in replay mode (dedupe=replay); a "
+            "streaming query's runs are its batches, named by query_name",
+            options=["run_id"],
+        )
+    if dedupe is Dedupe.REPLAY and streaming and query_name is None:
+        raise OptionsError(
+            "format('keo'): dedupe=replay needs query_name on a streaming write: a replayed "
+            "batch is found by <query_name>/<batch id>, and Spark's query id is not known to "
+            "the writer; give a name unique to this query and its checkpoint (a new "
+            "checkpoint restarts batch ids: give it a new query_name)",
+            options=["query_name", "dedupe"],
         )
 
 

@@ -1,40 +1,51 @@
 """``ExactlyOnceSink``: a ``foreachBatch`` sink that delivers every row of a micro-batch into
-Kinesis exactly once per key, through :class:`producer.producer.ExactlyOnceProducer`.
+Kinesis exactly once: per key (``dedupe="key"``, the default, through
+:class:`producer.producer.ExactlyOnceProducer`), or per replay of the batch
+(``dedupe="replay"``, through :class:`producer.replay.ReplayProducer`).
 
 ::
 
     sink(df, batch_id)                                       on the driver
-      ├─ ledger: batch (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
+      ├─ key mode: batch (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
       ├─ rdd.mapPartitionsWithIndex(PartitionWriter)          on the executors
-      │     └─ producer.send(rows) ── one PartitionReport per partition, back to the driver
+      │     ├─ key: producer.send(rows) ── one PartitionReport per partition, to the driver
+      │     └─ replay: one attempt at run <query_id>/<batch_id> (a COMPLETE run sends nothing);
+      │        a row unresolved fails the task: Spark retries it, the retry finds what was put
       └─ settle_batch                                         spark_jobs.writer
             ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-*.json
             ├─ any key unresolved (IN_FLIGHT, FAILED, TAKEN_OVER, UNVERIFIABLE)
             │     └─ raise UnresolvedKeysError: Spark retries the batch, the per-key claims decide
-            └─ mark the batch COMPLETE
+            └─ mark the batch COMPLETE (key: the batch ledger; replay: the run item)
 
 Replays are safe at every step: a batch replayed after a crash re-runs the per-key protocol
-(already delivered keys come back DUPLICATE, nothing is sent again), and only a batch that
-settled every row is marked COMPLETE. Speculative or retried tasks race on the per-key claim.
-The ``keo`` data source (:mod:`spark_jobs.datasource`) runs the same writer.
-"""
+(already delivered keys come back DUPLICATE, nothing is sent again), or in replay mode reads
+back what the batch's earlier attempts put and sends the rest; only a batch that settled every
+row is marked COMPLETE. Speculative or retried tasks race on the per-key claim, or supersede the
+attempts before them. The ``keo`` data source (:mod:`spark_jobs.datasource`) runs the same
+writers."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from dedupe_store.settings import env_var
 from producer.hooks import NO_HOOKS, Hooks
+from producer.settings import Dedupe
 from spark_jobs.writer import (
     DEAD_LETTER_SCHEMA,
     DEFAULT_ROWS_PER_SEND,
     BatchReport,
     PartitionWriter,
+    ReplayPartitionWriter,
+    batch_recorder,
     completed_before,
     data_is_binary,
     log_dead_letters_dropped,
     producer_settings,
+    run_completer,
     settle_batch,
     stack_for,
 )
@@ -62,10 +73,17 @@ class ExactlyOnceSink:
         query_id: str | None = None,
         rows_per_send: int = DEFAULT_ROWS_PER_SEND,
         hooks: Hooks = NO_HOOKS,
+        dedupe: Dedupe | str | None = None,
     ) -> None:
         self.settings = dict(settings)
+        if dedupe is not None:
+            self.settings[env_var("dedupe")] = Dedupe(dedupe).value
         self.hooks = hooks
-        self.stream = producer_settings(self.settings).stream  # fail fast on bad settings
+        checked = producer_settings(self.settings)  # fail fast on bad settings
+        self.stream = checked.stream
+        self.dedupe = checked.dedupe
+        # replay mode: this driver run of the query; a restart (a new sink) is a new one
+        self.execution_id = uuid.uuid4().hex
         self.key_column = key_column
         self.data_column = data_column
         self.routing_key_column = routing_key_column
@@ -81,32 +99,50 @@ class ExactlyOnceSink:
     def write_batch(self, df: Any, batch_id: int) -> BatchReport:
         query_id = self.query_id or _streaming_query_id(df)
         stack = stack_for(self.settings)
-        if completed_before(stack, query_id, batch_id):
+        replay = self.dedupe is Dedupe.REPLAY
+        if not replay and completed_before(stack, query_id, batch_id):
             return BatchReport(query_id, batch_id, skipped=True)
 
         report = BatchReport(query_id, batch_id)
-        for part in (
+        parts = (
             self._rows(df)
             .rdd.mapPartitionsWithIndex(self.partition_writer(df, query_id, batch_id))
             .collect()
-        ):
+        )
+        for part in parts:
             report.add(part)
+        if parts and all(part.skipped for part in parts):
+            report.skipped = True
+            return report
+        run = f"{query_id}/{batch_id}"
         settle_batch(
             report,
             stack=stack,
             hooks=self.hooks,
             write_dead_letters=lambda done: self._write_dead_letters(df.sparkSession, done),
-            record_as=query_id,
+            record=run_completer(stack, run) if replay else batch_recorder(stack, query_id),
         )
         return report
 
-    def partition_writer(self, df: Any, query_id: str, batch_id: int) -> PartitionWriter:
+    def partition_writer(
+        self, df: Any, query_id: str, batch_id: int
+    ) -> PartitionWriter | ReplayPartitionWriter:
         """The executor function of one batch of ``df`` (public for tests of racing tasks)."""
+        binary = data_is_binary(df.schema, self.data_column)
+        if self.dedupe is Dedupe.REPLAY:
+            return ReplayPartitionWriter(
+                settings=self.settings,
+                run=f"{query_id}/{batch_id}",
+                execution_id=self.execution_id,
+                data_is_binary=binary,
+                rows_per_send=self.rows_per_send,
+                hooks=self.hooks,
+            )
         return PartitionWriter(
             settings=self.settings,
             query_id=query_id,
             batch_id=batch_id,
-            data_is_binary=data_is_binary(df.schema, self.data_column),
+            data_is_binary=binary,
             rows_per_send=self.rows_per_send,
             hooks=self.hooks,
         )

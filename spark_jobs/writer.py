@@ -179,6 +179,7 @@ class PartitionReport:
     seconds: float = 0.0
     # what the task's producer did: its counters' growth (producer.metrics.counts_since)
     producer_counts: dict[SampleKey, float] = field(default_factory=dict)
+    skipped: bool = False  # replay mode: the run was COMPLETE, nothing was sent
 
 
 @dataclass(slots=True)
@@ -233,42 +234,102 @@ class PartitionWriter:
     def write(self, partition: int, rows: Iterable[Any]) -> PartitionReport:
         stack = stack_for(self.settings)
         owner = f"{default_owner()}:q{self.query_id[:8]}:b{self.batch_id}:p{partition}"
-        report = PartitionReport(partition)
-        counts: Counter[str] = Counter()
-        started, before = time.perf_counter(), metrics.producer_counts()
+        tally = _Tally(partition, binary=self.data_is_binary)
         with stack.producer(owner=owner, hooks=self.hooks) as producer:
             for chunk in chunked(rows, self.rows_per_send):
-                messages = [_message(row) for row in chunk]
-                for row, outcome in zip(chunk, producer.send(messages), strict=True):
-                    self._tally(row, outcome, counts, report)
-        report.counts = {name: counts[name] for name in COUNT_NAMES}
-        report.seconds = time.perf_counter() - started
-        report.producer_counts = metrics.counts_since(before)
+                tally.add(chunk, producer.send([_message(row) for row in chunk]))
+        report = tally.done()
         log.info(
-            "partition written query=%s batch=%d partition=%d sent=%d duplicates=%d "
-            "conflicts=%d rejected=%d unresolved=%d seconds=%.3f",
+            "partition written query=%s batch=%d partition=%d %s seconds=%.3f",
             self.query_id,
             self.batch_id,
             partition,
-            counts["sent"],
-            counts["duplicates"],
-            counts["conflicts"],
-            counts["rejected"],
-            counts["unresolved"],
+            tally.summary(),
             report.seconds,
         )
         return report
 
-    def _tally(
-        self, row: Any, outcome: Outcome, counts: Counter[str], report: PartitionReport
-    ) -> None:
-        if outcome.status in UNRESOLVED_STATUSES:
-            counts["unresolved"] += 1
-            report.unresolved.append(Unresolved(outcome.key, outcome.status.value, outcome.reason))
-            return
-        counts[_COUNTED[outcome.status]] += 1
-        if outcome.status in DEAD_LETTER_STATUSES:
-            report.dead_letters.append(_dead_letter(row, outcome, binary=self.data_is_binary))
+
+@dataclass(frozen=True)
+class ReplayPartitionWriter:
+    """Sends one partition's rows ``(key, data, routing_key)`` in replay mode as one attempt
+    at ``run`` (:mod:`producer.replay`); picklable, runs on executors. ``task_attempt`` is
+    Spark's attempt number of the task: a retry of the task recovers what the attempts before
+    it put; a sibling task's rows are never compared with these. A row left unresolved fails
+    the task (:class:`UnresolvedKeysError`), so Spark retries it alone."""
+
+    settings: dict[str, str]
+    run: str
+    execution_id: str
+    data_is_binary: bool
+    rows_per_send: int = DEFAULT_ROWS_PER_SEND
+    hooks: Hooks = NO_HOOKS
+
+    def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
+        from producer.replay import ReplayTask
+        from producer.replay_plan import RecoveryStep
+
+        stack = stack_for(self.settings)
+        task = ReplayTask(self.run, self.execution_id, str(partition), task_attempt)
+        tally = _Tally(partition, binary=self.data_is_binary)
+        with stack.replay_producer(hooks=self.hooks).attempt(task) as attempt:
+            for chunk in chunked(rows, self.rows_per_send):
+                tally.add(chunk, attempt.send([_message(row) for row in chunk]))
+        report = tally.done()
+        report.skipped = attempt.step is RecoveryStep.DONE
+        log.info(
+            "partition written run=%s partition=%d attempt=%d step=%s found=%d %s seconds=%.3f",
+            self.run,
+            partition,
+            task_attempt,
+            attempt.step,
+            attempt.rows_found,
+            tally.summary(),
+            report.seconds,
+        )
+        # the task fails, so Spark retries it; the retry finds what this attempt put
+        raise_unresolved(stack.settings.stream, report)
+        return report
+
+    def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
+        """For ``rdd.mapPartitionsWithIndex``: the task's attempt number from its context."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        yield self.write(partition, context.attemptNumber() if context else 0, rows)
+
+
+class _Tally:
+    """A partition's outcomes, counted, with its dead letters and unresolved rows."""
+
+    def __init__(self, partition: int, *, binary: bool) -> None:
+        self._binary = binary
+        self._counts: Counter[str] = Counter()
+        self._report = PartitionReport(partition)
+        self._started = time.perf_counter()
+        self._before = metrics.producer_counts()
+
+    def add(self, rows: list[Any], outcomes: list[Outcome]) -> None:
+        for row, outcome in zip(rows, outcomes, strict=True):
+            if outcome.status in UNRESOLVED_STATUSES:
+                self._counts["unresolved"] += 1
+                self._report.unresolved.append(
+                    Unresolved(outcome.key, outcome.status.value, outcome.reason)
+                )
+                continue
+            self._counts[_COUNTED[outcome.status]] += 1
+            if outcome.status in DEAD_LETTER_STATUSES:
+                self._report.dead_letters.append(_dead_letter(row, outcome, binary=self._binary))
+
+    def done(self) -> PartitionReport:
+        report = self._report
+        report.counts = {name: self._counts[name] for name in COUNT_NAMES}
+        report.seconds = time.perf_counter() - self._started
+        report.producer_counts = metrics.counts_since(self._before)
+        return report
+
+    def summary(self) -> str:
+        return " ".join(f"{name}={self._counts[name]}" for name in COUNT_NAMES)
 
 
 def _data_bytes(value: Any) -> Any:
@@ -324,14 +385,15 @@ def settle_batch(
     stack: Stack,
     hooks: Hooks,
     write_dead_letters: Callable[[BatchReport], None],
-    record_as: str | None,
+    record: Recorder | None,
 ) -> None:
     """What the driver does once every partition of a batch has reported.
 
     Dead letters are written first, so a batch that fails for its unresolved keys has still
     kept them (a replay writes the same ones again, in the same place). The batch is recorded
-    COMPLETE under the query ``record_as`` (None records nothing) only when it settled every
-    row: that record is what lets a replay of the batch skip all per-key work.
+    (``record``: :func:`batch_recorder` in key mode, :func:`run_completer` in replay mode; None
+    records nothing) only when it settled every row: that record is what lets a replay of the
+    batch skip all its work.
     """
     stream = stack.settings.stream
     hooks.at(Step.BATCH_AFTER_PUTS, batch_id=report.batch_id)
@@ -352,10 +414,39 @@ def settle_batch(
         write_dead_letters(report)
     raise_unresolved(stream, report)
     hooks.at(Step.BATCH_BEFORE_COMPLETE, batch_id=report.batch_id)
-    if record_as is not None and report.batch_id is not None:
-        stack.ledger.mark_batch_complete(
-            stream, record_as, report.batch_id, counts=report.counts, now_ms=stack.clock.now_ms()
-        )
+    if record is not None:
+        record(report)
+
+
+Recorder = Callable[[BatchReport], None]
+
+
+def batch_recorder(stack: Stack, query: str | None) -> Recorder | None:
+    """Key mode: record a settled batch of ``query`` COMPLETE in the batch ledger (a replay of
+    it skips all per-key work); None for a write no query names."""
+    if query is None:
+        return None
+
+    def record(report: BatchReport) -> None:
+        if report.batch_id is not None:
+            stack.ledger.mark_batch_complete(
+                stack.settings.stream,
+                query,
+                report.batch_id,
+                counts=report.counts,
+                now_ms=stack.clock.now_ms(),
+            )
+
+    return record
+
+
+def run_completer(stack: Stack, run: str) -> Recorder:
+    """Replay mode: mark the batch's run COMPLETE (one write): a replay of it sends nothing."""
+
+    def record(report: BatchReport) -> None:
+        stack.replay_producer().complete(run, dict(report.counts))
+
+    return record
 
 
 def raise_unresolved(stream: str, report: BatchReport | PartitionReport) -> None:

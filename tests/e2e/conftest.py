@@ -77,3 +77,13 @@ def stack(settings: dict[str, str]) -> Stack:
 @pytest.fixture
 def kinesis(emulators: Any) -> Any:
     return streamcheck.kinesis_client(emulators.kinesis)
+
+
+@pytest.fixture
+def keo(spark: Any) -> Iterator[Any]:
+    """The session with ``format("keo")`` registered; hooks a test installs are removed after."""
+    import spark_jobs
+
+    spark_jobs.register(spark)
+    yield spark
+    spark_jobs.register(spark)

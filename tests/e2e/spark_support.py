@@ -155,3 +155,20 @@ def scrape_until(port: int, done: Any, timeout_s: float = 60) -> Samples:
 
 def sample(found: Samples, name: str, **labels: str) -> float:
     return found.get((name, frozenset(labels.items())), 0.0)
+
+
+def start_event_query(spark: Any, source: Path, checkpoint: Path, options: dict[str, str]) -> Any:
+    """A streaming write of the JSON event files in ``source`` with ``format("keo")``, one
+    file per micro-batch, until every file is written (``availableNow``)."""
+    from spark_jobs.produce_stream import EVENT_SCHEMA
+
+    return (
+        spark.readStream.schema(EVENT_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("keo")
+        .options(**options)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )

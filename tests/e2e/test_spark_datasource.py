@@ -8,7 +8,6 @@ stream is read back with plain boto3 calls (streamcheck), never with the product
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from spark_support import (
     plant_unverifiable,
     sample,
     scrape_until,
+    start_event_query,
     streamcheck,
     write_event_files,
 )
@@ -35,19 +35,10 @@ from devstack.failpoints import Failpoints
 from producer.hooks import Step
 from producer.protocol import Message
 from producer.wiring import Stack
-from spark_jobs.produce_stream import EVENT_SCHEMA
 
 pytestmark = pytest.mark.spark
 
 QUERY_TIMEOUT_S = 180
-
-
-@pytest.fixture
-def keo(spark: Any) -> Iterator[Any]:
-    """The session with ``format("keo")`` registered; hooks a test installs are removed after."""
-    spark_jobs.register(spark)
-    yield spark
-    spark_jobs.register(spark)
 
 
 def keo_options(settings: dict[str, str], **more: str) -> dict[str, str]:
@@ -221,19 +212,6 @@ def test_an_option_it_cannot_use_fails_the_write_naming_it(
 # --- streaming writes ------------------------------------------------------------------------
 
 
-def _start(spark: Any, source: Path, checkpoint: Path, options: dict[str, str]) -> Any:
-    return (
-        spark.readStream.schema(EVENT_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .writeStream.format("keo")
-        .options(**options)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
 def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_restart(
     keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
 ) -> None:
@@ -257,7 +235,7 @@ def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_rest
     spark_jobs.register(keo, hooks=Failpoints(f"{Step.BATCH_AFTER_PUTS}=raise"))
 
     # WHEN the query runs and dies
-    first = _start(keo, tmp_path / "in", tmp_path / "checkpoint", options)
+    first = start_event_query(keo, tmp_path / "in", tmp_path / "checkpoint", options)
     with pytest.raises(StreamingQueryException, match="batch_after_puts"):
         first.awaitTermination(QUERY_TIMEOUT_S)
     assert len(streamcheck.read_stream(kinesis, stack.settings.stream).records) == 40
@@ -265,7 +243,7 @@ def test_a_streaming_write_killed_after_its_puts_delivers_every_key_once_on_rest
 
     # AND is restarted from the same checkpoint, without the fault
     spark_jobs.register(keo)
-    second = _start(keo, tmp_path / "in", tmp_path / "checkpoint", options)
+    second = start_event_query(keo, tmp_path / "in", tmp_path / "checkpoint", options)
     assert second.awaitTermination(QUERY_TIMEOUT_S)
     assert second.exception() is None
 
@@ -310,7 +288,9 @@ def test_a_replayed_batch_recorded_complete_is_skipped(
     port = free_port()
     options = keo_options(settings, query_name="skipping", metrics_port=str(port))
     checkpoint = tmp_path / "checkpoint"
-    assert _start(keo, tmp_path / "in", checkpoint, options).awaitTermination(QUERY_TIMEOUT_S)
+    assert start_event_query(keo, tmp_path / "in", checkpoint, options).awaitTermination(
+        QUERY_TIMEOUT_S
+    )
     first = stack.ledger.completed_batch(
         stack.settings.stream, "skipping", 1, now_ms=stack.clock.now_ms()
     )
@@ -319,7 +299,9 @@ def test_a_replayed_batch_recorded_complete_is_skipped(
         written.unlink()  # the commit and its checksum file
 
     # WHEN the query is restarted
-    assert _start(keo, tmp_path / "in", checkpoint, options).awaitTermination(QUERY_TIMEOUT_S)
+    assert start_event_query(keo, tmp_path / "in", checkpoint, options).awaitTermination(
+        QUERY_TIMEOUT_S
+    )
 
     # THEN Spark replayed batch 1 and the data source skipped it: its record is the first one
     # (a re-run would have rewritten it with 30 duplicates), and the stream is unchanged
@@ -355,7 +337,7 @@ def test_the_driver_serves_the_metrics_of_every_query_on_its_metrics_port(
     # finding every key delivered
     for name in ("first", "second"):
         options = keo_options(settings, query_name=name, metrics_port=str(port))
-        query = _start(keo, tmp_path / "in", tmp_path / f"checkpoint-{name}", options)
+        query = start_event_query(keo, tmp_path / "in", tmp_path / f"checkpoint-{name}", options)
         assert query.awaitTermination(QUERY_TIMEOUT_S)
         assert query.exception() is None
 

@@ -17,7 +17,6 @@ import planting
 import pytest
 from spark_support import events, plant_unverifiable, streamcheck
 
-import spark_jobs
 from dedupe_store.records import Position
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
@@ -33,12 +32,6 @@ INSIDE = "agg-inside"
 OUTSIDE = "agg-outside"
 LOW_HASH = "5"  # shard 0 of 2 covers [0, 2**127)
 HIGH_HASH = str(2**127 + 5)
-
-
-@pytest.fixture
-def keo(spark: Any) -> Any:
-    spark_jobs.register(spark)
-    return spark
 
 
 @pytest.fixture

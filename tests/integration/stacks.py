@@ -33,6 +33,8 @@ FAST: dict[str, Any] = {
     "wait_initial_s": 0.05,
     "wait_max_s": 0.5,
 }
+# The same, as the environment of a `keo` subprocess.
+FAST_ENV: dict[str, str] = {f"KEO_{name.upper()}": str(value) for name, value in FAST.items()}
 
 
 def settings_for(

@@ -291,3 +291,34 @@ def test_invalid_rows_are_rejected_with_a_reason_and_the_rest_delivered(
     assert all(o.reason for o in outcomes[:2])
     assert statuses(outcomes[2:]) == {"SENT": 3}
     assert attempt.completable
+
+
+def test_send_run_completes_a_delivered_run_and_a_second_call_sends_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN the Python API's send_run WHEN a run is sent, then sent again THEN the first call
+    SENT every row and completed the run, and the second sends nothing."""
+    producer = producer_over(ledger, kinesis, clock)
+    assert statuses(producer.send_run("nightly", rows(7))) == {"SENT": 7}
+    run = producer.run_of("nightly")
+    assert run is not None
+    assert run.state is RunState.COMPLETE
+    assert run.counts == {"SENT": 7}
+    puts = kinesis.put_calls
+    assert statuses(producer.send_run("nightly", rows(7))) == {"DUPLICATE": 7}
+    assert kinesis.put_calls == puts
+
+
+def test_send_run_leaves_a_run_with_a_rejected_row_open_for_a_fixed_re_run(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a run with one invalid row WHEN it is sent THEN the run stays OPEN; WHEN it is
+    sent again with the row fixed THEN only that row is sent and the run completes."""
+    producer = producer_over(ledger, kinesis, clock)
+    broken = [*rows(4), Message("", b"fixed later")]
+    assert statuses(producer.send_run("nightly", broken)) == {"SENT": 4, "REJECTED": 1}
+    assert producer.run_of("nightly").state is RunState.OPEN  # type: ignore[union-attr]
+    fixed = [*rows(4), Message("k-fixed", b"fixed later")]
+    assert statuses(producer.send_run("nightly", fixed)) == {"DUPLICATE": 4, "SENT": 1}
+    assert producer.run_of("nightly").state is RunState.COMPLETE  # type: ignore[union-attr]
+    assert in_stream(kinesis) == as_multiset(fixed)
