@@ -92,6 +92,23 @@ def walk_index(
             break
 
 
+def walk_items(
+    read_page: ReadPage[_T],
+    *,
+    buckets: Sequence[int] | None,
+    inflight_buckets: int,
+    page_size: int,
+) -> Iterator[_T]:
+    """Every item the pages of the index hold, bucket after bucket (``buckets``: a share of
+    the index; all ``inflight_buckets`` when None), ``page_size`` a page."""
+    for items, _ in walk_index(
+        read_page,
+        buckets=list(buckets) if buckets is not None else range(inflight_buckets),
+        page_limit=lambda: page_size,
+    ):
+        yield from items
+
+
 def walk_in_flight(
     ledger: LedgerReader,
     stream: str,

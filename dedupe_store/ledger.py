@@ -60,7 +60,7 @@ from dedupe_store.inflight import (
     bucket_of,
     bucket_partition,
     run_bucket_partition,
-    walk_index,
+    walk_items,
 )
 from dedupe_store.model import (
     INFLIGHT_INDEX_NAME,
@@ -456,13 +456,12 @@ class DynamoDBLedger:
             )
             return [group_id for _, group_id in page], cursor
 
-        every = range(self.inflight_buckets)
-        for group_ids, _ in walk_index(
+        yield from walk_items(
             read_page,
-            buckets=list(buckets) if buckets is not None else every,
-            page_limit=lambda: page_size,
-        ):
-            yield from group_ids
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
 
     def in_flight_page(
         self,
@@ -748,12 +747,9 @@ class DynamoDBLedger:
         buckets: Sequence[int] | None = None,
         page_size: int = 100,
     ) -> Iterator[ReplayRun]:
-        """OPEN runs from the in-flight index, bucket after bucket, each re-read consistently.
-
-        With ``now_ms``: only runs left open past their leases, every attempt's lease ended
-        before ``now_ms`` (the index narrows the query to runs whose first lease ended; each
-        attempt's own lease is read from the run). None: every OPEN run.
-        """
+        """:meth:`dedupe_store.contract.LedgerReader.open_runs`: with ``now_ms``, the index
+        narrows the query to runs whose first lease ended before it, and each attempt's own
+        lease is read from the run's item."""
         prefix = replay_run_pk(stream, "")
 
         def read_page(
@@ -766,13 +762,12 @@ class DynamoDBLedger:
             runs = [_run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
             return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
 
-        every = range(self.inflight_buckets)
-        for runs, _ in walk_index(
+        yield from walk_items(
             read_page,
-            buckets=list(buckets) if buckets is not None else every,
-            page_limit=lambda: page_size,
-        ):
-            yield from runs
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
 
     def _run_bucket(self, stream: str, run: str) -> str:
         return run_bucket_partition(stream, bucket_of(run, self.inflight_buckets))

@@ -45,7 +45,7 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.inflight import Cursor, bucket_of, walk_index
+from dedupe_store.inflight import Cursor, bucket_of, walk_items
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     AttemptRenewal,
@@ -277,13 +277,10 @@ class InMemoryLedger:
             page, cursor = self._index_page(stream, bucket, now_ms, limit, after)
             return [pk.rsplit("/", 1)[1] for _, pk in page], cursor
 
-        every = range(self.inflight_buckets)
-        pages = walk_index(
-            read_page,
-            buckets=list(buckets) if buckets is not None else every,
-            page_limit=lambda: page_size,
+        found = walk_items(
+            read_page, buckets=buckets, inflight_buckets=self.inflight_buckets, page_size=page_size
         )
-        return iter([group_id for group_ids, _ in pages for group_id in group_ids])
+        return iter(list(found))  # read now, as the call is made
 
     def in_flight_page(
         self,
