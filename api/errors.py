@@ -10,6 +10,7 @@ They grow from the roots in :mod:`dedupe_store.errors`. The tree::
         ├── ApiConfigError     (above)
         ├── UnauthorizedError  a /v1 request without the right bearer token       -> 401
         ├── UnknownKeyError    the ledger has no item for the key in the stream    -> 404 (stream, key)
+        ├── UnknownRunError    the ledger has no replay-mode run of that name       -> 404 (stream, run)
         └── InvalidCursorError a cursor this API did not issue for this listing   -> 422
                                (api.cursor; a ValueError too)
 
@@ -45,3 +46,13 @@ class UnknownKeyError(ApiError):
         super().__init__(f"no delivery state for key {key!r} in stream {stream!r}")
         self.stream = stream
         self.key = key
+
+
+class UnknownRunError(ApiError):
+    """No replay-mode run ``run`` in ``stream``: never registered, or its dedupe TTL deleted
+    it."""
+
+    def __init__(self, stream: str, run: str) -> None:
+        super().__init__(f"no replay-mode run {run!r} in stream {stream!r}")
+        self.stream = stream
+        self.run = run

@@ -17,7 +17,7 @@ from api.errors import ApiConfigError
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, problem_responses
 from api.retention import RetentionLookup, retention_from
-from api.routes import health, in_flight, messages, summary
+from api.routes import health, in_flight, messages, runs, summary
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.contract import LedgerReader
@@ -36,15 +36,23 @@ Every `/v1` route needs the bearer token configured as `KEO_API_TOKEN`
 **The exactly-once window** is min(dedupe TTL, stream retention): a key delivered longer ago
 than that may be delivered again. `GET /v1/streams/{stream}/summary` reports it.
 
+Replay mode (`dedupe=replay`) writes no per-key item: `GET /v1/streams/{stream}/runs/{run}`
+answers per run (a Spark micro-batch `<query>/<batch id>`, or a CLI `--run-id`): committed or
+not, its attempts, its counts.
+
 Errors are RFC 9457 problem details (`application/problem+json`): 401 without the right token,
-404 for an unknown key, 422 with every reason for an invalid key, stream, limit or cursor,
-503 (with `Retry-After`) while the ledger is unavailable.
+404 for an unknown key or run, 422 with every reason for an invalid key, run, stream, limit or
+cursor, 503 (with `Retry-After`) while the ledger is unavailable.
 """
 
 TAGS: list[dict[str, Any]] = [
     {"name": "messages", "description": "the delivery state of message keys"},
     {"name": "in-flight", "description": "claims in flight, from the sparse in-flight index"},
     {"name": "summary", "description": "a stream at a glance"},
+    {
+        "name": "runs",
+        "description": "replay-mode runs (dedupe=replay): committed or not, their attempts",
+    },
     {"name": "operations", "description": "liveness, readiness and metrics"},
 ]
 
@@ -95,7 +103,7 @@ def create_app(
     install_problem_handlers(app)
     auth_dependencies = [Depends(require_token)] if require_auth else []
     auth_responses = problem_responses(401) if require_auth else {}
-    for router in (messages.router, in_flight.router, summary.router):
+    for router in (messages.router, in_flight.router, summary.router, runs.router):
         app.include_router(router, dependencies=auth_dependencies, responses=auth_responses)
     app.include_router(health.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -6,6 +6,7 @@ What maps to what::
     a body FastAPI cannot decode (its 400)                 422  urn:keo:problem:validation
     UnauthorizedError                                      401  urn:keo:problem:unauthorized
     UnknownKeyError                                        404  urn:keo:problem:unknown-key
+    UnknownRunError                                        404  urn:keo:problem:unknown-run
     LedgerUnavailableError (DynamoDB down, throttled)      503  urn:keo:problem:ledger-unavailable
     LedgerSchemaError (the table is missing)               503  urn:keo:problem:ledger-not-ready
     any other HTTP error (unknown route, wrong method)     its status, type about:blank
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import UnauthorizedError, UnknownKeyError
+from api.errors import UnauthorizedError, UnknownKeyError, UnknownRunError
 from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerUnavailableError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class ProblemType:
     VALIDATION = "urn:keo:problem:validation"
     UNAUTHORIZED = "urn:keo:problem:unauthorized"
     UNKNOWN_KEY = "urn:keo:problem:unknown-key"
+    UNKNOWN_RUN = "urn:keo:problem:unknown-run"
     LEDGER_UNAVAILABLE = "urn:keo:problem:ledger-unavailable"
     LEDGER_NOT_READY = "urn:keo:problem:ledger-not-ready"
     INTERNAL = "urn:keo:problem:internal"
@@ -162,6 +164,23 @@ _RESPONSES: dict[int, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# a route answers 404 for the one thing it looks up: a key (the default), or a run
+_NOT_FOUND: dict[str, tuple[str, dict[str, Any]]] = {
+    "key": _RESPONSES[404],
+    "run": (
+        "the replay-mode run is unknown in this stream",
+        {
+            "type": ProblemType.UNKNOWN_RUN,
+            "title": "Unknown run",
+            "status": 404,
+            "detail": "no replay-mode run of this name in stream 'orders': never registered, "
+            "or its dedupe TTL has passed",
+            "instance": "/v1/streams/orders/runs/orders-to-kinesis/42",
+            "stream": "orders",
+            "run": "orders-to-kinesis/42",
+        },
+    ),
+}
 _HEADERS: dict[int, dict[str, Any]] = {
     401: {
         "WWW-Authenticate": {
@@ -178,15 +197,16 @@ _HEADERS: dict[int, dict[str, Any]] = {
 }
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for the problems a route can answer with, with examples.
+def problem_responses(*statuses: int, unknown: str = "key") -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the problems a route can answer with, with examples; a 404
+    for an ``unknown`` key or run.
 
     Declared under ``application/json`` here; :func:`api.main.build_openapi` moves every
     error response to ``application/problem+json``, the media type actually sent.
     """
     responses: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        description, example = _RESPONSES[status]
+        description, example = _NOT_FOUND[unknown] if status == 404 else _RESPONSES[status]
         response: dict[str, Any] = {
             "model": ValidationProblem if status == 422 else Problem,
             "description": description,
@@ -224,6 +244,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_failed)  # type: ignore[arg-type]
     app.add_exception_handler(UnauthorizedError, _unauthorized)  # type: ignore[arg-type]
     app.add_exception_handler(UnknownKeyError, _unknown_key)  # type: ignore[arg-type]
+    app.add_exception_handler(UnknownRunError, _unknown_run)  # type: ignore[arg-type]
     app.add_exception_handler(LedgerError, _ledger_failed)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
@@ -273,6 +294,19 @@ async def _unknown_key(request: Request, exc: UnknownKeyError) -> JSONResponse:
         "or its dedupe TTL has passed",
         stream=exc.stream,
         key=exc.key,
+    )
+
+
+async def _unknown_run(request: Request, exc: UnknownRunError) -> JSONResponse:
+    return problem(
+        request,
+        404,
+        ProblemType.UNKNOWN_RUN,
+        "Unknown run",
+        f"no replay-mode run of this name in stream {exc.stream!r}: never registered, "
+        "or its dedupe TTL has passed",
+        stream=exc.stream,
+        run=exc.run,
     )
 
 

@@ -19,8 +19,8 @@ from pydantic import (
     field_validator,
 )
 
-from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord
-from dedupe_store.states import LedgerState
+from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord, ReplayRun, RunAttempt
+from dedupe_store.states import LedgerState, RunState
 
 MAX_LOOKUP_KEYS = 100
 
@@ -290,6 +290,149 @@ class StreamSummary(BaseModel):
             "the reconciler's last recorded run over this stream; null when none is recorded "
             "(the reconciler has never recorded a run)"
         )
+    )
+
+
+# --- replay-mode runs ----------------------------------------------------------------------------
+
+
+class ReplayState(StrEnum):
+    """A replay-mode run's state in the ledger."""
+
+    OPEN = "OPEN"
+    COMPLETE = "COMPLETE"
+
+
+_ATTEMPT_EXAMPLE: dict[str, JsonValue] = {
+    "id": "3f2c9a1e-0",
+    "execution_id": "7d41c2b0",
+    "task": "3",
+    "task_attempt": 0,
+    "started_at": "2024-05-01T12:00:00.120000Z",
+    "lease_expires_at": "2024-05-01T12:06:00.120000Z",
+    "lease_expired": True,
+    "superseded": False,
+}
+
+_RUN_EXAMPLE: dict[str, JsonValue] = {
+    "stream": "orders",
+    "run": "orders-to-kinesis/42",
+    "state": "COMPLETE",
+    "left_open": False,
+    "attempts": [_ATTEMPT_EXAMPLE],
+    "counts": {"rows": 1200, "sent": 1180, "found_on_recovery": 20},
+    "completed_at": "2024-05-01T12:00:03.480000Z",
+}
+
+
+class RunAttemptState(BaseModel):
+    """One attempt at a run: a Spark task attempt of one driver execution, or a CLI process."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_ATTEMPT_EXAMPLE]})
+
+    id: str = Field(description="the attempt's id, unique in its run")
+    execution_id: str = Field(
+        description="the driver execution it belongs to: another one is a replay of the run"
+    )
+    task: str = Field(description="the Spark partition it writes (a CLI run: its process)")
+    task_attempt: int = Field(ge=0, description="Spark's attempt number of that task")
+    started_at: dt.datetime = Field(description="when it registered on the run")
+    lease_expires_at: dt.datetime = Field(
+        description="after this, none of its puts can land (it renews while it runs)"
+    )
+    lease_expired: bool = Field(description="its lease had ended at the time of the answer")
+    superseded: bool = Field(
+        description="a later attempt recovered its rows: its lease can no longer be renewed"
+    )
+
+    @classmethod
+    def from_attempt(cls, attempt: RunAttempt, *, now_ms: int) -> RunAttemptState:
+        return cls(
+            id=attempt.attempt_id,
+            execution_id=attempt.execution_id,
+            task=attempt.task,
+            task_attempt=attempt.task_attempt,
+            started_at=from_epoch_ms(attempt.started_at_ms),
+            lease_expires_at=from_epoch_ms(attempt.lease_expires_at_ms),
+            # as the ledger's listing of runs left open compares them
+            lease_expired=attempt.lease_expires_at_ms < now_ms,
+            superseded=attempt.superseded,
+        )
+
+
+class ReplayRunState(BaseModel):
+    """A replay-mode run (``dedupe=replay``): a Spark micro-batch ``<query>/<batch id>``, a
+    batch write, or a named CLI run; OPEN while its attempts put, COMPLETE once committed."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_RUN_EXAMPLE]})
+
+    stream: str = Field(description="the Kinesis stream")
+    run: str = Field(description="the run's name: '<query>/<batch id>', or a CLI --run-id")
+    state: ReplayState = Field(
+        description=(
+            "OPEN: attempts register and put; COMPLETE: the driver (or the CLI) committed it, "
+            "and a replay of it sends nothing"
+        )
+    )
+    left_open: bool = Field(
+        description=(
+            "OPEN with every attempt's lease ended: its driver did not commit it. Nothing "
+            "to resend (the ledger holds no rows of it): a replay of the run recovers and "
+            "commits it. The reconciler reports such runs"
+        )
+    )
+    attempts: list[RunAttemptState] = Field(description="every attempt, in the order they started")
+    counts: dict[str, int] = Field(
+        description="what the commit recorded (rows delivered and the like); empty while OPEN"
+    )
+    completed_at: dt.datetime | None = Field(description="COMPLETE: when it was committed")
+
+    @classmethod
+    def from_run(cls, run: ReplayRun, *, now_ms: int) -> ReplayRunState:
+        return cls(
+            stream=run.stream,
+            run=run.run,
+            state=ReplayState(run.state.value),
+            left_open=run.state is RunState.OPEN and run.leases_ended_before(now_ms),
+            attempts=[RunAttemptState.from_attempt(a, now_ms=now_ms) for a in run.attempts],
+            counts=dict(run.counts),
+            completed_at=from_epoch_ms(run.completed_at_ms),
+        )
+
+
+class OpenRunsPage(BaseModel):
+    """The OPEN replay-mode runs of a stream, from the sparse in-flight index."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream": "orders",
+                    "stale_only": True,
+                    "as_of": "2024-05-01T12:10:00Z",
+                    "items": [
+                        {
+                            **_RUN_EXAMPLE,
+                            "state": "OPEN",
+                            "left_open": True,
+                            "counts": {},
+                            "completed_at": None,
+                        }
+                    ],
+                    "complete": True,
+                }
+            ]
+        }
+    )
+
+    stream: str
+    stale_only: bool = Field(description="true: only runs left open past every attempt's lease")
+    as_of: dt.datetime = Field(description="the time leases were compared with")
+    items: list[ReplayRunState] = Field(
+        description="OPEN runs, re-read consistently, bucket after bucket of the index"
+    )
+    complete: bool = Field(
+        description="false: more OPEN runs than limit; ask with stale=true, or a larger limit"
     )
 
 

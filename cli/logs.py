@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 JSON_FIELDS = ("time", "level", "logger", "message")
 # what a record may add to its JSON line: where it happened and how many, never what was sent
-CONTEXT_FIELDS = ("event", "stream", "table", "group", "counts", "url")
+CONTEXT_FIELDS = ("event", "stream", "table", "group", "run", "counts", "url")
 REPORT_LOGGER = "keo"
 _PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 

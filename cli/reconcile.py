@@ -1,4 +1,5 @@
-"""``keo reconcile``: resolve stale in-flight claims by reading the stream back."""
+"""``keo reconcile``: resolve stale in-flight claims by reading the stream back, and report
+replay-mode runs left open."""
 
 from __future__ import annotations
 
@@ -90,6 +91,13 @@ def reconcile(
 
     Safe to run several at once: every write is conditional on the attempt seen.
 
+    Replay-mode runs (dedupe=replay) left OPEN past every attempt's lease are reported, never
+    acted on: a warning per run, their names in the JSON report ("open_runs"), the
+    keo_replay_runs_open gauge. Their driver did not commit them and the ledger holds none of
+    their rows, so there is nothing to resend: a replay of the run (Spark restarting the query,
+    or the same --run-id again) recovers and commits it; else the dedupe TTL removes it. They
+    do not make the exit code 1.
+
     A bucket of the in-flight index that cannot be read (after retries) does not stop the
     pass: the others are settled, the report names the failed buckets ("failed_buckets"),
     and the run is recorded all the same.
@@ -139,7 +147,8 @@ def reconcile(
                 f"{report.released} released, {report.unverifiable} unverifiable, "
                 f"{len(report.conflicts)} conflicts, {report.pending} pending, "
                 f"{report.lost_races} taken by others, {report.errors} errors "
-                f"({report.get_records_calls} GetRecords calls)"
+                f"({report.get_records_calls} GetRecords calls); "
+                f"{len(report.open_runs)} replay runs left open"
             )
             if as_json:  # the JSON report is the result: the summary is a log line
                 logs.report(
@@ -147,7 +156,7 @@ def reconcile(
                     event="reconcile_pass",
                     stream=report.stream,
                     table=settings.table,
-                    counts=report.counts(),
+                    counts={**report.counts(), "open_runs": len(report.open_runs)},
                 )
             else:
                 typer.echo(summary)

@@ -63,7 +63,31 @@ class LedgerReader(Protocol):
     ) -> tuple[list[str], tuple[int, str] | None]:
         """One page of OPEN groups of a bucket (by lease expiry), expanded into the keys they
         list, with a cursor after the page's last group. Keys may since have moved on: the
-        caller re-reads them."""
+        caller re-reads them. Groups only: replay runs are never listed here."""
+        ...
+
+    # --- replay-mode runs: reads ---------------------------------------------------------------
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        """The run, read consistently; None when it has no item."""
+        ...
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        """OPEN runs of ``stream`` from the sparse in-flight index (no table scan), each read
+        consistently, bucket after bucket (``buckets``: a share of the index; all when None);
+        within a page, by run name.
+
+        ``now_ms``: only the runs left OPEN past their leases, every attempt's lease ended
+        before ``now_ms`` (a reconciler passes its clock less the skew); None: every OPEN run.
+        A run completed since the index was read is left out.
+        """
         ...
 
 
@@ -164,8 +188,9 @@ class Ledger(LedgerReader, Protocol):
     # --- replay-mode runs: an item per run, its attempts on it ---------------------------------
 
     def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
-        """Add ``attempt`` to ``run`` (opening it), unless the run is COMPLETE. The run comes
-        back with every attempt registered so far: the earlier ones are what recovery reads."""
+        """Add ``attempt`` to ``run`` (opening it, in the in-flight index), unless the run is
+        COMPLETE. The run comes back with every attempt registered so far: the earlier ones are
+        what recovery reads."""
         ...
 
     def supersede_attempts(
@@ -185,9 +210,6 @@ class Ledger(LedgerReader, Protocol):
     def complete_run(
         self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
     ) -> ReplayRun:
-        """OPEN (or absent) -> COMPLETE; a run already COMPLETE stays as it was."""
-        ...
-
-    def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        """The run, read consistently; None when it has no item."""
+        """OPEN (or absent) -> COMPLETE, out of the in-flight index; a run already COMPLETE
+        stays as it was."""
         ...

@@ -12,9 +12,11 @@ The timeline the conditions guard::
     group renew:      OPEN and epoch = held and lease > now + skew ─────────> epoch + 1
     group take over:  OPEN and epoch = seen and lease + skew <= now ────────> epoch + 1
     group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
-    run register:     absent or OPEN, and no attempt of that id ─────────────> OPEN, + attempt
+    run register:     absent or OPEN, and no attempt of that id ─────────────> OPEN, + attempt,
+                                                                             in the index
     attempt renew:    run OPEN, attempt not superseded, lease > now + skew ──> lease from now
-    run complete:     absent, OPEN or COMPLETE ──────────────────────────────> COMPLETE (once)
+    run complete:     absent, OPEN or COMPLETE ──────────────────────────────> COMPLETE (once),
+                                                                             out of the index
 """
 
 from __future__ import annotations
@@ -81,17 +83,24 @@ SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 # replay-mode runs: each attempt is a map attribute of the run item, named "attempt:<id>"
 # (#me below), so that registering one never rewrites the others
 RUN_REGISTRABLE = f"({ITEM_ABSENT} OR #state = :open) AND attribute_not_exists(#me)"
+# An OPEN run is in the in-flight index (partitions of its own, :bucket), sorted by the lease
+# its first attempt registered with. Written once: renewals and later registrations never move
+# the entry (no index write). Leases only grow, so the run's latest lease is never earlier than
+# that first one: "sort value < now" finds every run whose leases have all ended (and some still
+# running, which a reader drops after reading each attempt's lease).
 REGISTER_ATTEMPT = (
     "SET #state = if_not_exists(#state, :open), #stream = :stream, #me = :attempt, "
+    "#bucket = :bucket, #lease = if_not_exists(#lease, :first_lease), "
     "#expires = if_not_exists(#expires, :expires), #token = :token"
 )
 ATTEMPT_RENEWABLE = "#state = :open AND #me.#superseded = :false AND #me.#lease > :now_plus_skew"
 RENEW_ATTEMPT = "SET #me.#lease = :lease, #token = :token"
 RUN_COMPLETABLE = f"{ITEM_ABSENT} OR #state = :open OR #state = :complete"
+# COMPLETE leaves the in-flight index
 COMPLETE_RUN = (
     "SET #state = :complete, #stream = :stream, #completed = if_not_exists(#completed, :now), "
     "#counts = if_not_exists(#counts, :counts), #expires = if_not_exists(#expires, :expires), "
-    "#token = :token"
+    "#token = :token REMOVE #bucket, #lease"
 )
 
 

@@ -1,11 +1,18 @@
-"""The sparse in-flight index: the bucket an open claim group is indexed in, and the walk over
-buckets.
+"""The sparse in-flight index: the bucket an open claim group or an OPEN replay run is indexed
+in, and the walk over buckets.
 
-Open claim groups are spread over ``inflight_buckets`` index partitions, ``"<stream>#<bucket>"``,
-each ordered by lease expiry. A walk reads the buckets in order, each page after page, where
-DynamoDB's last evaluated key (lease expiry, item key) says where a bucket's next page
-starts. The pages come from :meth:`dedupe_store.contract.LedgerReader.in_flight_page`, so the
-walk is the same over DynamoDB, the in-memory fake, and the API's reads::
+Two kinds of item are in the index, each in partitions of its own, so that a query for one
+never reads the other::
+
+    open claim groups   "<stream>#<bucket>"       by lease expiry
+    OPEN replay runs    "<stream>#run#<bucket>"   by the lease its first attempt registered
+
+(a stream name has no "#", and a bucket is a number: the two never meet). Each kind is spread
+over ``inflight_buckets`` partitions. A walk reads the buckets in order, each page after page,
+where DynamoDB's last evaluated key (lease expiry, item key) says where a bucket's next page
+starts. The groups' pages come from
+:meth:`dedupe_store.contract.LedgerReader.in_flight_page`, so the walk is the same over
+DynamoDB, the in-memory fake, and the API's reads::
 
     bucket 0: page, page ─> bucket 1: page ─> ... ─> bucket n-1: page ─> done
 """
@@ -20,14 +27,20 @@ from typing import TypeVar
 from dedupe_store.contract import LedgerReader
 
 
-def bucket_of(group_id: str, buckets: int) -> int:
-    """The bucket of an open group: stable across processes (CRC-32, not Python's ``hash``)."""
-    return zlib.crc32(group_id.encode("utf-8")) % buckets
+def bucket_of(name: str, buckets: int) -> int:
+    """The bucket of an open group (its id) or an OPEN run (its name): stable across processes
+    (CRC-32, not Python's ``hash``)."""
+    return zlib.crc32(name.encode("utf-8")) % buckets
 
 
 def bucket_partition(stream: str, bucket: int) -> str:
-    """The index partition key of a stream's bucket."""
+    """The index partition key of a stream's bucket of open claim groups."""
     return f"{stream}#{bucket}"
+
+
+def run_bucket_partition(stream: str, bucket: int) -> str:
+    """The index partition key of a stream's bucket of OPEN replay runs: never a groups' one."""
+    return f"{stream}#run#{bucket}"
 
 
 def bucket_share(index: int, count: int, buckets: int) -> list[int]:
@@ -77,6 +90,23 @@ def walk_index(
             following = order[index + 1] if index + 1 < len(order) else None
             yield items, IndexPosition(following) if following is not None else None
             break
+
+
+def walk_items(
+    read_page: ReadPage[_T],
+    *,
+    buckets: Sequence[int] | None,
+    inflight_buckets: int,
+    page_size: int,
+) -> Iterator[_T]:
+    """Every item the pages of the index hold, bucket after bucket (``buckets``: a share of
+    the index; all ``inflight_buckets`` when None), ``page_size`` a page."""
+    for items, _ in walk_index(
+        read_page,
+        buckets=list(buckets) if buckets is not None else range(inflight_buckets),
+        page_limit=lambda: page_size,
+    ):
+        yield from items
 
 
 def walk_in_flight(

@@ -1,10 +1,14 @@
 """``DynamoDBLedger``: the ledger (schema v2, claim groups) on one DynamoDB table.
 
-Two kinds of item share the table::
+The kinds of item the table holds::
 
     key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing, TTL
     group item  pk "__keo__/group/<stream>/<id>"     state, epoch, owner, lease, members,
                                                       positions; in the in-flight index while OPEN
+    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run: state, its attempts (a
+                                                      map each), counts; in the in-flight index
+                                                      while OPEN, in partitions of its own
+    and the schema stamp, the reconciler's last run, Spark's batch records ("__keo__/...")
 
 A claim is one conditional write of a key item (no index attribute: 1 write unit under 1 KB).
 The group item is written when the group opens, when its lease is renewed or taken over, and
@@ -51,7 +55,13 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.inflight import Cursor, bucket_of, bucket_partition, walk_index
+from dedupe_store.inflight import (
+    Cursor,
+    bucket_of,
+    bucket_partition,
+    run_bucket_partition,
+    walk_items,
+)
 from dedupe_store.model import (
     INFLIGHT_INDEX_NAME,
     TTL_ATTRIBUTE,
@@ -98,6 +108,7 @@ __all__ = [
     "group_pk",
     "inflight_bucket",
     "ledger_pk",
+    "replay_run_pk",
 ]
 
 log = logging.getLogger(__name__)
@@ -445,13 +456,12 @@ class DynamoDBLedger:
             )
             return [group_id for _, group_id in page], cursor
 
-        every = range(self.inflight_buckets)
-        for group_ids, _ in walk_index(
+        yield from walk_items(
             read_page,
-            buckets=list(buckets) if buckets is not None else every,
-            page_limit=lambda: page_size,
-        ):
-            yield from group_ids
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
 
     def in_flight_page(
         self,
@@ -491,11 +501,28 @@ class DynamoDBLedger:
         limit: int,
         after: tuple[int, str] | None,
     ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
-        """One page of the index: ``[(lease, group id)]`` and the cursor after it, if any."""
-        bucket_value = bucket_partition(stream, bucket)
+        """One page of a bucket of open groups: ``[(lease, group id)]`` and the cursor after
+        it, if any. Only group items: runs are indexed in partitions of their own, and an
+        item of any other kind found here is left out all the same."""
+        page, cursor = self._query_index(
+            bucket_partition(stream, bucket), before_ms=before_ms, limit=limit, after=after
+        )
+        prefix = group_pk(stream, "")
+        found = [(lease, pk[len(prefix) :]) for lease, pk in page if pk.startswith(prefix)]
+        return found, cursor
+
+    def _query_index(
+        self,
+        partition: str,
+        *,
+        before_ms: int | None,
+        limit: int,
+        after: tuple[int, str] | None,
+    ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
+        """One page of an index partition: ``[(sort value, pk)]`` and the cursor after it."""
         condition = "#bucket = :bucket"
         names = {"#bucket": "inflight_bucket"}
-        values: dict[str, Any] = {":bucket": x.s(bucket_value)}
+        values: dict[str, Any] = {":bucket": x.s(partition)}
         if before_ms is not None:
             # DynamoDB refuses a name the expressions do not use: #lease only with the cut-off
             condition += " AND #lease < :before"
@@ -512,14 +539,13 @@ class DynamoDBLedger:
         if after is not None:
             kwargs["ExclusiveStartKey"] = {
                 "pk": x.s(after[1]),
-                "inflight_bucket": x.s(bucket_value),
+                "inflight_bucket": x.s(partition),
                 "lease_expires_at_ms": x.n(after[0]),
             }
         with self._translated("query the in-flight index"):
             page = self.client.query(**kwargs)
-        prefix = group_pk(stream, "")
         found = [
-            (int(item["lease_expires_at_ms"]["N"]), item["pk"]["S"][len(prefix) :])
+            (int(item["lease_expires_at_ms"]["N"]), str(item["pk"]["S"]))
             for item in page.get("Items", [])
         ]
         last = page.get("LastEvaluatedKey")
@@ -630,6 +656,8 @@ class DynamoDBLedger:
             ":open": x.s(RunState.OPEN.value),
             ":stream": x.s(stream),
             ":attempt": _attempt_value(attempt),
+            ":bucket": x.s(self._run_bucket(stream, run)),
+            ":first_lease": x.n(attempt.lease_expires_at_ms),
             ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
         }
         applied, item = self._update(
@@ -710,6 +738,39 @@ class DynamoDBLedger:
     def get_run(self, stream: str, run: str) -> ReplayRun | None:
         item = self._get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
         return None if item is None else _run_of(stream, run, item)
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        """:meth:`dedupe_store.contract.LedgerReader.open_runs`: with ``now_ms``, the index
+        narrows the query to runs whose first lease ended before it, and each attempt's own
+        lease is read from the run's item."""
+        prefix = replay_run_pk(stream, "")
+
+        def read_page(
+            bucket: int, limit: int, after: Cursor | None
+        ) -> tuple[list[ReplayRun], Cursor | None]:
+            page, cursor = self._query_index(
+                run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
+            )
+            items = self._batch_get_items([pk for _, pk in page], "get runs")
+            runs = [_run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
+            return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
+
+        yield from walk_items(
+            read_page,
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
+
+    def _run_bucket(self, stream: str, run: str) -> str:
+        return run_bucket_partition(stream, bucket_of(run, self.inflight_buckets))
 
     # --- groups -----------------------------------------------------------------------------
 
@@ -1115,6 +1176,14 @@ def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
             "superseded": {"BOOL": attempt.superseded},
         }
     }
+
+
+def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
+    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
+    attempt's lease ended before it."""
+    for run in runs:
+        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
+            yield run
 
 
 def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:

@@ -2,8 +2,8 @@
 run time, and the botocore client of its reads and writes.
 
 Table names and endpoints come from settings, so :func:`bind_ledger_model` makes a subclass
-whose ``Meta`` names them. Only OPEN group items have ``inflight_bucket``, which keeps the
-in-flight index sparse: a key item never enters it. pynamodb creates the table; every item is
+whose ``Meta`` names them. Only OPEN group items and OPEN replay-run items have
+``inflight_bucket``, which keeps the in-flight index sparse: a key item never enters it. pynamodb creates the table; every item is
 read and written through :func:`data_client`.
 """
 
@@ -26,7 +26,8 @@ TTL_ATTRIBUTE = "expires_at"
 
 
 class InFlightIndex(GlobalSecondaryIndex["LedgerItem"]):  # type: ignore[no-untyped-call]
-    """Sparse, bucketed: only OPEN groups have ``inflight_bucket`` ("<stream>#<n>")."""
+    """Sparse, bucketed: only OPEN groups ("<stream>#<n>") and OPEN replay runs
+    ("<stream>#run#<n>") have ``inflight_bucket`` (:mod:`dedupe_store.inflight`)."""
 
     class Meta:
         index_name = INFLIGHT_INDEX_NAME
@@ -42,7 +43,8 @@ class LedgerItem(Model):
     """The table's key and its in-flight index: all pynamodb needs to create the table.
 
     Items are read and written as DynamoDB's wire format by :mod:`dedupe_store.ledger` (key
-    items and group items share the table); only group items carry the index attributes.
+    items and group items share the table); only group and run items carry the index
+    attributes.
     """
 
     class Meta:

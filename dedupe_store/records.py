@@ -268,6 +268,17 @@ class ReplayRun:
     def attempt(self, attempt_id: str) -> RunAttempt | None:
         return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
 
+    @property
+    def last_lease_expires_at_ms(self) -> int | None:
+        """When the last lease of its attempts ends (None without attempts)."""
+        return max((a.lease_expires_at_ms for a in self.attempts), default=None)
+
+    def leases_ended_before(self, now_ms: int) -> bool:
+        """True when every attempt's lease ended before ``now_ms``: an OPEN run is then left
+        open past its leases (its driver did not commit it), with no attempt left to put."""
+        last = self.last_lease_expires_at_ms
+        return last is None or last < now_ms
+
 
 @dataclass(frozen=True, slots=True)
 class RunRegistration:

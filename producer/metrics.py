@@ -82,6 +82,42 @@ LAST_RECONCILE = Gauge(
     ["stream"],
 )
 
+# --- replay mode (dedupe=replay) -----------------------------------------------------------------
+#
+# What a replay-mode writer counts: a run is a Spark micro-batch, a batch write or a named CLI
+# run; an attempt is a Spark task attempt or a CLI process (docs: DESIGN.md "Replay mode").
+
+REPLAY_RUNS = Counter(
+    "keo_replay_runs_total",
+    "Replay-mode runs by result: completed (this writer marked the run COMPLETE), skipped (the "
+    "run was COMPLETE already: a replay sent nothing)",
+    ["stream", "result"],
+)
+REPLAY_ATTEMPTS = Counter(
+    "keo_replay_attempts_total",
+    "Replay-mode attempts by the step their recovery plan took: FAST_PATH (no earlier attempt: "
+    "plain puts), RECOVER (earlier attempts' windows read back), WAIT (an earlier attempt's lease "
+    "still ran), DONE (the run was COMPLETE: nothing sent)",
+    ["stream", "step"],
+)
+REPLAY_RECOVERIES = Counter(
+    "keo_replay_recoveries_total",
+    "Replay-mode attempts that read back the rows of earlier attempts of their run",
+    ["stream"],
+)
+REPLAY_ROWS_FOUND = Counter(
+    "keo_replay_rows_found_total",
+    "Rows a recovery found in the stream (same key and data, counted as a multiset): not sent "
+    "again",
+    ["stream"],
+)
+REPLAY_RUNS_OPEN = Gauge(
+    "keo_replay_runs_open",
+    "Replay-mode runs the last reconciler pass found left OPEN past every attempt's lease (a "
+    "driver that did not commit; nothing to resend: a replay of the run ends it, or its TTL)",
+    ["stream"],
+)
+
 # The counters of a producer's work, which a Spark task reports to its driver (format("keo")'s
 # metrics_port): keyed by sample name and labels, e.g. ("keo_claims_total", (("result",
 # "won"), ("stream", "orders"))).
@@ -93,6 +129,10 @@ PRODUCER_COUNTERS: Final = (
     READ_BACKS,
     LEDGER_REQUESTS,
     LEDGER_WRITE_UNITS,
+    REPLAY_RUNS,
+    REPLAY_ATTEMPTS,
+    REPLAY_RECOVERIES,
+    REPLAY_ROWS_FOUND,
 )
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -14,6 +14,11 @@ read-back, one pass per shard window for all of them:
 then settle the group with every position in one write (SETTLED when nothing is left open).
 Every write is conditional on the epoch or attempt seen, so two reconcilers (or a reconciler
 and a producer) racing over the same group never both act.
+
+Replay-mode runs (``dedupe=replay``) left OPEN past every attempt's lease, from the same index,
+are reported (a warning each, ``open_runs`` in the report, the ``keo_replay_runs_open`` gauge):
+their driver did not commit them, and there is nothing to resend (the ledger holds no rows of
+theirs). A replay of the run recovers and commits it; else its TTL ends it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from tenacity import wait_exponential
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position
+from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position, ReplayRun
 from dedupe_store.states import GroupState, KeyState
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
@@ -67,6 +72,9 @@ class ReconcileReport:
     # buckets of the in-flight index that could not be read, with why (their groups wait
     # for the next run); the others were settled all the same
     failed_buckets: dict[str, str] = field(default_factory=dict)
+    # replay-mode runs left OPEN past every attempt's lease, by name: reported, nothing to
+    # resend, not unresolved (a replay of the run ends it; the reconciler cannot)
+    open_runs: list[str] = field(default_factory=list)
     run_recorded: bool = True  # the run's record in the ledger (the API's summary reads it)
 
     @property
@@ -145,16 +153,9 @@ class Reconciler:
             if self._buckets is not None
             else list(range(self._ledger.inflight_buckets))
         )
-        group_ids: list[str] = []
-        for bucket in buckets:
-            # one bucket that cannot be read does not stop the others
-            try:
-                group_ids.extend(self._retrying(functools.partial(self._stale, bucket, cutoff_ms)))
-            except LedgerError as exc:
-                log.warning(
-                    "reconcile bucket failed stream=%s bucket=%d error=%s", self.stream, bucket, exc
-                )
-                report.failed_buckets[str(bucket)] = str(exc)
+        group_ids = self._per_bucket(
+            buckets, functools.partial(self._stale, cutoff_ms=cutoff_ms), report
+        )
         # groups of every bucket resolved together: each shard window is read once per chunk
         for chunk in chunked(group_ids, self._chunk_size):
             try:
@@ -170,8 +171,17 @@ class Reconciler:
                 report.errors += len(chunk)
             if progress is not None:
                 progress(len(chunk))
+        open_runs = self._per_bucket(
+            buckets, functools.partial(self._open_runs, cutoff_ms=cutoff_ms), report
+        )
+        for run in open_runs:
+            self._report_open_run(run, report)
         report.get_records_calls = self._resolver.get_records_calls - calls_before
-        counts = {**report.counts(), "failed_buckets": len(report.failed_buckets)}
+        counts = {
+            **report.counts(),
+            "failed_buckets": len(report.failed_buckets),
+            "open_runs": len(report.open_runs),
+        }
         try:
             self._retrying(
                 lambda: self._ledger.record_run(
@@ -186,7 +196,7 @@ class Reconciler:
             log.warning("reconcile run not recorded stream=%s error=%s", self.stream, exc)
             report.run_recorded = False
         _count(report, finished_s=self._clock.now_ms() / 1000)
-        counts = report.counts()
+        counts = {**report.counts(), "open_runs": len(report.open_runs)}
         log.info(
             "reconcile stream=%s %s",
             self.stream,
@@ -194,6 +204,35 @@ class Reconciler:
             extra={**self._where(), "event": "reconcile_pass", "counts": counts},
         )
         return report
+
+    def _per_bucket(
+        self, buckets: Sequence[int], read: Callable[[int], list[_T]], report: ReconcileReport
+    ) -> list[_T]:
+        """What ``read`` finds in each bucket of the index, retried. One bucket that cannot be
+        read does not stop the others: it is reported, and what it holds waits for the next
+        pass."""
+        found: list[_T] = []
+        for bucket in buckets:
+            try:
+                found.extend(self._retrying(functools.partial(read, bucket)))
+            except LedgerError as exc:
+                log.warning(
+                    "reconcile bucket failed stream=%s bucket=%d error=%s", self.stream, bucket, exc
+                )
+                report.failed_buckets.setdefault(str(bucket), str(exc))
+        return found
+
+    def _report_open_run(self, run: ReplayRun, report: ReconcileReport) -> None:
+        """A run its driver did not commit: said, never acted on (the ledger has no rows of it)."""
+        log.warning(
+            "replay run left open stream=%s run=%s attempts=%d last_lease_expires_at_ms=%d",
+            self.stream,
+            run.run,
+            len(run.attempts),
+            run.last_lease_expires_at_ms or 0,
+            extra={**self._where(), "event": "replay_run_open", "run": run.run},
+        )
+        report.open_runs.append(run.run)
 
     def _where(self) -> dict[str, str]:
         """The fields of every log line of the reconciler (JSON logs show them as such)."""
@@ -276,8 +315,11 @@ class Reconciler:
                 taken.append((group, held))
         return taken
 
-    def _stale(self, bucket: int, cutoff_ms: int) -> list[str]:
+    def _stale(self, bucket: int, *, cutoff_ms: int) -> list[str]:
         return list(self._ledger.stale_groups(self.stream, now_ms=cutoff_ms, buckets=[bucket]))
+
+    def _open_runs(self, bucket: int, *, cutoff_ms: int) -> list[ReplayRun]:
+        return list(self._ledger.open_runs(self.stream, now_ms=cutoff_ms, buckets=[bucket]))
 
     def _retrying(self, call: Callable[[], _T]) -> _T:
         """Reads of the ledger, and the run record: a retriable error is tried again."""
@@ -368,6 +410,7 @@ def _count(report: ReconcileReport, *, finished_s: float) -> None:
     stream = report.stream
     metrics.RECONCILE_RUNS.labels(stream).inc()
     metrics.STALE_GROUPS.labels(stream).set(report.groups)
+    metrics.REPLAY_RUNS_OPEN.labels(stream).set(len(report.open_runs))
     metrics.LAST_RECONCILE.labels(stream).set(finished_s)
     for outcome, count in report.counts().items():
         if outcome != "scanned":

@@ -12,6 +12,7 @@ import pytest
 
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import InvalidStreamNameError
+from dedupe_store.inflight import bucket_share
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
@@ -572,3 +573,96 @@ def test_runs_are_per_stream_and_never_read_as_keys(ledger: Ledger) -> None:
     assert ledger.get_run("other-stream", RUN) is None
     assert ledger.get_run(STREAM, "query-a/8") is None
     assert list(ledger.scan(STREAM)) == []
+
+
+# --- OPEN runs in the in-flight index -------------------------------------------------------------
+
+
+def test_open_runs_lists_the_runs_left_open_once_every_attempt_lease_ended(
+    ledger: Ledger,
+) -> None:
+    # GIVEN four runs: "q/1" one attempt (lease ends T0+30s); "q/2" a first attempt (ends
+    # T0+30s) and its retry (ends T0+50s); "q/3" whose attempt renewed twice, to T0+75s; "q/4"
+    # committed
+    ledger.register_attempt(STREAM, "q/1", attempt("a1"))
+    ledger.register_attempt(STREAM, "q/2", attempt("b1"))
+    ledger.register_attempt(
+        STREAM, "q/2", attempt("b2", task_attempt=1, started_at_ms=T0_MS + 20_000)
+    )
+    ledger.register_attempt(STREAM, "q/3", attempt("c1"))
+    for renewed_at_ms in (T0_MS + 20_000, T0_MS + 45_000):
+        assert ledger.renew_attempt(
+            STREAM, "q/3", "c1", now_ms=renewed_at_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        ).applied
+    ledger.register_attempt(STREAM, "q/4", attempt("d1"))
+    ledger.complete_run(STREAM, "q/4", counts={"sent": 1}, now_ms=T0_MS + 1_000)
+    # WHEN the index is asked at T0+45s, T0+55s and T0+85s
+    at_45s = ledger.open_runs(STREAM, now_ms=T0_MS + 45_000)
+    at_55s = ledger.open_runs(STREAM, now_ms=T0_MS + 55_000)
+    at_85s = ledger.open_runs(STREAM, now_ms=T0_MS + 85_000)
+    # THEN a run is listed once every lease of its attempts has ended, never a committed one
+    assert sorted(run.run for run in at_45s) == ["q/1"]
+    assert sorted(run.run for run in at_55s) == ["q/1", "q/2"]
+    left_open = {run.run: run for run in at_85s}
+    assert sorted(left_open) == ["q/1", "q/2", "q/3"]
+    # AND each comes back as a consistent read shows it: OPEN, with every attempt and lease
+    assert left_open["q/2"] == ledger.get_run(STREAM, "q/2")
+    assert left_open["q/2"].state is RunState.OPEN
+    assert [a.lease_expires_at_ms for a in left_open["q/2"].attempts] == [
+        T0_MS + LEASE_MS,
+        T0_MS + 20_000 + LEASE_MS,
+    ]
+    # AND without a time, every OPEN run is listed, leases running or not
+    assert sorted(run.run for run in ledger.open_runs(STREAM, now_ms=None)) == [
+        "q/1",
+        "q/2",
+        "q/3",
+    ]
+
+
+def test_a_run_leaves_the_index_when_it_completes(ledger: Ledger) -> None:
+    # GIVEN a run left open past its lease
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    later_ms = T0_MS + 2 * LEASE_MS
+    assert [run.run for run in ledger.open_runs(STREAM, now_ms=later_ms)] == [RUN]
+    # WHEN a replay of it commits it
+    ledger.complete_run(STREAM, RUN, counts={"sent": 2}, now_ms=later_ms)
+    # THEN it is no longer listed, with or without a time
+    assert list(ledger.open_runs(STREAM, now_ms=later_ms)) == []
+    assert list(ledger.open_runs(STREAM, now_ms=None)) == []
+
+
+def test_open_runs_are_split_by_bucket_share_and_kept_per_stream(ledger: Ledger) -> None:
+    # GIVEN twelve runs left open, and one on another stream
+    names = [f"query-a/{batch}" for batch in range(12)]
+    for name in names:
+        ledger.register_attempt(STREAM, name, attempt(f"a-{name}"))
+    ledger.register_attempt("payments", "query-a/0", attempt("p1"))
+    later_ms = T0_MS + 2 * LEASE_MS
+    # WHEN two reconcilers each read their share of the index
+    shares = [
+        [run.run for run in ledger.open_runs(STREAM, now_ms=later_ms, buckets=share)]
+        for share in (bucket_share(index, 2, ledger.inflight_buckets) for index in (0, 1))
+    ]
+    # THEN each run is in exactly one share, and the other stream's run in neither
+    assert sorted(shares[0] + shares[1]) == sorted(names)
+    assert not set(shares[0]) & set(shares[1])
+    assert [run.run for run in ledger.open_runs("payments", now_ms=later_ms)] == ["query-a/0"]
+
+
+def test_runs_in_the_in_flight_index_are_never_read_as_claim_groups(ledger: Ledger) -> None:
+    # GIVEN a stale claim group, and runs left open past their leases in every bucket
+    group = claimed(ledger, "k-stale")
+    for batch in range(8):
+        ledger.register_attempt(STREAM, f"query-a/{batch}", attempt(f"a{batch}"))
+    later_ms = T0_MS + 2 * LEASE_MS
+    # WHEN the reconciler's walk and the API's pages read the groups of every bucket
+    stale = list(ledger.stale_groups(STREAM, now_ms=later_ms))
+    keys = [
+        key
+        for bucket in range(ledger.inflight_buckets)
+        for key in ledger.in_flight_page(STREAM, bucket, before_ms=None, limit=100)[0]
+    ]
+    # THEN they see the group and its key, and no run
+    assert stale == [group.group_id]
+    assert keys == ["k-stale"]

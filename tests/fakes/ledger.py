@@ -13,7 +13,8 @@ Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledge
 Every write carries a fresh ``write_token``; a write whose condition fails reports "applied"
 only when the current item carries its own token (a retried request whose first try applied).
 The sparse in-flight index holds exactly the OPEN groups, ordered like the GSI: by bucket, then
-lease expiry, then the group's key.
+lease expiry, then the group's key; and, in partitions of their own, the OPEN replay runs, by
+the lease their first attempt registered with.
 
 Fault knobs (:meth:`InMemoryLedger.inject`) make the next call of an operation:
 
@@ -44,7 +45,7 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.inflight import Cursor, bucket_of, walk_index
+from dedupe_store.inflight import Cursor, bucket_of, walk_items
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     AttemptRenewal,
@@ -94,6 +95,7 @@ READ_OPERATIONS = frozenset(
         "renew_attempt",
         "complete_run",
         "get_run",
+        "open_runs",
     }
 )
 
@@ -133,6 +135,8 @@ class InMemoryLedger:
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._replay_runs: dict[tuple[str, str], ReplayRun] = {}
+        # the index entries of OPEN runs: the lease their first attempt registered with
+        self._run_index: dict[tuple[str, str], int] = {}
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
@@ -273,13 +277,10 @@ class InMemoryLedger:
             page, cursor = self._index_page(stream, bucket, now_ms, limit, after)
             return [pk.rsplit("/", 1)[1] for _, pk in page], cursor
 
-        every = range(self.inflight_buckets)
-        pages = walk_index(
-            read_page,
-            buckets=list(buckets) if buckets is not None else every,
-            page_limit=lambda: page_size,
+        found = walk_items(
+            read_page, buckets=buckets, inflight_buckets=self.inflight_buckets, page_size=page_size
         )
-        return iter([group_id for group_ids, _ in pages for group_id in group_ids])
+        return iter(list(found))  # read now, as the call is made
 
     def in_flight_page(
         self,
@@ -380,6 +381,7 @@ class InMemoryLedger:
                 tuple(sorted(attempts, key=lambda a: (a.started_at_ms, a.attempt_id))),
             )
             self._replay_runs[(stream, run)] = registered
+            self._run_index.setdefault((stream, run), attempt.lease_expires_at_ms)
             return RunRegistration(True, registered)
 
     def supersede_attempts(
@@ -443,12 +445,36 @@ class InMemoryLedger:
                 counts=dict(counts),
             )
             self._replay_runs[(stream, run)] = completed
+            self._run_index.pop((stream, run), None)
             return completed
 
     def get_run(self, stream: str, run: str) -> ReplayRun | None:
         with self._lock:
             self._read_fault("get_run")
             return self._replay_runs.get((check_stream_name(stream), run))
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,  # noqa: ARG002 - one page
+    ) -> Iterator[ReplayRun]:
+        """OPEN runs bucket after bucket, by name within each; with ``now_ms`` only those
+        whose first lease ended before it (the index) and then every lease (the run)."""
+        with self._lock:
+            self._read_fault("open_runs")
+            wanted = set(buckets) if buckets is not None else set(range(self.inflight_buckets))
+            indexed = [
+                self._replay_runs[(stream, run)]
+                for (s, run), first_lease_ms in self._run_index.items()
+                if s == check_stream_name(stream)
+                and bucket_of(run, self.inflight_buckets) in wanted
+                and (now_ms is None or first_lease_ms < now_ms)
+            ]
+        found = [run for run in indexed if now_ms is None or run.leases_ended_before(now_ms)]
+        return iter(sorted(found, key=lambda r: (bucket_of(r.run, self.inflight_buckets), r.run)))
 
     # --- groups -----------------------------------------------------------------------------
 

@@ -34,9 +34,17 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from api import ApiConfigError, ApiSettings, create_app
 from api.cursor import CURSOR_PATTERN
+from api.schemas import from_epoch_ms
 from dedupe_store.clock import SystemClock
 from dedupe_store.ledger import DynamoDBLedger
-from dedupe_store.records import ClaimRequest, ClaimStatus, Group, LedgerRecord, Position
+from dedupe_store.records import (
+    ClaimRequest,
+    ClaimStatus,
+    Group,
+    LedgerRecord,
+    Position,
+    RunAttempt,
+)
 from kinesis_store.provisioning import create_stream, wait_active
 from producer.retries import poll_until
 
@@ -644,6 +652,158 @@ def test_summary_says_when_counting_stopped_at_the_cap(
     assert (summary["in_flight"], summary["counts_complete"]) == (2, False)
 
 
+# --- replay-mode runs ------------------------------------------------------------------------
+
+
+def register(
+    ledger: DynamoDBLedger,
+    stream: str,
+    run: str,
+    attempt_id: str,
+    *,
+    ago_ms: int = 0,
+    task_attempt: int = 0,
+) -> RunAttempt:
+    """An attempt of a replay-mode run that registered ``ago_ms`` before now, under a lease of
+    LEASE_MS: older than that, its lease has ended."""
+    started_at_ms = CLOCK.now_ms() - ago_ms
+    attempt = RunAttempt(
+        attempt_id=attempt_id,
+        execution_id="exec-1",
+        task="3",
+        task_attempt=task_attempt,
+        started_at_ms=started_at_ms,
+        lease_expires_at_ms=started_at_ms + LEASE_MS,
+    )
+    assert ledger.register_attempt(stream, run, attempt).registered
+    return attempt
+
+
+def run_url(stream: str, run: str) -> str:
+    return f"/v1/streams/{stream}/runs/{quote(run, safe='')}"
+
+
+def test_a_committed_run_reports_its_attempts_counts_and_commit_time(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a micro-batch whose task was retried (the first attempt superseded), then committed
+    first = register(ledger, stream, "orders-to-kinesis/42", "t3-a0", ago_ms=5_000)
+    register(ledger, stream, "orders-to-kinesis/42", "t3-a1", task_attempt=1)
+    ledger.supersede_attempts(stream, "orders-to-kinesis/42", ["t3-a0"])
+    committed_ms = CLOCK.now_ms()
+    ledger.complete_run(
+        stream, "orders-to-kinesis/42", counts={"rows": 3, "sent": 2}, now_ms=committed_ms
+    )
+
+    # WHEN an operator asks for the run
+    response = client.get(run_url(stream, "orders-to-kinesis/42"), headers=AUTH)
+
+    # THEN it is COMPLETE with the counts and time of its commit, and both attempts in order
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["stream"], body["run"], body["state"]) == (
+        stream,
+        "orders-to-kinesis/42",
+        "COMPLETE",
+    )
+    assert body["left_open"] is False
+    assert body["counts"] == {"rows": 3, "sent": 2}
+    assert body["completed_at"] == _rfc3339(committed_ms)
+    assert [(a["id"], a["task_attempt"], a["superseded"]) for a in body["attempts"]] == [
+        ("t3-a0", 0, True),
+        ("t3-a1", 1, False),
+    ]
+    assert body["attempts"][0] == {
+        "id": "t3-a0",
+        "execution_id": "exec-1",
+        "task": "3",
+        "task_attempt": 0,
+        "started_at": _rfc3339(first.started_at_ms),
+        "lease_expires_at": _rfc3339(first.lease_expires_at_ms),
+        "lease_expired": False,
+        "superseded": True,
+    }
+
+
+def _rfc3339(epoch_ms: int) -> str:
+    return from_epoch_ms(epoch_ms).isoformat().replace("+00:00", "Z")
+
+
+def test_open_runs_are_listed_and_one_left_open_past_its_leases_says_so(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    # GIVEN a run whose driver died before its commit (its lease long over), a run still
+    # putting, and a committed one
+    register(ledger, stream, "query-a/7", "a0", ago_ms=2 * LEASE_MS)
+    register(ledger, stream, "query-a/8", "b0")
+    register(ledger, stream, "query-a/6", "c0", ago_ms=3 * LEASE_MS)
+    ledger.complete_run(stream, "query-a/6", counts={}, now_ms=CLOCK.now_ms())
+
+    # WHEN the run left open is asked for, and the OPEN runs are listed, all and stale only
+    left = client.get(run_url(stream, "query-a/7"), headers=AUTH).json()
+    every = client.get(f"/v1/streams/{stream}/runs?state=open", headers=AUTH).json()
+    stale = client.get(f"/v1/streams/{stream}/runs?state=open&stale=true", headers=AUTH).json()
+
+    # THEN it is OPEN and left open, its attempt's lease over
+    assert (left["state"], left["left_open"], left["completed_at"]) == ("OPEN", True, None)
+    assert [a["lease_expired"] for a in left["attempts"]] == [True]
+    # AND the listing holds the OPEN runs, never the committed one; stale=true the one left open
+    assert sorted(item["run"] for item in every["items"]) == ["query-a/7", "query-a/8"]
+    assert (every["stale_only"], every["complete"]) == (False, True)
+    assert [item["run"] for item in stale["items"]] == ["query-a/7"]
+    assert stale["items"][0] == left
+    assert stale["stale_only"] is True
+
+
+def test_the_open_runs_listing_says_when_limit_cut_it_short(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str
+) -> None:
+    for batch in range(3):
+        register(ledger, stream, f"query-a/{batch}", f"a{batch}")
+
+    page = client.get(f"/v1/streams/{stream}/runs", params={"limit": 2}, headers=AUTH).json()
+
+    assert (len(page["items"]), page["complete"]) == (2, False)
+
+
+@pytest.mark.parametrize("run", ["query/with/slashes/7", "ключ 🚀 a%b?c#d", "r" * 1024])
+def test_any_run_name_is_found_percent_encoded(
+    client: AsgiClient, ledger: DynamoDBLedger, stream: str, run: str
+) -> None:
+    register(ledger, stream, run, "a0")
+
+    response = client.get(run_url(stream, run), headers=AUTH)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["run"] == run
+
+
+def test_unknown_run_is_404_problem_naming_stream_and_run(client: AsgiClient, stream: str) -> None:
+    response = client.get(run_url(stream, "query-a/404"), headers=AUTH)
+
+    body = assert_problem(response, 404, "unknown-run")
+    assert (body["stream"], body["run"]) == (stream, "query-a/404")
+
+
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("/v1/streams/s/runs/" + "r" * 1025, ["path", "run"]),
+        ("/v1/streams/s/runs/", ["path", "run"]),
+        ("/v1/streams/s/runs?state=complete", ["query", "state"]),
+        ("/v1/streams/s/runs?limit=0", ["query", "limit"]),
+        ("/v1/streams/s/runs?stal=true", ["query", "stal"]),
+    ],
+)
+def test_invalid_run_names_and_listings_are_422_with_the_reason(
+    client: AsgiClient, url: str, where: list[str]
+) -> None:
+    response = client.get(url, headers=AUTH)
+
+    body = assert_problem(response, 422, "validation")
+    assert [error["loc"] for error in body["errors"]] == [where]
+
+
 def test_health_readiness_and_metrics_need_no_token(client: AsgiClient, stream: str) -> None:
     client.get(message_url(stream, "some-key"), headers=AUTH)
 
@@ -685,6 +845,8 @@ def client_of_a_dead_ledger(api_settings: ApiSettings) -> AsgiClient:
         ("POST", "/v1/streams/s/messages:lookup", {"keys": ["k"]}),
         ("GET", "/v1/streams/s/in-flight", None),
         ("GET", "/v1/streams/s/summary", None),
+        ("GET", "/v1/streams/s/runs/query-a/7", None),
+        ("GET", "/v1/streams/s/runs?state=open", None),
         ("GET", "/readyz", None),
     ],
 )
@@ -729,6 +891,8 @@ V1_ROUTES = [
     ("POST", "/v1/streams/s/messages:lookup", {"keys": ["k"]}),
     ("GET", "/v1/streams/s/in-flight", None),
     ("GET", "/v1/streams/s/summary", None),
+    ("GET", "/v1/streams/s/runs/query-a/7", None),
+    ("GET", "/v1/streams/s/runs?state=open", None),
 ]
 
 
@@ -799,7 +963,7 @@ def test_openapi_document_declares_auth_problems_and_examples(client: AsgiClient
         if path.startswith("/v1/")
         for operation in item.values()
     ]
-    assert len(v1_operations) == 4
+    assert len(v1_operations) == 6
     for operation in v1_operations:
         assert operation["security"] == [{"bearerToken": []}]
         assert {"401", "422", "503"} <= set(operation["responses"])
@@ -809,7 +973,15 @@ def test_openapi_document_declares_auth_problems_and_examples(client: AsgiClient
                 if int(status) >= 400:
                     assert list(response["content"]) == [PROBLEM], (status, operation)
     schemas = document["components"]["schemas"]
-    for name in ("MessageState", "LookupRequest", "LookupResponse", "InFlightPage"):
+    for name in (
+        "MessageState",
+        "LookupRequest",
+        "LookupResponse",
+        "InFlightPage",
+        "ReplayRunState",
+        "RunAttemptState",
+        "OpenRunsPage",
+    ):
         assert schemas[name]["examples"], name
     assert "StreamSummary" in schemas
     assert "HTTPValidationError" not in schemas
@@ -824,12 +996,13 @@ def test_openapi_property_run_finds_no_server_error(
     if ledger.get("orders", "order-2024-000123") is None:
         deliver(ledger, "orders", "order-2024-000123")
         claim(ledger, "orders", "order-2024-000124", ago_ms=2 * LEASE_MS)
+        register(ledger, "orders", "orders-to-kinesis/42", "t3-a0", ago_ms=2 * LEASE_MS)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operations = []
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result.err()  # the document is one schemathesis reads
         operations.append(result.ok())
-    assert len(operations) == 7
+    assert len(operations) == 9
 
     # WHEN each operation is called with generated requests (valid ones, then invalid ones)
     for operation in operations:

@@ -24,6 +24,8 @@ import streamcheck
 from planting import plant_claims
 
 from dedupe_store.clock import SystemClock
+from dedupe_store.records import RunAttempt
+from dedupe_store.states import RunState
 from devstack import emulators as local_stack
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -293,6 +295,45 @@ def test_reconcile_without_json_prints_its_summary_on_stdout(
     # THEN its summary is on stdout
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode().startswith(f"keo reconcile: stream {settings.stream}: 0 stale")
+
+
+def test_reconcile_reports_a_replay_run_left_open_and_leaves_it_open(
+    settings: ProducerSettings, env: dict[str, str]
+) -> None:
+    # GIVEN a replay-mode run whose only attempt started 10 minutes ago under a 1 minute lease,
+    # never committed (its driver died), and a run still putting
+    ledger = ledger_from(settings)
+    ledger.ensure_ready(stamp_new=True)  # as the replay writer found the table: stamped
+    now_ms = SystemClock().now_ms()
+    for run, started_at_ms in (("query-a/7", now_ms - 600_000), ("query-a/8", now_ms)):
+        ledger.register_attempt(
+            settings.stream,
+            run,
+            RunAttempt(
+                attempt_id=f"attempt-{run}",
+                execution_id="exec-1",
+                task="0",
+                task_attempt=0,
+                started_at_ms=started_at_ms,
+                lease_expires_at_ms=started_at_ms + 60_000,
+            ),
+        )
+    # WHEN `keo reconcile --once --json` runs
+    result = keo("reconcile", "--once", "--json", *where(settings), env=env)
+    # THEN the JSON report names the run left open, and only it; a warning says so on stderr,
+    # and the summary counts it; nothing is unresolved (exit 0)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    report = json.loads(result.stdout)
+    assert report["open_runs"] == ["query-a/7"]
+    assert report["unresolved"] == 0
+    assert f"replay run left open stream={settings.stream} run=query-a/7 attempts=1" in stderr
+    assert "WARNING" in stderr
+    assert "1 replay runs left open" in stderr
+    # AND the run is left OPEN: there is nothing to resend, a replay of it commits it
+    left = ledger.get_run(settings.stream, "query-a/7")
+    assert left is not None
+    assert left.state is RunState.OPEN
 
 
 UNFENCED_WARNING = "signature fence off (KEO_PUT_FENCE=off): a put the network holds"

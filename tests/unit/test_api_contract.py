@@ -7,13 +7,20 @@ import datetime as dt
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from api.schemas import DeliveryState, LookupRequest, exactly_once_window, from_epoch_ms
+from api.schemas import (
+    DeliveryState,
+    LookupRequest,
+    ReplayState,
+    exactly_once_window,
+    from_epoch_ms,
+)
 from api.settings import ApiSettings
-from dedupe_store.states import LedgerState
+from dedupe_store.states import LedgerState, RunState
 
 
 def test_every_ledger_state_has_an_api_state() -> None:
     assert [state.value for state in LedgerState] == [state.value for state in DeliveryState]
+    assert [state.value for state in RunState] == [state.value for state in ReplayState]
 
 
 def test_times_keep_their_milliseconds_exactly() -> None:

@@ -17,7 +17,8 @@ from spark_jobs.driver_metrics import families as spark_driver_families
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"
 # labels take few values: never a message key, a group id, a sequence number or a payload
-BOUNDED_LABELS = {"stream", "outcome", "result", "code", "resolution", "operation"}
+# (step: a replay-mode attempt's recovery step, one of four)
+BOUNDED_LABELS = {"stream", "outcome", "result", "code", "resolution", "operation", "step"}
 # the Spark driver's: a query is one per streaming query (its query_name), a reason one of three
 SPARK_LABELS = {"query", "reason"}
 API_LABELS = {"method", "route", "status", "error"}

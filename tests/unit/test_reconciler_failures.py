@@ -1,4 +1,5 @@
-"""A reconciler pass settles what it can: one failing read or write does not lose the rest.
+"""A reconciler pass settles what it can: one failing read or write does not lose the rest;
+and it reports the replay-mode runs left open, which it cannot settle.
 
 Over the in-memory ledger and Kinesis of ``tests/fakes`` (the same fakes as the protocol
 model), with the ledger made to fail at one operation.
@@ -6,12 +7,17 @@ model), with the ledger made to fail at one operation.
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from fakes.kinesis import FakeKinesisClient
 from fakes.ledger import InMemoryLedger, LedgerFault
 from planting import request_of
+from prometheus_client import REGISTRY
 
 from dedupe_store.clock import ManualClock
-from dedupe_store.records import ClaimRequest
+from dedupe_store.records import ClaimRequest, RunAttempt
+from dedupe_store.states import RunState
 from kinesis_store.reader import KinesisReader
 from kinesis_store.writer import KinesisWriter
 from producer.protocol import LeasePolicy, Message
@@ -111,3 +117,78 @@ def test_a_run_that_cannot_be_recorded_keeps_what_it_settled_and_says_so() -> No
     assert not report.run_recorded
     assert ledger.last_run(STREAM) is None
     assert list(ledger.stale_groups(STREAM, now_ms=clock.now_ms())) == []
+
+
+# --- replay-mode runs left open -------------------------------------------------------------------
+
+
+def register(ledger: InMemoryLedger, run: str, attempt_id: str, *, started_at_ms: int) -> None:
+    """An attempt of a replay-mode run (a Spark task), with a lease from ``started_at_ms``."""
+    ledger.register_attempt(
+        STREAM,
+        run,
+        RunAttempt(
+            attempt_id=attempt_id,
+            execution_id="exec-1",
+            task="0",
+            task_attempt=0,
+            started_at_ms=started_at_ms,
+            lease_expires_at_ms=started_at_ms + LEASE.lease_ms,
+        ),
+    )
+
+
+def test_a_replay_run_left_open_past_its_leases_is_reported_and_left_as_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a run whose driver died before its commit (its attempt's lease long over), a run
+    # whose attempt still puts, a committed run, and a stale claim group
+    clock = ManualClock(1_700_000_000_000)
+    ledger = InMemoryLedger(inflight_buckets=BUCKETS)
+    register(ledger, "query-a/7", "crashed", started_at_ms=clock.now_ms())
+    register(ledger, "query-a/6", "committed", started_at_ms=clock.now_ms())
+    ledger.complete_run(STREAM, "query-a/6", counts={"sent": 4}, now_ms=clock.now_ms())
+    stale_groups(ledger, clock, 1)
+    register(ledger, "query-a/8", "running", started_at_ms=clock.now_ms())
+    # WHEN the reconciler runs
+    with caplog.at_level(logging.WARNING, logger="producer.reconciler"):
+        report = reconciler(ledger, clock).run_once()
+    # THEN the run left open is reported by name, with a warning, in the run's record and the
+    # gauge; the group is settled as ever; nothing is unresolved (the reconciler cannot act)
+    assert report.open_runs == ["query-a/7"]
+    assert (report.groups, report.released, report.unresolved) == (1, 1, 0)
+    assert report.complete
+    (warning,) = [r for r in caplog.records if r.getMessage().startswith("replay run left open")]
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage() == (
+        f"replay run left open stream={STREAM} run=query-a/7 attempts=1 "
+        f"last_lease_expires_at_ms={1_700_000_000_000 + LEASE.lease_ms}"
+    )
+    recorded = ledger.last_run(STREAM)
+    assert recorded is not None
+    assert recorded.outcomes["open_runs"] == 1
+    assert REGISTRY.get_sample_value("keo_replay_runs_open", {"stream": STREAM}) == 1
+    # AND the run is as its attempts left it: OPEN, for a replay to recover and commit
+    left = ledger.get_run(STREAM, "query-a/7")
+    assert left is not None
+    assert left.state is RunState.OPEN
+    assert report.as_json()["open_runs"] == ["query-a/7"]
+
+
+def test_a_bucket_whose_runs_cannot_be_read_is_reported_and_its_groups_are_settled() -> None:
+    # GIVEN a stale group and a run left open, and the runs of the index unreadable (every
+    # retry of every bucket fails)
+    clock = ManualClock(1_700_000_000_000)
+    ledger = InMemoryLedger(inflight_buckets=1)
+    register(ledger, "query-a/7", "crashed", started_at_ms=clock.now_ms())
+    stale_groups(ledger, clock, 1)
+    for _ in range(3):
+        ledger.inject("open_runs", LedgerFault.UNAVAILABLE)
+    # WHEN the reconciler runs
+    report = reconciler(ledger, clock).run_once()
+    # THEN the group is settled, the bucket is reported failed, and no run is named
+    assert (report.groups, report.released) == (1, 1)
+    assert list(report.failed_buckets) == ["0"]
+    assert report.open_runs == []
+    # AND the next pass, the index readable again, reports the run
+    assert reconciler(ledger, clock).run_once().open_runs == ["query-a/7"]
