@@ -1,8 +1,9 @@
 """The exactly-once producer: claim, put, classify, mark, and read back what is ambiguous.
 
 :class:`ExactlyOnceProducer` sends; :class:`Reconciler` resolves the claims crashes left in
-flight; :func:`audit_stream` proves the stream holds each key once. The protocol's decisions
-are pure (:mod:`producer.protocol`); Kinesis is reached through :class:`KinesisWriter` and
+flight; :func:`audit_stream` proves the stream holds each key once (:func:`audit_rows`, for
+replay mode: each expected row as many times as expected). The protocol's decisions are pure
+(:mod:`producer.protocol`); Kinesis is reached through :class:`KinesisWriter` and
 :class:`KinesisReader`; :func:`build_stack` wires them all from :class:`ProducerSettings`.
 The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hooks).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from kinesis_store.reader import KinesisReader
 from kinesis_store.writer import KinesisWriter
-from producer.audit import Anomaly, AuditReport, audit_stream
+from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
 from producer.errors import (
     AuditTooLargeError,
     ConfigurationError,
@@ -26,6 +27,7 @@ from producer.outcomes import Outcome, OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 from producer.reconciler import Reconciler, ReconcileReport
+from producer.row_audit import RowAuditReport
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 
@@ -48,12 +50,14 @@ __all__ = [
     "ProducerSettings",
     "ReconcileReport",
     "Reconciler",
+    "RowAuditReport",
     "Stack",
     "Step",
     "StreamError",
     "StreamNotFoundError",
     "StreamUnavailableError",
     "UnresolvedKeysError",
+    "audit_rows",
     "audit_stream",
     "build_stack",
 ]

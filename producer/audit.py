@@ -15,6 +15,10 @@ report does not depend on how the keys were split:
   (:class:`~producer.errors.AuditTooLargeError`).
 - ``spark_jobs.audit`` groups the stream, the ledger and the expected keys by key on Spark;
   each partition adds up its keys on an executor, and the driver gets the merged findings.
+
+A replay-mode stream (``dedupe=replay``) keeps no per-key state in the ledger: its audit,
+:func:`audit_rows`, reads the stream the same way (:func:`visible_records`) and compares it with
+a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.row_audit`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import visible_to_kcl
 from producer.errors import AuditTooLargeError
 from producer.findings import AnomalyLists, in_stream_order, position_json, position_of_json
+from producer.row_audit import LISTED_ROWS, ExpectedRow, RowAuditReport, RowTally
 
 # keys listed per anomaly in a report: the counts are exact, the lists are the first keys
 LISTED_KEYS = 1000
@@ -325,6 +330,24 @@ def audit_stream(
         listed=listed,
         max_keys=max_keys,
     )
+
+
+def audit_rows(
+    reader: KinesisReader,
+    expected: Iterable[ExpectedRow],
+    *,
+    strict: bool = False,
+    progress: Callable[[int], None] | None = None,
+    listed: int = LISTED_ROWS,
+    max_rows: int | None = None,
+) -> RowAuditReport:
+    """The replay audit in this process (:mod:`producer.row_audit`): the stream's records
+    against the multiset of ``expected`` rows. No ledger: replay mode keeps no per-key state.
+    Past ``max_rows`` rows it raises :class:`~producer.errors.AuditTooLargeError`."""
+    tally = RowTally(reader.stream, expected, max_rows=max_rows)
+    for record in visible_records(reader, tally, progress):
+        tally.add(record.partition_key, record.data, position_of(record))
+    return tally.findings(listed=listed).report(reader.stream, shards=tally.shards, strict=strict)
 
 
 def read_tally(
