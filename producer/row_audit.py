@@ -354,7 +354,8 @@ class RowAuditReport:
 
 
 def _row_text(row: dict[str, Any]) -> str:
-    """A row in the summary: its key, the start of its digest, the copies concerned."""
-    where = f" line {row['line']}" if "line" in row else ""
-    copies = f"-{row['missing']}" if "missing" in row else f"+{row['extra']}"
-    return f"{row['key']!r} ({row['digest'][:8]}{where}: {copies})"
+    """A row in the summary: its key, where --expected holds it, the start of its digest, and
+    its copies found of those expected."""
+    where = f"line {row['line']}, " if "line" in row else ""
+    found = f"found {row['found']}" + (f" of {row['expected']}" if row["expected"] else "")
+    return f"{row['key']!r} ({where}{row['digest'][:8]}): {found}"

@@ -100,6 +100,11 @@ def test_identical_rows_count_as_many_copies_and_another_data_is_another_row() -
     assert duplicated["positions"] == [{"shard_id": SHARD, "sequence_number": "3"}]
     assert not report.clean
     assert (body["expected_records"], body["expected_rows"], body["matched_rows"]) == (3, 2, 0)
+    # AND the summary names each row by its key, line and digest, and its copies
+    summary = report.summary()
+    assert f"missing: 'order-1' (line 1, {missing['digest'][:8]}): found 1 of 2" in summary
+    assert f"duplicated: 'order-1' (line 3, {duplicated['digest'][:8]}): found 2 of 1" in summary
+    assert "verdict: 2 ANOMALIES" in summary
 
 
 def test_unexpected_rows_are_reported_and_fail_the_audit_only_when_it_is_strict() -> None:
