@@ -29,6 +29,7 @@ digest on Spark, adds up each partition on an executor and merges the parts: the
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -99,20 +100,29 @@ def _by_key_then_digest(entry: Entry) -> tuple[str, str]:
     return entry[1]["key"], entry[0]
 
 
+# what a report adds up, besides the anomalies: copies in the stream, distinct rows found,
+# expected copies, distinct rows expected, rows found as many times as expected, and records
+# KCL drops (outside their shard's hash range)
+TOTALS = (
+    "user_records",
+    "found_rows",
+    "expected_records",
+    "expected_rows",
+    "matched_rows",
+    "dropped_by_kcl",
+)
+
+
 @dataclass
 class RowFindings:
-    """Rows added up: totals, exact counts of rows and copies per anomaly, and the first
-    ``listed`` rows of each (in key order, then digest) with their details. Any split of the
-    rows, each part added up and the parts merged, gives the same findings."""
+    """Rows added up: ``totals`` (:data:`TOTALS`), exact counts of rows and of ``copies`` per
+    anomaly, and the first ``listed`` rows of each (in key order, then digest) with their
+    details. Any split of the rows, each part added up and the parts merged, gives the same
+    findings."""
 
     listed: int = LISTED_ROWS
-    user_records: int = 0  # copies in the stream
-    found_rows: int = 0
-    expected_records: int = 0  # expected copies
-    expected_rows: int = 0
-    matched_rows: int = 0
-    dropped_by_kcl: int = 0
-    copies: dict[RowAnomaly, int] = field(default_factory=dict)
+    totals: Counter[str] = field(default_factory=Counter)
+    copies: Counter[RowAnomaly] = field(default_factory=Counter)
     lists: AnomalyLists[RowAnomaly] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,16 +140,18 @@ class RowFindings:
     ) -> None:
         """One row, once: its copies expected and found, the positions of the copies past the
         expected count (in stream order), and its first line in ``--expected``."""
-        self.user_records += found
-        self.expected_records += expected
-        self.found_rows += int(found > 0)
-        self.expected_rows += int(expected > 0)
         anomaly = row_anomaly(expected, found)
+        self.totals.update(
+            user_records=found,
+            found_rows=int(found > 0),
+            expected_records=expected,
+            expected_rows=int(expected > 0),
+            matched_rows=int(anomaly is None and expected > 0),
+        )
         if anomaly is None:
-            self.matched_rows += int(expected > 0)
             return
         copies = abs(found - expected)
-        self.copies[anomaly] = self.copies.get(anomaly, 0) + copies
+        self.copies[anomaly] += copies
         detail: dict[str, Any] = {"key": key, "expected": expected, "found": found}
         if line is not None:
             detail["line"] = line
@@ -151,14 +163,8 @@ class RowFindings:
         self.lists.add(anomaly, digest.hex(), detail)
 
     def merge(self, other: RowFindings) -> None:
-        self.user_records += other.user_records
-        self.found_rows += other.found_rows
-        self.expected_records += other.expected_records
-        self.expected_rows += other.expected_rows
-        self.matched_rows += other.matched_rows
-        self.dropped_by_kcl += other.dropped_by_kcl
-        for anomaly, copies in other.copies.items():
-            self.copies[anomaly] = self.copies.get(anomaly, 0) + copies
+        self.totals.update(other.totals)
+        self.copies.update(other.copies)
         self.lists.merge(other.lists)
 
     def report(self, stream: str, *, shards: int, strict: bool = False) -> RowAuditReport:
@@ -166,16 +172,9 @@ class RowFindings:
             stream,
             strict=strict,
             shards=shards,
-            totals={
-                "user_records": self.user_records,
-                "found_rows": self.found_rows,
-                "expected_records": self.expected_records,
-                "expected_rows": self.expected_rows,
-                "matched_rows": self.matched_rows,
-                "dropped_by_kcl": self.dropped_by_kcl,
-            },
+            totals={name: self.totals[name] for name in TOTALS},
             counts={anomaly: self.lists.count(anomaly) for anomaly in RowAnomaly},
-            copies={anomaly: self.copies.get(anomaly, 0) for anomaly in RowAnomaly},
+            copies={anomaly: self.copies[anomaly] for anomaly in RowAnomaly},
             listed=self.listed,
             rows={
                 anomaly: [{"digest": name, **detail} for name, detail in self.lists.first(anomaly)]
@@ -187,12 +186,7 @@ class RowFindings:
         """Plain JSON, for findings that travel between processes (Spark's executors)."""
         return {
             "listed": self.listed,
-            "user_records": self.user_records,
-            "found_rows": self.found_rows,
-            "expected_records": self.expected_records,
-            "expected_rows": self.expected_rows,
-            "matched_rows": self.matched_rows,
-            "dropped_by_kcl": self.dropped_by_kcl,
+            "totals": dict(self.totals),
             "copies": {anomaly.value: n for anomaly, n in self.copies.items()},
             "counts": self.lists.counts_json(),
             "rows": self.lists.entries_json(),
@@ -202,13 +196,8 @@ class RowFindings:
     def from_json(cls, body: dict[str, Any]) -> RowFindings:
         findings = cls(
             listed=int(body["listed"]),
-            user_records=int(body["user_records"]),
-            found_rows=int(body["found_rows"]),
-            expected_records=int(body["expected_records"]),
-            expected_rows=int(body["expected_rows"]),
-            matched_rows=int(body["matched_rows"]),
-            dropped_by_kcl=int(body["dropped_by_kcl"]),
-            copies={RowAnomaly(name): int(n) for name, n in body["copies"].items()},
+            totals=Counter({name: int(n) for name, n in body["totals"].items()}),
+            copies=Counter({RowAnomaly(name): int(n) for name, n in body["copies"].items()}),
         )
         findings.lists.load_json(RowAnomaly, body["counts"], body["rows"])
         return findings
@@ -262,7 +251,7 @@ class RowTally:
         return row
 
     def findings(self, *, listed: int = LISTED_ROWS) -> RowFindings:
-        findings = RowFindings(listed=listed, dropped_by_kcl=self.dropped_by_kcl)
+        findings = RowFindings(listed=listed, totals=Counter(dropped_by_kcl=self.dropped_by_kcl))
         for digest, row in self._rows.items():
             findings.add_row(
                 digest,

@@ -530,7 +530,7 @@ def _judge_rows(listed: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     findings = RowFindings(listed=listed)
     for batch in batches:
         for row in batch.to_pylist():
-            findings.dropped_by_kcl += row["dropped"] or 0
+            findings.totals["dropped_by_kcl"] += row["dropped"] or 0
             positions = in_stream_order(_position(p) for p in row["positions"])
             expected = row["expected"] or 0
             findings.add_row(
