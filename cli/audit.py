@@ -1,4 +1,5 @@
-"""``keo audit``: read the whole stream and prove each key is in it exactly once."""
+"""``keo audit``: read the whole stream and prove each key is in it exactly once, or (``--dedupe
+replay``) that it holds each expected row as many times as it was sent."""
 
 from __future__ import annotations
 
@@ -30,9 +31,13 @@ from kinesis_store.shards import Shard
 from producer.audit import LISTED_KEYS
 from producer.errors import AuditTooLargeError
 from producer.protocol import Message
+from producer.row_audit import ExpectedRow
+from producer.settings import Dedupe
 
 if TYPE_CHECKING:
     from producer.audit import AuditReport
+    from producer.row_audit import RowAuditReport
+    from producer.settings import ProducerSettings
 
 
 # keys one process audits: beyond, python -m spark_jobs.audit (its driver holds no key).
@@ -41,7 +46,9 @@ if TYPE_CHECKING:
 DEFAULT_MAX_KEYS = 2_000_000
 
 
-def read_expected(path: Path, *, max_keys: int | None = None) -> list[str]:
+def read_expected(
+    path: Path, *, max_keys: int | None = None, encoding: DataEncoding = DataEncoding.TEXT
+) -> list[str]:
     """Keys, one per line; or, when the file is JSON lines (the input of 'keo send'), the
     "key" of every row that 'keo send' would accept (rows it rejects are not expected).
 
@@ -50,14 +57,30 @@ def read_expected(path: Path, *, max_keys: int | None = None) -> list[str]:
     :class:`AuditTooLargeError`.
     """
     keys: list[str] = []
-    for key in _expected_keys(path):
-        keys.append(key)
+    for _, line in _expected_lines(path, encoding):
+        keys.append(line if isinstance(line, str) else line.key)
         if max_keys is not None and len(keys) > max_keys:
             raise AuditTooLargeError(f"--expected {path}", max_keys=max_keys)
     return keys
 
 
-def _expected_keys(path: Path) -> Iterator[str]:
+def read_expected_rows(path: Path, encoding: DataEncoding) -> Iterator[ExpectedRow]:
+    """The rows of JSON lines (the input of 'keo send'), data decoded as 'keo send' decodes it,
+    skipping what :func:`read_expected` skips. A file of plain keys holds no rows: exit 2."""
+    for number, line in _expected_lines(path, encoding):
+        if isinstance(line, str):
+            typer.echo(
+                f"keo audit: --expected {path} line {number} is not a JSON row: --dedupe replay "
+                'compares rows, so --expected must be the JSON lines given to keo send ({"key", '
+                '"data"})',
+                err=True,
+            )
+            raise typer.Exit(ExitCode.USAGE)
+        yield ExpectedRow(line.key, line.data, number)
+
+
+def _expected_lines(path: Path, encoding: DataEncoding) -> Iterator[tuple[int, str | Message]]:
+    """Every line that counts, with its number: a key (a file of plain keys), or a row."""
     json_lines: bool | None = None  # decided by the first readable line
     with path.open("rb") as source:
         for number, raw in numbered_lines(source):
@@ -65,9 +88,9 @@ def _expected_keys(path: Path) -> Iterator[str]:
             if json_lines is None and isinstance(line, str):
                 json_lines = line.lstrip().startswith("{")
             if isinstance(line, str) and not json_lines:
-                yield line.rstrip("\r\n")
+                yield number, line.rstrip("\r\n")
                 continue
-            parsed = line if isinstance(line, BadLine) else parse_line(line, DataEncoding.TEXT)
+            parsed = line if isinstance(line, BadLine) else parse_line(line, encoding)
             if isinstance(parsed, Message) and not 1 <= len(parsed.key) <= MAX_KEY_CHARS:
                 parsed = BadLine(f"key has {len(parsed.key)} characters")
             if isinstance(parsed, BadLine):
@@ -76,7 +99,7 @@ def _expected_keys(path: Path) -> Iterator[str]:
                     err=True,
                 )
                 continue
-            yield parsed.key
+            yield number, parsed
 
 
 def audit(
@@ -89,9 +112,29 @@ def audit(
             exists=True,
             dir_okay=False,
             help="keys that must each be in the stream exactly once: one per line, or the "
-            "JSON lines given to 'keo send'",
+            "JSON lines given to 'keo send'; with --dedupe replay, those JSON lines (required)",
         ),
     ] = None,
+    dedupe: Annotated[
+        Dedupe,
+        typer.Option(
+            help="how the stream was written: 'key' (each key once, checked against the "
+            "ledger) or 'replay' (each row of --expected, key and data, as many times as it "
+            "is there; the ledger is not read)",
+        ),
+    ] = Dedupe.KEY,
+    data_encoding: Annotated[
+        DataEncoding,
+        typer.Option(help="how 'data' is written in --expected, as for keo send"),
+    ] = DataEncoding.TEXT,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="with --dedupe replay: rows in the stream that --expected does not hold "
+            "(other writers', as a rule) fail the audit too; without it they are only reported",
+        ),
+    ] = False,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -104,12 +147,15 @@ def audit(
             "--progress/--no-progress", help="progress on stderr (default: on a terminal)"
         ),
     ] = None,
-    show_keys: Annotated[int, typer.Option(help="keys listed per anomaly in the summary")] = 10,
+    show_keys: Annotated[
+        int,
+        typer.Option(help="keys (rows, with --dedupe replay) listed per anomaly in the summary"),
+    ] = 10,
     list_keys: Annotated[
         int,
         typer.Option(
             min=0,
-            help="keys listed per anomaly in the JSON report, the first in key order "
+            help="keys (rows) listed per anomaly in the JSON report, the first in key order "
             "(the counts are exact)",
         ),
     ] = LISTED_KEYS,
@@ -117,8 +163,9 @@ def audit(
         int,
         typer.Option(
             min=1,
-            help="stop, exit 2, when the stream, its ledger or --expected holds more keys: "
-            "this process holds every key (audit larger streams with python -m "
+            help="stop, exit 2, when the stream, its ledger or --expected holds more keys "
+            "(with --dedupe replay: distinct rows, the stream's and --expected's together): "
+            "this process holds every one (audit larger streams with python -m "
             "spark_jobs.audit)",
         ),
     ] = DEFAULT_MAX_KEYS,
@@ -130,10 +177,20 @@ def audit(
     know, DELIVERED keys missing from the stream, ledger positions that disagree with the
     stream, and claims still IN_FLIGHT. With --expected, every listed key must be present.
 
+    With --dedupe replay (a stream written in replay mode keeps no per-key state), the ledger
+    is not read: --expected holds the JSON lines the run sent, and the audit counts rows, key
+    and data together: a line there twice must be in the stream twice, and the same key with
+    other data is another row. It reports rows MISSING (fewer copies than expected), DUPLICATED
+    (more: the extra copies, the later ones in stream order, with their positions) and
+    UNEXPECTED (in the stream, never expected: as a rule other writers' rows, so they fail the
+    audit only with --strict).
+
     Exit 0 when clean, 1 on any anomaly, 2 when the stream is too large for one process
     (--max-keys): audit it on Spark with python -m spark_jobs.audit.
 
     Example: keo audit --stream orders --table orders-ledger --expected events.jsonl --json
+
+    Example: keo audit --stream orders --expected batch-17.jsonl --dedupe replay
     """
     settings = load_settings(
         stream=stream,
@@ -141,32 +198,66 @@ def audit(
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
-    from producer.audit import audit_stream
+    if dedupe is Dedupe.REPLAY and expected is None:
+        typer.echo(
+            "keo audit: --dedupe replay needs --expected FILE: the JSON lines the run sent "
+            "(a replay-mode stream keeps no per-key state to audit against)",
+            err=True,
+        )
+        raise typer.Exit(ExitCode.USAGE)
+    from producer.audit import audit_rows, audit_stream
     from producer.wiring import kinesis_client, ledger_from
 
     show = progress if progress is not None else sys.stderr.isatty()
+    report: AuditReport | RowAuditReport
     with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
         try:
-            wanted = read_expected(expected, max_keys=max_keys) if expected is not None else None
-            reader = ReaderWithProgress(
-                kinesis_client(settings, for_put=False), settings.stream, bar
-            )
-            ledger = ledger_from(settings)
-            ledger.ensure_ready()
-            report = audit_stream(
-                reader,
-                ledger,
-                expected=wanted,
-                progress=bar.advance,
-                listed=list_keys,
-                max_keys=max_keys,
-            )
+            if dedupe is Dedupe.REPLAY and expected is not None:
+                reader = ReaderWithProgress(
+                    kinesis_client(settings, for_put=False),
+                    settings.stream,
+                    bar,
+                    then="comparing the rows",
+                )
+                report = audit_rows(
+                    reader,
+                    read_expected_rows(expected, data_encoding),
+                    strict=strict,
+                    progress=bar.advance,
+                    listed=list_keys,
+                    max_rows=max_keys,
+                )
+            else:
+                wanted = (
+                    read_expected(expected, max_keys=max_keys, encoding=data_encoding)
+                    if expected is not None
+                    else None
+                )
+                reader = ReaderWithProgress(
+                    kinesis_client(settings, for_put=False), settings.stream, bar
+                )
+                ledger = ledger_from(settings)
+                ledger.ensure_ready()
+                report = audit_stream(
+                    reader,
+                    ledger,
+                    expected=wanted,
+                    progress=bar.advance,
+                    listed=list_keys,
+                    max_keys=max_keys,
+                )
         except AuditTooLargeError as exc:
+            spark = _spark_audit_command(
+                settings,
+                expected,
+                as_json=as_json,
+                dedupe=dedupe,
+                data_encoding=data_encoding,
+                strict=strict,
+            )
             logs.report(
                 f"keo audit: {exc} (--max-keys {max_keys}); audit it on Spark, whose driver "
-                f"holds no key: python -m spark_jobs.audit --stream {settings.stream} "
-                f"--table {settings.table}{f' --expected {expected}' if expected else ''}"
-                f"{' --json' if as_json else ''}",
+                f"holds no key: {spark}",
                 event="command_failed",
                 level=logging.ERROR,
             )
@@ -178,12 +269,42 @@ def audit(
         raise typer.Exit(ExitCode.FAILED)
 
 
+def _spark_audit_command(
+    settings: ProducerSettings,
+    expected: Path | None,
+    *,
+    as_json: bool,
+    dedupe: Dedupe,
+    data_encoding: DataEncoding,
+    strict: bool,
+) -> str:
+    """The python -m spark_jobs.audit command that audits the same stream the same way."""
+    words = [
+        "python -m spark_jobs.audit",
+        f"--stream {settings.stream}",
+        f"--table {settings.table}",
+        *([f"--expected {expected}"] if expected else []),
+        *([f"--dedupe {dedupe.value}"] if dedupe is not Dedupe.KEY else []),
+        *(
+            [f"--data-encoding {data_encoding.value}"]
+            if data_encoding is not DataEncoding.TEXT
+            else []
+        ),
+        *(["--strict"] if strict else []),
+        *(["--json"] if as_json else []),
+    ]
+    return " ".join(words)
+
+
 class ReaderWithProgress(KinesisReader):
     """A reader that sets the progress total to the shard count and notes records read."""
 
-    def __init__(self, client: Any, stream: str, progress: Progress) -> None:
+    def __init__(
+        self, client: Any, stream: str, progress: Progress, then: str = "comparing with the ledger"
+    ) -> None:
         super().__init__(client, stream)
         self._progress = progress
+        self._then = then  # what the audit does once every shard is read
         self._shards = 0
         self._shards_read = 0
         self._records = 0
@@ -201,9 +322,9 @@ class ReaderWithProgress(KinesisReader):
                 self._progress.note(f"{self._records:,} records")
             yield record
         self._shards_read += 1
-        if self._shards_read == self._shards:  # the audit reads the ledger next
-            self._progress.note(f"{self._records:,} records; comparing with the ledger")
+        if self._shards_read == self._shards:
+            self._progress.note(f"{self._records:,} records; {self._then}")
 
 
-def _summary(report: AuditReport, show: int, *, to_stderr: bool) -> None:
+def _summary(report: AuditReport | RowAuditReport, show: int, *, to_stderr: bool) -> None:
     typer.echo(report.summary(show), err=to_stderr)

@@ -3,8 +3,10 @@
 :class:`ExactlyOnceProducer` sends each key once (``dedupe=key``); :class:`ReplayProducer`
 sends a named run's rows once however often it is re-run (``dedupe=replay``:
 :meth:`ReplayProducer.send_run`, or an attempt per task with :meth:`ReplayProducer.attempt`);
-:class:`Reconciler` resolves the claims crashes left in flight; :func:`audit_stream` proves the stream holds each key once. The protocol's decisions
-are pure (:mod:`producer.protocol`); Kinesis is reached through :class:`KinesisWriter` and
+:class:`Reconciler` resolves the claims crashes left in flight; :func:`audit_stream` proves
+the stream holds each key once (:func:`audit_rows`, for replay mode: each expected row as many
+times as expected). The protocol's decisions are pure (:mod:`producer.protocol`); Kinesis is
+reached through :class:`KinesisWriter` and
 :class:`KinesisReader`; :func:`build_stack` wires them all from :class:`ProducerSettings`.
 The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hooks).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from kinesis_store.reader import KinesisReader
 from kinesis_store.writer import KinesisWriter
-from producer.audit import Anomaly, AuditReport, audit_stream
+from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
 from producer.errors import (
     AuditTooLargeError,
     ConfigurationError,
@@ -29,6 +31,7 @@ from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 from producer.reconciler import Reconciler, ReconcileReport
 from producer.replay import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
+from producer.row_audit import RowAuditReport
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack, build_stack
 
@@ -56,12 +59,14 @@ __all__ = [
     "ReplayPolicy",
     "ReplayProducer",
     "ReplayTask",
+    "RowAuditReport",
     "Stack",
     "Step",
     "StreamError",
     "StreamNotFoundError",
     "StreamUnavailableError",
     "UnresolvedKeysError",
+    "audit_rows",
     "audit_stream",
     "build_stack",
 ]

@@ -15,23 +15,30 @@ report does not depend on how the keys were split:
   (:class:`~producer.errors.AuditTooLargeError`).
 - ``spark_jobs.audit`` groups the stream, the ledger and the expected keys by key on Spark;
   each partition adds up its keys on an executor, and the driver gets the merged findings.
+
+A replay-mode stream (``dedupe=replay``) keeps no per-key state in the ledger: its audit,
+:func:`audit_rows`, reads the stream the same way (:func:`visible_records`) and compares it with
+a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.row_audit`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 from dedupe_store.contract import Ledger
 from dedupe_store.records import LedgerRecord, Position
 from dedupe_store.states import LedgerState
+from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import visible_to_kcl
 from producer.errors import AuditTooLargeError
+from producer.findings import AnomalyLists, in_stream_order, position_json, position_of_json
+from producer.row_audit import LISTED_ROWS, ExpectedRow, RowAuditReport, RowTally
 
 # keys listed per anomaly in a report: the counts are exact, the lists are the first keys
 LISTED_KEYS = 1000
@@ -125,7 +132,7 @@ class AuditReport:
             "counts": {anomaly.value: self.count(anomaly) for anomaly in Anomaly},
             "listed_keys": self.listed,
             "duplicates": {
-                key: [_position_json(p) for p in positions]
+                key: [position_json(p) for p in positions]
                 for key, positions in self.duplicates.items()
             },
             "duplicate_count": self.count(Anomaly.DUPLICATE),
@@ -156,7 +163,7 @@ def key_anomalies(
     """
     found: list[tuple[Anomaly, Any]] = []
     if len(positions) > 1:
-        found.append((Anomaly.DUPLICATE, [_position_json(p) for p in _in_stream_order(positions)]))
+        found.append((Anomaly.DUPLICATE, [position_json(p) for p in in_stream_order(positions)]))
     if expected and not positions:
         found.append((Anomaly.EXPECTED_MISSING, None))
     if not ledger_read:
@@ -175,8 +182,8 @@ def key_anomalies(
             _same_record(ledger_position, p) for p in positions
         ):
             detail = {
-                "ledger": _position_json(ledger_position),
-                "stream": [_position_json(p) for p in _in_stream_order(positions)],
+                "ledger": position_json(ledger_position),
+                "stream": [position_json(p) for p in in_stream_order(positions)],
             }
             found.append((Anomaly.POSITION_MISMATCH, detail))
     return found
@@ -194,8 +201,18 @@ class Findings:
     distinct_keys: int = 0
     dropped_by_kcl: int = 0
     expected: int | None = None  # None: no expected keys were given
-    counts: dict[Anomaly, int] = field(default_factory=dict)
-    keys: dict[Anomaly, list[tuple[str, Any]]] = field(default_factory=dict)
+    lists: AnomalyLists[Anomaly] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lists = AnomalyLists(self.listed)
+
+    @property
+    def counts(self) -> dict[Anomaly, int]:
+        return self.lists.counts
+
+    @property
+    def keys(self) -> dict[Anomaly, list[tuple[str, Any]]]:
+        return self.lists.entries
 
     def add_key(
         self,
@@ -220,11 +237,7 @@ class Findings:
             ledger_position=ledger_position,
             expected=expected,
         ):
-            self.counts[anomaly] = self.counts.get(anomaly, 0) + 1
-            kept = self.keys.setdefault(anomaly, [])
-            kept.append((key, detail))
-            if len(kept) >= 2 * self.listed + 1:  # sort now and then: amortised O(log listed)
-                self._trim(anomaly)
+            self.lists.add(anomaly, key, detail)
 
     def merge(self, other: Findings) -> None:
         self.user_records += other.user_records
@@ -232,21 +245,10 @@ class Findings:
         self.dropped_by_kcl += other.dropped_by_kcl
         if other.expected is not None:
             self.expected = (self.expected or 0) + other.expected
-        for anomaly, count in other.counts.items():
-            self.counts[anomaly] = self.counts.get(anomaly, 0) + count
-        for anomaly, kept in other.keys.items():
-            self.keys.setdefault(anomaly, []).extend(kept)
-            self._trim(anomaly)
-
-    def _trim(self, anomaly: Anomaly) -> None:
-        kept = self.keys[anomaly]
-        kept.sort(key=lambda entry: entry[0])
-        del kept[self.listed :]
+        self.lists.merge(other.lists)
 
     def listed_keys(self, anomaly: Anomaly) -> list[tuple[str, Any]]:
-        if anomaly in self.keys:
-            self._trim(anomaly)
-        return self.keys.get(anomaly, [])
+        return self.lists.first(anomaly)
 
     def report(self, stream: str, *, shards: int) -> AuditReport:
         def keys_of(anomaly: Anomaly) -> list[str]:
@@ -261,7 +263,7 @@ class Findings:
             counts={anomaly: self.counts.get(anomaly, 0) for anomaly in Anomaly},
             listed=self.listed,
             duplicates={
-                key: [_position_of_json(p) for p in detail]
+                key: [position_of_json(p) for p in detail]
                 for key, detail in self.listed_keys(Anomaly.DUPLICATE)
             },
             unknown_keys=keys_of(Anomaly.UNKNOWN),
@@ -281,27 +283,21 @@ class Findings:
             "distinct_keys": self.distinct_keys,
             "dropped_by_kcl": self.dropped_by_kcl,
             "expected": self.expected,
-            "counts": {anomaly.value: count for anomaly, count in self.counts.items()},
-            "keys": {
-                anomaly.value: [list(entry) for entry in self.listed_keys(anomaly)]
-                for anomaly in self.keys
-            },
+            "counts": self.lists.counts_json(),
+            "keys": self.lists.entries_json(),
         }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Findings:
-        return cls(
+        findings = cls(
             listed=int(body["listed"]),
             user_records=int(body["user_records"]),
             distinct_keys=int(body["distinct_keys"]),
             dropped_by_kcl=int(body["dropped_by_kcl"]),
             expected=body["expected"],
-            counts={Anomaly(name): int(count) for name, count in body["counts"].items()},
-            keys={
-                Anomaly(name): [(str(key), detail) for key, detail in kept]
-                for name, kept in body["keys"].items()
-            },
         )
+        findings.lists.load_json(Anomaly, body["counts"], body["keys"])
+        return findings
 
 
 @dataclass
@@ -336,6 +332,24 @@ def audit_stream(
     )
 
 
+def audit_rows(
+    reader: KinesisReader,
+    expected: Iterable[ExpectedRow],
+    *,
+    strict: bool = False,
+    progress: Callable[[int], None] | None = None,
+    listed: int = LISTED_ROWS,
+    max_rows: int | None = None,
+) -> RowAuditReport:
+    """The replay audit in this process (:mod:`producer.row_audit`): the stream's records
+    against the multiset of ``expected`` rows. No ledger: replay mode keeps no per-key state.
+    Past ``max_rows`` rows it raises :class:`~producer.errors.AuditTooLargeError`."""
+    tally = RowTally(reader.stream, expected, max_rows=max_rows)
+    for record in visible_records(reader, tally, progress):
+        tally.add(record.partition_key, record.data, position_of(record))
+    return tally.findings(listed=listed).report(reader.stream, shards=tally.shards, strict=strict)
+
+
 def read_tally(
     reader: KinesisReader,
     *,
@@ -344,22 +358,40 @@ def read_tally(
 ) -> StreamTally:
     """Read every shard, open and closed, from TRIM_HORIZON to its end, as KCL would."""
     tally = StreamTally(reader.stream)
-    shards = reader.shards()
-    tally.shards = len(shards)
+    for record in visible_records(reader, tally, progress):
+        tally.user_records += 1
+        tally.seen[record.partition_key].append(position_of(record))
+        if max_keys is not None and len(tally.seen) > max_keys:
+            raise AuditTooLargeError(f"stream {reader.stream}", max_keys=max_keys)
+    return tally
+
+
+class ReadCounts(Protocol):
+    shards: int
+    dropped_by_kcl: int
+
+
+def visible_records(
+    reader: KinesisReader, counts: ReadCounts, progress: Callable[[int], None] | None = None
+) -> Iterator[UserRecord]:
+    """Every user record KCL delivers: every shard, open and closed, in shard-id order, each
+    from TRIM_HORIZON to its end, aggregates split. Sets ``counts.shards`` and counts the
+    records KCL drops (outside their shard's hash range) in ``counts.dropped_by_kcl``;
+    ``progress(1)`` after each shard."""
+    shards = sorted(reader.shards(), key=lambda shard: shard.shard_id)
+    counts.shards = len(shards)
     for shard in shards:
         for record in reader.read_all(shard.shard_id):
-            if not visible_to_kcl(record, shard):
-                tally.dropped_by_kcl += 1
-                continue
-            tally.user_records += 1
-            tally.seen[record.partition_key].append(
-                Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
-            )
-            if max_keys is not None and len(tally.seen) > max_keys:
-                raise AuditTooLargeError(f"stream {reader.stream}", max_keys=max_keys)
+            if visible_to_kcl(record, shard):
+                yield record
+            else:
+                counts.dropped_by_kcl += 1
         if progress is not None:
             progress(1)
-    return tally
+
+
+def position_of(record: UserRecord) -> Position:
+    return Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
 
 
 def judge(
@@ -410,23 +442,3 @@ def _same_record(a: Position, b: Position) -> bool:
         and int(a.sequence_number) == int(b.sequence_number)
         and (a.sub_sequence_number or 0) == (b.sub_sequence_number or 0)
     )
-
-
-def _in_stream_order(positions: Iterable[Position]) -> list[Position]:
-    return sorted(
-        positions, key=lambda p: (p.shard_id, int(p.sequence_number), p.sub_sequence_number or 0)
-    )
-
-
-def _position_json(position: Position) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "shard_id": position.shard_id,
-        "sequence_number": position.sequence_number,
-    }
-    if position.sub_sequence_number is not None:
-        body["sub_sequence_number"] = position.sub_sequence_number
-    return body
-
-
-def _position_of_json(body: dict[str, Any]) -> Position:
-    return Position(body["shard_id"], body["sequence_number"], body.get("sub_sequence_number"))

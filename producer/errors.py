@@ -13,7 +13,7 @@ adapter's (:mod:`kinesis_store.errors`), which the producer's callers meet. The 
     │                                 (kinesis_store.errors; raised by producer.fence)
     ├── AggregationFormatError        a KPL aggregate that cannot be read (kinesis_store.errors)
     ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
-    └── AuditTooLargeError            more keys than one process audits (use the Spark audit)
+    └── AuditTooLargeError            more keys (rows) than one process audits (use the Spark audit)
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
 of :class:`producer.outcomes.Outcome`, never exceptions.
@@ -62,12 +62,14 @@ class UnresolvedKeysError(KeoError):
 
 class AuditTooLargeError(KeoError):
     """The audit in one process stopped: ``source`` (the stream, its ledger or the expected
-    keys) holds more than ``max_keys`` keys, and it would hold every one in memory. The
-    Spark audit (``python -m spark_jobs.audit``) holds none on its driver."""
+    keys) holds more than ``max_keys`` keys (``unit``: rows, for the replay audit), and it would
+    hold every one in memory. The Spark audit (``python -m spark_jobs.audit``) holds none on its
+    driver."""
 
-    def __init__(self, source: str, *, max_keys: int) -> None:
+    def __init__(self, source: str, *, max_keys: int, unit: str = "keys") -> None:
         super().__init__(
-            f"{source} holds more than {max_keys:,} keys: too many to audit in one process"
+            f"{source} holds more than {max_keys:,} {unit}: too many to audit in one process"
         )
         self.source = source
         self.max_keys = max_keys
+        self.unit = unit

@@ -27,9 +27,16 @@ stream. Only DataFrame operations and ``mapInArrow``: it runs on Spark Connect t
 
 ``--expected`` is read by Spark too: keys one per line, or JSON lines (the input of
 ``keo send``) whose ``key`` is a string of 1 to 256 characters and whose ``data`` is present
-(``keo audit`` also skips rows whose data ``keo send`` could not encode). Other settings come
-from ``KEO_*`` variables (endpoints, region). Exit codes are ``keo``'s: 0 clean, 1 anomalies,
-2 usage, 3 configuration, 4 a backend could not be reached.
+(and, with ``--data-encoding base64``, base64; ``keo audit`` also skips rows whose data
+``keo send`` could not encode). Other settings come from ``KEO_*`` variables (endpoints,
+region). Exit codes are ``keo``'s: 0 clean, 1 anomalies, 2 usage, 3 configuration, 4 a
+backend could not be reached.
+
+``--dedupe replay`` is ``keo audit --dedupe replay`` (:mod:`producer.row_audit`): no ledger;
+the stream's records and ``--expected``'s rows are hashed on the executors
+(:func:`producer.row_audit.row_digest`) and grouped by digest, each row judged there by the
+same rule, the driver getting one row. Its report is ``keo audit``'s but for the rows'
+``line``: Spark reads ``--expected`` without line numbers.
 """
 
 from __future__ import annotations
@@ -38,22 +45,26 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import IntEnum
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dedupe_store.records import MAX_KEY_CHARS, Group, Position
 from dedupe_store.states import KeyState, delivery_state
 from kinesis_store.reader import KinesisReader
 from producer.audit import LISTED_KEYS, AuditReport, Findings
 from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
+from producer.findings import in_stream_order
+from producer.row_audit import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
 from producer.wiring import kinesis_client, ledger_from
 from spark_jobs.options import SETTING_OPTIONS
 from spark_jobs.writer import producer_settings, settings_from_env
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from producer.settings import ProducerSettings
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +86,19 @@ LEDGER_SCHEMA = (
     f"member_position {POSITION_TYPE}"
 )
 FINDINGS_SCHEMA = "findings string"
+# the replay audit's evidence, one row per record of the stream or row of --expected
+ROW_COLUMNS = {
+    "key": "string",
+    "data": "binary",
+    "position": POSITION_TYPE,
+    "dropped": "int",
+    "expected": "int",
+}
+ROWS_SCHEMA = f"digest binary, key string, position {POSITION_TYPE}, dropped int, expected int"
+DEDUPE_MODES = ("key", "replay")
+DATA_ENCODINGS = ("text", "base64")
 _ROWS_PER_BATCH = 10_000
+F = TypeVar("F", Findings, RowFindings)  # the key audit's findings, or the replay audit's
 
 
 class ExitCode(IntEnum):
@@ -83,6 +106,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     FAILED = 1
+    USAGE = 2
     CONFIG = 3
     UNAVAILABLE = 4
 
@@ -97,6 +121,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--expected",
         help="keys that must each be in the stream once: one per line, or keo send's JSON lines",
+    )
+    parser.add_argument(
+        "--dedupe",
+        choices=DEDUPE_MODES,
+        default="key",
+        help="how the stream was written: key (each key once, with the ledger) or replay "
+        "(each row of --expected, key and data, as many times as it is there; no ledger)",
+    )
+    parser.add_argument(
+        "--data-encoding",
+        choices=DATA_ENCODINGS,
+        default="text",
+        help="how 'data' is written in --expected, as for keo send",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --dedupe replay: rows --expected does not hold fail the audit too",
     )
     parser.add_argument(
         "--json", action="store_true", help="the full report as JSON on stdout (summary: stderr)"
@@ -116,7 +158,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--log-level", default="WARNING", help="Python log level of the job")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.dedupe == "replay" and args.expected is None:
+        parser.error("--dedupe replay needs --expected: the JSON lines the run sent")
+    return args
 
 
 def _not_negative(text: str) -> int:
@@ -144,33 +189,44 @@ def read_options(values: dict[str, str]) -> dict[str, str]:
 
 def _evidence(frame: Any, **columns: Any) -> Any:
     """``frame`` as evidence rows: ``columns`` by name, every other column null."""
+    return _shaped(frame, EVIDENCE_COLUMNS, columns)
+
+
+def _shaped(frame: Any, kinds: dict[str, str], columns: dict[str, Any]) -> Any:
+    """``frame`` as the columns of ``kinds``: ``columns`` by name, every other one null."""
     from pyspark.sql import functions as f
 
     return frame.select(
-        *(
-            columns.get(name, f.lit(None)).cast(kind).alias(name)
-            for name, kind in EVIDENCE_COLUMNS.items()
-        )
+        *(columns.get(name, f.lit(None)).cast(kind).alias(name) for name, kind in kinds.items())
     )
 
 
-def stream_evidence(spark: Any, values: dict[str, str]) -> Any:
-    """Every user record of the stream, read on Spark (one task per shard)."""
-    from pyspark.sql import functions as f
-
-    stream = (
+def stream_frame(spark: Any, values: dict[str, str]) -> Any:
+    """Every user record of the stream, read on Spark (one task per shard), those KCL drops
+    kept and marked (``visible_to_kcl``)."""
+    return (
         spark.read.format("keo")
         .options(**read_options(values))
         .option("kcl_filter", "false")
         .load()
     )
+
+
+def _where_in_stream() -> dict[str, Any]:
+    """A stream record's evidence: its key, and its position if KCL delivers it, else dropped."""
+    from pyspark.sql import functions as f
+
     visible = f.col("visible_to_kcl")
-    return _evidence(
-        stream,
-        key=f.col("key"),
-        position=f.when(visible, f.struct("shard_id", "sequence_number", "sub_sequence_number")),
-        dropped=f.when(visible, 0).otherwise(1),
-    )
+    return {
+        "key": f.col("key"),
+        "position": f.when(visible, f.struct("shard_id", "sequence_number", "sub_sequence_number")),
+        "dropped": f.when(visible, 0).otherwise(1),
+    }
+
+
+def stream_evidence(spark: Any, values: dict[str, str]) -> Any:
+    """Every user record of the stream, read on Spark (one task per shard)."""
+    return _evidence(stream_frame(spark, values), **_where_in_stream())
 
 
 def ledger_evidence(spark: Any, values: dict[str, str], segments: int) -> Any:
@@ -223,29 +279,46 @@ def _scan_segments(
         yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
-def expected_evidence(spark: Any, path: str) -> Any:
+def expected_evidence(spark: Any, path: str, encoding: str = "text") -> Any:
     """The keys of ``--expected``, read on Spark (see the module's docstring)."""
+    from pyspark.sql import functions as f
+
+    lines, json_lines = _expected_lines(spark, path)
+    if json_lines:
+        keys = _accepted_rows(lines, path, encoding).select("key")
+    else:
+        keys = lines.select(f.col("value").alias("key"))
+    return _evidence(keys, key=f.col("key"), expected=f.lit(True))
+
+
+def _expected_lines(spark: Any, path: str) -> tuple[Any, bool]:
+    """The non-blank lines of ``path``, and whether they are JSON lines (by the first)."""
     from pyspark.sql import functions as f
 
     lines = spark.read.text(path).where(f.length(f.trim("value")) > 0)
     first = lines.first()
-    if first is None or not first["value"].lstrip().startswith("{"):
-        keys = lines.select(f.col("value").alias("key"))
-    else:
-        rows = lines.select(
-            f.get_json_object("value", "$.key").alias("key"),
-            f.get_json_object("value", "$.data").alias("data"),
+    return lines, first is not None and first["value"].lstrip().startswith("{")
+
+
+def _accepted_rows(lines: Any, path: str, encoding: str) -> Any:
+    """``key`` and ``data`` (its bytes, decoded as keo send does) of the JSON rows keo send
+    would accept; says on stderr how many it skipped."""
+    from pyspark.sql import functions as f
+
+    text = f.get_json_object("value", "$.data")
+    data = (
+        f.try_to_binary(text, f.lit("base64")) if encoding == "base64" else f.encode(text, "UTF-8")
+    )
+    rows = lines.select(f.get_json_object("value", "$.key").alias("key"), data.alias("data")).where(
+        f.col("data").isNotNull() & f.char_length("key").between(1, MAX_KEY_CHARS)
+    )
+    skipped = lines.count() - rows.count()
+    if skipped:
+        sys.stderr.write(
+            f"spark_jobs.audit: --expected {path}: {skipped} rows keo send would refuse "
+            "were skipped\n"
         )
-        keys = rows.where(
-            f.col("data").isNotNull() & f.char_length("key").between(1, MAX_KEY_CHARS)
-        ).select("key")
-        skipped = lines.count() - keys.count()
-        if skipped:
-            sys.stderr.write(
-                f"spark_jobs.audit: --expected {path}: {skipped} rows keo send would refuse "
-                "were skipped\n"
-            )
-    return _evidence(keys, key=f.col("key"), expected=f.lit(True))
+    return rows
 
 
 # --- the judgement, key by key on the executors ------------------------------------------------
@@ -258,6 +331,7 @@ def findings_frame(
     expected: str | None,
     listed: int = LISTED_KEYS,
     segments: int | None = None,
+    encoding: str = "text",
 ) -> Any:
     """One row, one column: the audit's findings as JSON (:meth:`Findings.to_json`)."""
     from pyspark.sql import functions as f
@@ -266,7 +340,7 @@ def findings_frame(
         ledger_evidence(spark, values, segments or default_segments(spark))
     )
     if expected is not None:
-        evidence = evidence.unionByName(expected_evidence(spark, expected))
+        evidence = evidence.unionByName(expected_evidence(spark, expected, encoding))
     member = f.col("member_group").isNotNull()
     by_key = evidence.groupBy("key").agg(
         f.collect_list("position").alias("positions"),  # nulls (dropped records) left out
@@ -280,9 +354,8 @@ def findings_frame(
     )
     expecting = expected is not None
     partials = by_key.mapInArrow(partial(_judge_keys, listed, expecting), FINDINGS_SCHEMA)
-    return partials.repartition(1).mapInArrow(
-        partial(_merge_findings, listed, expecting), FINDINGS_SCHEMA
-    )
+    empty = partial(Findings, listed=listed, expected=0 if expecting else None)
+    return partials.repartition(1).mapInArrow(partial(_merge_findings, empty), FINDINGS_SCHEMA)
 
 
 def default_segments(spark: Any) -> int:
@@ -327,17 +400,17 @@ def _judge_keys(
 
 
 def _merge_findings(
-    listed: int, expecting: bool, batches: Iterator[pa.RecordBatch]
+    empty: Callable[[], F], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """In one task: the partitions' findings merged."""
-    total = Findings(listed=listed, expected=0 if expecting else None)
+    """In one task: the partitions' findings merged (``empty()``: none yet, of their kind)."""
+    total = empty()
     for batch in batches:
         for text in batch.column(0).to_pylist():
-            total.merge(Findings.from_json(json.loads(text)))
+            total.merge(type(total).from_json(json.loads(text)))
     yield _findings_batch(total)
 
 
-def _findings_batch(findings: Findings) -> pa.RecordBatch:
+def _findings_batch(findings: Findings | RowFindings) -> pa.RecordBatch:
     import pyarrow as pa
 
     return pa.RecordBatch.from_pylist(
@@ -379,6 +452,97 @@ def _position(row: dict[str, Any]) -> Position:
     return Position(row["shard_id"], row["sequence_number"], row["sub_sequence_number"])
 
 
+# --- replay mode: rows counted, by digest on the executors ---------------------------------------
+
+
+def row_findings_frame(
+    spark: Any,
+    values: dict[str, str],
+    *,
+    expected: str,
+    encoding: str = "text",
+    listed: int = LISTED_ROWS,
+) -> Any:
+    """One row, one column: the replay audit's findings as JSON (:meth:`RowFindings.to_json`).
+
+    The stream's records and --expected's rows, hashed on the executors and grouped by digest:
+    a row's copies expected, the positions of those found (a shuffle of digests and positions,
+    never data past the hashing)."""
+    from pyspark.sql import functions as f
+
+    lines, json_lines = _expected_lines(spark, expected)
+    if not json_lines:
+        raise ExpectedNotRowsError(expected)
+    sent = _accepted_rows(lines, expected, encoding)
+    expected_rows = _shaped(
+        sent, ROW_COLUMNS, {"key": f.col("key"), "data": f.col("data"), "expected": f.lit(1)}
+    )
+    evidence = _row_evidence(stream_frame(spark, values)).unionByName(expected_rows)
+    digested = evidence.mapInArrow(_digest_rows, ROWS_SCHEMA)
+    by_row = digested.groupBy("digest").agg(
+        f.max("key").alias("key"),  # one key per digest
+        f.collect_list("position").alias("positions"),  # nulls (dropped records) left out
+        f.sum("dropped").alias("dropped"),
+        f.sum("expected").alias("expected"),
+    )
+    partials = by_row.mapInArrow(partial(_judge_rows, listed), FINDINGS_SCHEMA)
+    empty = partial(RowFindings, listed=listed)
+    return partials.repartition(1).mapInArrow(partial(_merge_findings, empty), FINDINGS_SCHEMA)
+
+
+class ExpectedNotRowsError(ValueError):
+    """--dedupe replay was given a file that is not JSON lines (plain keys hold no data)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"--expected {path} is not JSON lines: --dedupe replay compares rows, so "
+            'it must be the JSON lines given to keo send ({"key", "data"})'
+        )
+
+
+def _row_evidence(stream: Any) -> Any:
+    from pyspark.sql import functions as f
+
+    columns = {**_where_in_stream(), "data": f.col("data"), "expected": f.lit(0)}
+    return _shaped(stream, ROW_COLUMNS, columns)
+
+
+def _digest_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """On an executor: each row's digest in place of its data."""
+    import pyarrow as pa
+
+    for batch in batches:
+        keys = batch.column("key").to_pylist()
+        data = batch.column("data")
+        digests = pa.array(
+            [row_digest(k, d) for k, d in zip(keys, data.to_pylist(), strict=True)],
+            type=data.type,
+        )
+        columns = [digests, *(batch.column(n) for n in ("key", "position", "dropped", "expected"))]
+        yield pa.RecordBatch.from_arrays(
+            columns, names=["digest", "key", "position", "dropped", "expected"]
+        )
+
+
+def _judge_rows(listed: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """On an executor: the findings of one partition of rows. The extra copies are the later
+    ones in stream order, as ``keo audit`` names them."""
+    findings = RowFindings(listed=listed)
+    for batch in batches:
+        for row in batch.to_pylist():
+            findings.totals["dropped_by_kcl"] += row["dropped"] or 0
+            positions = in_stream_order(_position(p) for p in row["positions"])
+            expected = row["expected"] or 0
+            findings.add_row(
+                row["digest"],
+                row["key"],
+                expected=expected,
+                found=len(positions),
+                extra=positions[expected:],
+            )
+    yield _findings_batch(findings)
+
+
 # --- the job -----------------------------------------------------------------------------------
 
 
@@ -389,22 +553,51 @@ def audit(
     expected: str | None,
     listed: int = LISTED_KEYS,
     segments: int | None = None,
+    encoding: str = "text",
 ) -> AuditReport:
     settings = producer_settings(values)
+    shards = _ready(spark, settings, ledger=True)
+    frame = findings_frame(
+        spark, values, expected=expected, listed=listed, segments=segments, encoding=encoding
+    )
+    empty = Findings(listed=listed, expected=0 if expected is not None else None)
+    return _collected(frame, empty).report(settings.stream, shards=shards)
+
+
+def audit_rows(
+    spark: Any,
+    values: dict[str, str],
+    *,
+    expected: str,
+    encoding: str = "text",
+    strict: bool = False,
+    listed: int = LISTED_ROWS,
+) -> RowAuditReport:
+    """The replay audit (``--dedupe replay``): no ledger, rows counted by digest."""
+    settings = producer_settings(values)
+    shards = _ready(spark, settings, ledger=False)
+    frame = row_findings_frame(spark, values, expected=expected, encoding=encoding, listed=listed)
+    report = _collected(frame, RowFindings(listed=listed))
+    return report.report(settings.stream, shards=shards, strict=strict)
+
+
+def _ready(spark: Any, settings: ProducerSettings, *, ledger: bool) -> int:
+    """The stream's shard count (it exists, before Spark starts reading), the ledger ready if
+    it is read, format("keo") registered."""
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
-    shards = len(reader.shards())  # also: the stream exists, before Spark starts reading
-    ledger_from(settings).ensure_ready()
+    shards = len(reader.shards())
+    if ledger:
+        ledger_from(settings).ensure_ready()
     from spark_jobs import register
 
     register(spark)
-    frame = findings_frame(spark, values, expected=expected, listed=listed, segments=segments)
-    rows = frame.collect()  # one row: the merged findings, never a key per row
-    findings = (
-        Findings.from_json(json.loads(rows[0]["findings"]))
-        if rows
-        else Findings(listed=listed, expected=0 if expected is not None else None)
-    )
-    return findings.report(settings.stream, shards=shards)
+    return shards
+
+
+def _collected(frame: Any, empty: F) -> F:
+    """The one row of a findings frame (merged findings, never a key or a row per row)."""
+    rows = frame.collect()
+    return type(empty).from_json(json.loads(rows[0]["findings"])) if rows else empty
 
 
 def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
@@ -422,14 +615,29 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
     from spark_jobs.session import job_session
 
     spark = session if session is not None else job_session(args.master, "keo-audit")
+    report: AuditReport | RowAuditReport
     try:
-        report = audit(
-            spark,
-            values,
-            expected=args.expected,
-            listed=args.list_keys,
-            segments=args.ledger_segments,
-        )
+        if args.dedupe == "replay":
+            report = audit_rows(
+                spark,
+                values,
+                expected=args.expected,
+                encoding=args.data_encoding,
+                strict=args.strict,
+                listed=args.list_keys,
+            )
+        else:
+            report = audit(
+                spark,
+                values,
+                expected=args.expected,
+                listed=args.list_keys,
+                segments=args.ledger_segments,
+                encoding=args.data_encoding,
+            )
+    except ExpectedNotRowsError as exc:
+        sys.stderr.write(f"spark_jobs.audit: {exc}\n")
+        return ExitCode.USAGE
     except (StreamNotFoundError, ConfigurationError) as exc:
         sys.stderr.write(f"spark_jobs.audit: {exc}\n")
         return ExitCode.CONFIG

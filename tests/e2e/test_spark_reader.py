@@ -3,7 +3,8 @@
 The stream gets plain records from the producer, one KPL aggregate put by hand whose second
 user record hashes outside its shard (KCL drops it), a second copy of a delivered key (a
 planted duplicate) and, in the expected keys, a key never sent (a planted loss). The last
-test plants more of every anomaly than the report lists, in the stream and in the ledger.
+key-mode test plants more of every anomaly than the report lists, in the stream and in the
+ledger; the replay audit's test counts rows (key, data) against the JSON lines a run sent.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from spark_support import events, plant_unverifiable, streamcheck
 from dedupe_store.records import Position
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
-from producer.audit import Anomaly, Findings, audit_stream
+from producer.audit import Anomaly, Findings, audit_rows, audit_stream
 from producer.protocol import Message
+from producer.row_audit import ExpectedRow
 from producer.wiring import Stack
 from spark_jobs import audit as spark_audit
 from spark_jobs.datasource import READ_SCHEMA
@@ -199,3 +201,73 @@ def test_the_spark_audit_counts_every_anomaly_and_brings_the_driver_one_row(
         stack.reader, stack.ledger, expected=[*delivered, *never_sent], listed=3
     )
     assert report.as_json() == keo_report.as_json()
+
+
+def test_the_spark_replay_audit_reports_what_keo_audit_reports(
+    keo: Any,
+    settings: dict[str, str],
+    stack: Stack,
+    kinesis: Any,
+    planted: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # GIVEN the JSON lines a run sent: the 20 delivered rows, one of them twice, a row never
+    # written, and a key sent again with other data, which the stream holds three times
+    rows = events(20)
+    twice, changed = rows[5], (rows[7][0], "other data")
+    sent = [*rows, twice, ("never-written", "x"), changed]
+    stream = stack.settings.stream
+    kinesis.put_records(StreamName=stream, Records=[put_entry(changed[0], changed[1].encode())] * 3)
+    expected = tmp_path / "run.jsonl"
+    expected.write_text(
+        "".join(json.dumps({"key": key, "data": data}) + "\n" for key, data in sent),
+        encoding="utf-8",
+    )
+
+    # WHEN the stream is audited in replay mode on Spark, as python -m spark_jobs.audit does,
+    # listing 1 row per anomaly
+    argv = [*("--stream", stream, "--expected", str(expected)), "--json", "--list-keys", "1"]
+    env = {"KEO_STREAM": stream, **settings}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        code = spark_audit.main([*argv, "--dedupe", "replay"], session=keo)
+    out, err = capsys.readouterr()
+
+    # THEN it fails (exit 1): a copy missing of the row sent twice, the row never written, two
+    # extra copies of the changed row, the aggregate's kept record unexpected, one dropped
+    report = json.loads(out)
+    assert code == 1, err
+    assert report["counts"] == {"missing": 2, "duplicated": 1, "unexpected": 1}
+    assert report["copies"] == {"missing": 2, "duplicated": 2, "unexpected": 1}
+    assert [row["key"] for row in report["missing"]] == [twice[0]]  # the first in key order
+    (duplicated,) = report["duplicated"]
+    assert (duplicated["key"], duplicated["found"], len(duplicated["positions"])) == (
+        changed[0],
+        3,
+        2,
+    )
+    assert [row["key"] for row in report["unexpected"]] == [INSIDE]
+    assert (report["dropped_by_kcl"], report["anomalies"]) == (1, 3)
+    # AND it is the report keo audit's reading gives (which knows the lines, Spark does not)
+    keo_report = audit_rows(
+        stack.reader,
+        [ExpectedRow(key, data.encode()) for key, data in sent],
+        listed=1,
+    )
+    assert report == keo_report.as_json()
+    assert "verdict: 3 ANOMALIES" in err
+
+    # AND given plain keys, or no --expected, replay mode is a usage error (exit 2)
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k0000\n", encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        replay = ["--stream", stream, "--dedupe", "replay"]
+        assert spark_audit.main([*replay, "--expected", str(keys)], session=keo) == 2
+        with pytest.raises(SystemExit) as usage:
+            spark_audit.main(replay, session=keo)
+    assert usage.value.code == 2
+    assert "is not JSON lines: --dedupe replay compares rows" in capsys.readouterr().err

@@ -6,10 +6,16 @@ group settled with a position) whose record is not in the stream, a key DELIVERE
 that is not its record's, a claim left IN_FLIGHT (its group never settled), and an expected key
 that was never sent. ``audit_stream`` and ``keo audit
 --json`` must report each of them (exit 1); a clean stream exits 0.
+
+In replay mode (``keo audit --dedupe replay``) rows are counted, not keys: the stream is written
+directly, as a replay-mode writer puts plain records, with identical rows, the same key with
+other data, a row in a KPL aggregate and another writer's row; the audit names the rows with
+copies missing and the extra copies, and reads no ledger.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -25,6 +31,8 @@ import streamcheck
 from dedupe_store.clock import SystemClock
 from dedupe_store.records import Group, Position
 from devstack import emulators as local_stack
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, hash_key_of
+from kinesis_store.kpl import Aggregate
 from producer.audit import audit_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
@@ -101,9 +109,9 @@ def put_directly(kinesis: Any, stream: str, key: str, data: bytes) -> Position:
     return Position(response["ShardId"], response["SequenceNumber"])
 
 
-def run_audit(env: dict[str, str], expected: Path) -> tuple[int, dict[str, Any], str]:
+def run_audit(env: dict[str, str], expected: Path, *more: str) -> tuple[int, dict[str, Any], str]:
     result = subprocess.run(
-        [KEO, "audit", "--expected", str(expected), "--json"],
+        [KEO, "audit", "--expected", str(expected), "--json", *more],
         env=env,
         check=False,
         capture_output=True,
@@ -234,3 +242,106 @@ def test_keo_audit_says_when_a_stream_is_too_large_for_it(
     )
     table = stack.settings.table
     assert f"python -m spark_jobs.audit --stream {stream} --table {table} --json" in (result.stderr)
+
+
+# --- replay mode: rows (key, data) counted, no ledger ------------------------------------------
+
+PAID = ("order-1", b'{"status": "paid"}')
+REFUNDED = ("order-1", b'{"status": "refunded"}')  # the same key, other data: another row
+BLOB = ("blob-1", bytes([0, 255, 254, 10, 13]))  # not UTF-8: --data-encoding base64
+NEVER_WRITTEN = ("order-9", b"never written")
+FOREIGN = ("invoice-9", b"another writer's")
+
+
+def rows_file(path: Path, rows: Sequence[tuple[str, bytes]], *, as_base64: bool = False) -> Path:
+    """The JSON lines a run sent, one per row, as keo send reads them."""
+    lines = []
+    for key, data in rows:
+        text = base64.b64encode(data).decode("ascii") if as_base64 else data.decode("utf-8")
+        lines.append(json.dumps({"key": key, "data": text}) + "\n")
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def put_rows(kinesis: Any, stream: str, rows: Sequence[tuple[str, bytes]]) -> list[Position]:
+    """Each row as one plain record, in order, as a replay-mode writer puts them."""
+    return [put_directly(kinesis, stream, key, data) for key, data in rows]
+
+
+def put_aggregated(kinesis: Any, stream: str, rows: Sequence[tuple[str, bytes]]) -> None:
+    """The rows as one KPL aggregate, every user record routed to the aggregate's shard."""
+    aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    hash_key = str(hash_key_of(rows[0][0]))
+    for key, data in rows:
+        assert aggregate.add(key, data, hash_key)
+    kinesis.put_records(StreamName=stream, Records=[aggregate.entry()])
+
+
+def test_the_replay_audit_passes_a_stream_that_holds_each_row_as_many_times_as_sent(
+    stack: Stack, kinesis: Any, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a run's rows: one twice (two records), the same key with other data, and 5 more,
+    # two of which a KPL aggregate carries
+    others = [(f"order-{i}", f'{{"n": {i}}}'.encode()) for i in range(2, 7)]
+    sent = [PAID, PAID, REFUNDED, *others]
+    stream = stack.settings.stream
+    put_rows(kinesis, stream, [PAID, REFUNDED, *others[:3], PAID])
+    put_aggregated(kinesis, stream, others[3:])
+    # and another writer's row in the same stream
+    put_rows(kinesis, stream, [FOREIGN])
+    expected = rows_file(tmp_path / "run.jsonl", sent)
+    # and a ledger table that does not exist: replay mode keeps no per-key state
+    env = {**cli_env, "KEO_TABLE": f"{stack.settings.table}-absent"}
+
+    # WHEN the stream is audited in replay mode, and strictly
+    code, body, stderr = run_audit(env, expected, "--dedupe", "replay")
+    strict_code, strict, _ = run_audit(env, expected, "--dedupe", "replay", "--strict")
+
+    # THEN every row is there as many times as sent: exit 0; the foreign row is only reported
+    assert code == 0, stderr
+    assert body["clean"] is True
+    assert (body["dedupe"], body["user_records"], body["dropped_by_kcl"]) == ("replay", 9, 0)
+    assert (body["expected_records"], body["expected_rows"], body["matched_rows"]) == (8, 7, 7)
+    assert body["counts"] == {"missing": 0, "duplicated": 0, "unexpected": 1}
+    assert [row["key"] for row in body["unexpected"]] == [FOREIGN[0]]
+    assert "verdict: CLEAN" in stderr
+    # AND the strict audit fails on it (exit 1)
+    assert strict_code == 1
+    assert strict["clean"] is False
+    assert strict["anomalies"] == 1
+
+
+def test_the_replay_audit_names_the_copies_missing_and_the_extra_copies(
+    stack: Stack, kinesis: Any, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a run that sent one row twice, the same key with other data, a binary row, two
+    # more rows and a row that was never written; written in base64
+    others = [("order-2", b"two"), ("order-3", b"three")]
+    sent = [PAID, PAID, REFUNDED, BLOB, *others, NEVER_WRITTEN]
+    expected = rows_file(tmp_path / "run.jsonl", sent, as_base64=True)
+    # and a stream holding one copy of the row sent twice, and the binary row twice
+    stream = stack.settings.stream
+    _, blob, _, _, _, extra = put_rows(kinesis, stream, [PAID, BLOB, REFUNDED, *others, BLOB])
+    assert (blob.shard_id, int(blob.sequence_number)) < (extra.shard_id, int(extra.sequence_number))
+
+    # WHEN the stream is audited in replay mode
+    code, body, stderr = run_audit(
+        cli_env, expected, "--dedupe", "replay", "--data-encoding", "base64"
+    )
+
+    # THEN it fails (exit 1), naming the rows with copies missing, in key order, and the
+    # binary row's extra copy: the later one, at its position
+    assert code == 1, stderr
+    assert body["counts"] == {"missing": 2, "duplicated": 1, "unexpected": 0}
+    assert body["copies"] == {"missing": 2, "duplicated": 1, "unexpected": 0}
+    assert [(r["key"], r["line"], r["expected"], r["found"]) for r in body["missing"]] == [
+        (PAID[0], 1, 2, 1),
+        (NEVER_WRITTEN[0], 7, 1, 0),
+    ]
+    (duplicated,) = body["duplicated"]
+    assert (duplicated["key"], duplicated["line"], duplicated["extra"]) == (BLOB[0], 4, 1)
+    assert duplicated["positions"] == [
+        {"shard_id": extra.shard_id, "sequence_number": extra.sequence_number}
+    ]
+    assert (body["user_records"], body["matched_rows"], body["anomalies"]) == (6, 3, 3)
+    assert "verdict: 3 ANOMALIES" in stderr

@@ -218,26 +218,65 @@ def test_version_prints_the_package_version() -> None:
     assert result.stdout == f"keo {importlib.metadata.version('kinesis-exactly-once')}\n"
 
 
+UNREACHABLE = {
+    "KEO_KINESIS_ENDPOINT_URL": "http://127.0.0.1:9",
+    "KEO_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:9",
+    "KEO_REGION": "us-east-1",
+}
+
+
 def test_keo_audit_says_when_the_expected_keys_are_too_many_for_it_and_names_the_spark_audit(
     tmp_path: Path,
 ) -> None:
     # GIVEN an expected-keys file of 3 keys, and endpoints nothing listens on
     expected = tmp_path / "keys.txt"
     expected.write_text("a\nb\nc\n", encoding="utf-8")
-    env = {
-        "KEO_KINESIS_ENDPOINT_URL": "http://127.0.0.1:9",
-        "KEO_DYNAMODB_ENDPOINT_URL": "http://127.0.0.1:9",
-        "KEO_REGION": "us-east-1",
-    }
     # WHEN keo audit may hold 2 keys
     argv = ["audit", "--stream", "orders", "--table", "orders-ledger", "--max-keys", "2"]
-    result = runner.invoke(app, [*argv, "--expected", str(expected)], env=env)
+    result = runner.invoke(app, [*argv, "--expected", str(expected)], env=UNREACHABLE)
     # THEN it stops before reading the stream, exit 2, and says which audit to run instead
     assert result.exit_code == 2, result.output
     assert "holds more than 2 keys: too many to audit in one process" in result.stderr
     assert (
         "python -m spark_jobs.audit --stream orders --table orders-ledger "
         f"--expected {expected}" in result.stderr
+    )
+
+
+def test_keo_audit_in_replay_mode_needs_the_rows_the_run_sent(tmp_path: Path) -> None:
+    # GIVEN endpoints nothing listens on, and a file of plain keys
+    keys = tmp_path / "keys.txt"
+    keys.write_text("a\nb\n", encoding="utf-8")
+    # WHEN keo audit --dedupe replay runs without --expected, or with plain keys
+    alone = runner.invoke(app, ["audit", "--dedupe", "replay"], env=UNREACHABLE)
+    with_keys = runner.invoke(
+        app, ["audit", "--dedupe", "replay", "--expected", str(keys)], env=UNREACHABLE
+    )
+    # THEN both are usage errors (exit 2) that say what replay mode compares, before any read
+    assert alone.exit_code == 2, alone.output
+    assert "--dedupe replay needs --expected FILE" in alone.stderr
+    assert with_keys.exit_code == 2, with_keys.output
+    assert f"--expected {keys} line 1 is not a JSON row" in with_keys.stderr
+
+
+def test_keo_audit_in_replay_mode_names_the_spark_audit_when_the_rows_are_too_many(
+    tmp_path: Path,
+) -> None:
+    # GIVEN 3 distinct rows the run sent, in base64, and endpoints nothing listens on
+    rows = tmp_path / "run.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"key": k, "data": "eA=="}) + "\n" for k in "abc"), encoding="utf-8"
+    )
+    # WHEN keo audit --dedupe replay --strict may hold 2 rows
+    argv = ["audit", "--stream", "orders", "--table", "orders-ledger", "--max-keys", "2"]
+    replay = ["--dedupe", "replay", "--data-encoding", "base64", "--strict"]
+    result = runner.invoke(app, [*argv, "--expected", str(rows), *replay], env=UNREACHABLE)
+    # THEN it stops before reading the stream, exit 2, and names the same audit on Spark
+    assert result.exit_code == 2, result.output
+    assert "the expected rows holds more than 2 rows: too many to audit" in result.stderr
+    assert (
+        "python -m spark_jobs.audit --stream orders --table orders-ledger "
+        f"--expected {rows} --dedupe replay --data-encoding base64 --strict" in result.stderr
     )
 
 
