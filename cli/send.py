@@ -263,8 +263,13 @@ class ReplaySender:
     def done(self, counts: Counter[str], *, delivered: bool) -> None:
         """The run is COMPLETE once every line was delivered (a rejected line keeps it open:
         fix it and re-run with the same --run-id; the rows delivered are not sent again)."""
+        from producer.replay_plan import RecoveryStep
+
         self._attempt.finish()
-        if delivered:
+        if self._attempt.step is RecoveryStep.DONE:
+            self._producer.skipped(self._run)
+            self._completed = True
+        elif delivered:
             self._producer.complete(self._run, dict(counts))
             self._completed = True
 

@@ -203,9 +203,16 @@ class ReplayProducer:
             outcomes = attempt.send(messages)
             attempt.finish()
         delivered = {OutcomeStatus.SENT, OutcomeStatus.DUPLICATE}
-        if attempt.step is not RecoveryStep.DONE and all(o.status in delivered for o in outcomes):
+        if attempt.step is RecoveryStep.DONE:
+            self.skipped(run)
+        elif all(o.status in delivered for o in outcomes):
             self.complete(run, dict(attempt.counts))
         return outcomes
+
+    def skipped(self, run: str) -> None:
+        """Count a replay of ``run`` that found it COMPLETE and sent nothing (once per run)."""
+        metrics.REPLAY_RUNS.labels(self.stream, "skipped").inc()
+        log.info("replay run already complete, nothing sent stream=%s run=%s", self.stream, run)
 
     def complete(self, run: str, counts: dict[str, int]) -> ReplayRun:
         """Mark ``run`` COMPLETE (one write): a replay of it sends nothing."""
@@ -213,6 +220,7 @@ class ReplayProducer:
         completed = context.ledger.complete_run(
             self.stream, run, counts=counts, now_ms=context.clock.now_ms()
         )
+        metrics.REPLAY_RUNS.labels(self.stream, "completed").inc()
         log.info(
             "replay run complete stream=%s run=%s attempts=%d counts=%s",
             self.stream,
@@ -265,7 +273,9 @@ class ReplayAttempt:
         self.step = recovery_step(
             run_complete=complete, earlier=earlier, now_ms=now_ms, lease=context.lease
         )
+        metrics.REPLAY_ATTEMPTS.labels(context.stream, self.step.value).inc()
         if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
+            metrics.REPLAY_RECOVERIES.labels(context.stream).inc()
             self._earlier = EarlierPuts(
                 context.reader,
                 context.clock,
@@ -383,15 +393,15 @@ class ReplayAttempt:
             left = self._take_found(earlier, left, decided)
         return left
 
-    @staticmethod
     def _take_found(
-        earlier: EarlierPuts, items: list[PreparedMessage], decided: dict[int, Outcome]
+        self, earlier: EarlierPuts, items: list[PreparedMessage], decided: dict[int, Outcome]
     ) -> list[PreparedMessage]:
         left: list[PreparedMessage] = []
         for item, position in zip(items, earlier.match(items), strict=True):
             if position is None:
                 left.append(item)
             else:
+                metrics.REPLAY_ROWS_FOUND.labels(self._context.stream).inc()
                 decided[item.index] = Outcome(
                     item.index,
                     item.key,

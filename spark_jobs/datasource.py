@@ -16,6 +16,12 @@
     abort(messages[, batch_id])                    spark_jobs.driver_metrics
       └─ metrics: failed (aborted)
 
+With ``dedupe=replay`` a task is one attempt at the batch's run (``<query_name>/<batch id>``,
+or a batch write's ``run_id``, else one per driver execution: :class:`WritePlan` carries the
+execution id chosen on the driver), with Spark's attempt number from ``TaskContext``
+(:class:`spark_jobs.writer.ReplayPartitionWriter`); the commit marks the run COMPLETE, and a
+replayed batch whose run is COMPLETE sends nothing (reported skipped).
+
 The executors raise for unresolved keys, not the commit: a failed task is retried on its own,
 where a failed commit fails the whole batch. Dead letters come back in the commit messages and
 are written by the driver's commit, once per batch, after every task succeeded: a task attempt
