@@ -84,7 +84,8 @@ _FINAL = frozenset({OutcomeStatus.SENT, OutcomeStatus.DUPLICATE, OutcomeStatus.R
 @dataclass(frozen=True, slots=True)
 class ReplayTask:
     """Who puts a run's rows: ``execution_id`` names one driver run of a query (or one CLI
-    process), ``task`` and ``task_attempt`` Spark's partition and attempt number."""
+    process), ``task`` Spark's partition, ``task_attempt`` an ordinal that grows with each
+    attempt of that task in the execution (Spark's task attempt id)."""
 
     run: str
     execution_id: str
@@ -256,6 +257,7 @@ class ReplayAttempt:
         self._lease_lost = False
         self._finished = False
         self._unresolved = 0  # puts that may still land: the lease must not end early
+        self._written: set[Position] = set()  # where this attempt's records are, all calls
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
@@ -415,7 +417,7 @@ class ReplayAttempt:
 
     def _deliver(self, items: list[PreparedMessage], decided: dict[int, Outcome]) -> None:
         context = self._context
-        written: set[Position] = set()
+        written = self._written
         for _ in range(context.policy.put_max_attempts):
             if not items:
                 return

@@ -18,7 +18,8 @@
 
 With ``dedupe=replay`` a task is one attempt at the batch's run (``<query_name>/<batch id>``,
 or a batch write's ``run_id``, else one per driver execution: :class:`WritePlan` carries the
-execution id chosen on the driver), with Spark's attempt number from ``TaskContext``
+execution id chosen on the driver), ordered among its task's attempts by ``TaskContext``'s
+task attempt id
 (:class:`spark_jobs.writer.ReplayPartitionWriter`); the commit marks the run COMPLETE, and a
 replayed batch whose run is COMPLETE sends nothing (reported skipped).
 
@@ -90,6 +91,7 @@ from spark_jobs.writer import (
     run_completer,
     settle_batch,
     stack_for,
+    task_attempt_of,
 )
 
 if TYPE_CHECKING:
@@ -239,7 +241,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
             execution_id=plan.execution_id,
             data_is_binary=plan.binary,
             hooks=plan.hooks,
-        ).write(partition, context.attemptNumber() if context is not None else 0, rows)
+        ).write(partition, task_attempt_of(context), rows)
         return KeoCommitMessage(report, skipped=report.skipped, query_id=options.query_name)
     stack = stack_for(options.settings)
     if (

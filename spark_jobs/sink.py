@@ -82,8 +82,6 @@ class ExactlyOnceSink:
         checked = producer_settings(self.settings)  # fail fast on bad settings
         self.stream = checked.stream
         self.dedupe = checked.dedupe
-        # replay mode: this driver run of the query; a restart (a new sink) is a new one
-        self.execution_id = uuid.uuid4().hex
         self.key_column = key_column
         self.data_column = data_column
         self.routing_key_column = routing_key_column
@@ -133,7 +131,9 @@ class ExactlyOnceSink:
             return ReplayPartitionWriter(
                 settings=self.settings,
                 run=f"{query_id}/{batch_id}",
-                execution_id=self.execution_id,
+                # each call of the sink is an execution of the batch: Spark calls it once per
+                # batch per query run, so a second call for one batch id is a replay
+                execution_id=uuid.uuid4().hex,
                 data_is_binary=binary,
                 rows_per_send=self.rows_per_send,
                 hooks=self.hooks,

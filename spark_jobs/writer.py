@@ -256,7 +256,12 @@ class ReplayPartitionWriter:
     at ``run`` (:mod:`producer.replay`); picklable, runs on executors. ``task_attempt`` is
     Spark's attempt number of the task: a retry of the task recovers what the attempts before
     it put; a sibling task's rows are never compared with these. A row left unresolved fails
-    the task (:class:`UnresolvedKeysError`), so Spark retries it alone."""
+    the task (:class:`UnresolvedKeysError`), so Spark retries it alone.
+
+    Within one execution a retried task holds the rows its first attempt held: Spark recomputes
+    a partition deterministically, or fails the job when a result stage's input is
+    indeterminate (it cannot roll a write back); a restarted query is a new execution, whose
+    every attempt counts as earlier whatever its partitioning (SPARK-28650)."""
 
     settings: dict[str, str]
     run: str
@@ -296,7 +301,15 @@ class ReplayPartitionWriter:
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        yield self.write(partition, context.attemptNumber() if context else 0, rows)
+        yield self.write(partition, task_attempt_of(context), rows)
+
+
+def task_attempt_of(context: Any) -> int:
+    """The attempt's ordinal among its task's attempts in this execution: Spark's task attempt
+    id, unique and increasing per SparkContext. Not ``attemptNumber()``, which starts at 0
+    again when a stage is retried: a stage retry's attempt must count as later than the first
+    stage's, or it would put its partition's rows a second time."""
+    return int(context.taskAttemptId()) if context is not None else 0
 
 
 class _Tally:

@@ -19,7 +19,7 @@ from spark_support import events, frame, start_event_query, streamcheck, write_e
 import spark_jobs
 from dedupe_store.states import RunState
 from devstack.failpoints import Failpoints
-from producer.hooks import Step
+from producer.hooks import NO_HOOKS, Step
 from producer.wiring import Stack
 from spark_jobs.options import OptionsError
 from spark_jobs.sink import ExactlyOnceSink
@@ -136,19 +136,28 @@ def test_run_id_belongs_to_replay_mode(settings: dict[str, str]) -> None:
 def test_the_foreach_batch_sink_in_replay_mode_sends_a_replayed_batch_once(
     keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
-    """GIVEN ExactlyOnceSink(dedupe="replay") that wrote batch 3 of a query WHEN Spark hands it
-    batch 3 again (a replay after a crash) with its rows reordered THEN nothing is sent again,
-    and the run is COMPLETE with the first write's counts."""
+    """GIVEN ExactlyOnceSink(dedupe="replay") whose batch 3 put its rows and failed before its
+    commit WHEN the same sink is called with batch 3 again (a query restarted in the same
+    driver), its rows reordered THEN the replay finds every row and sends none; the run is
+    COMPLETE; WHEN batch 3 comes a third time THEN it is skipped."""
     rows = events(30)
-    sink = ExactlyOnceSink(settings, query_id="sink-query", dedupe="replay")
-    first = sink.write_batch(frame(keo, rows), 3)
-    assert first.counts["sent"] == 30
+    sink = ExactlyOnceSink(
+        settings,
+        query_id="sink-query",
+        dedupe="replay",
+        hooks=Failpoints(f"{Step.BATCH_BEFORE_COMPLETE}=raise"),
+    )
+    with pytest.raises(Exception, match="batch_before_complete"):
+        sink.write_batch(frame(keo, rows), 3)
+    assert in_stream(kinesis, stack) == as_multiset(rows)
 
-    restarted = ExactlyOnceSink(settings, query_id="sink-query", dedupe="replay")
-    again = restarted.write_batch(frame(keo, list(reversed(rows))), 3)
+    sink.hooks = NO_HOOKS
+    again = sink.write_batch(frame(keo, list(reversed(rows))), 3)
+    assert (again.counts["sent"], again.counts["duplicates"]) == (0, 30)
+    assert sink.write_batch(frame(keo, rows), 3).skipped
 
-    assert again.skipped
     assert in_stream(kinesis, stack) == as_multiset(rows)
     run = stack.ledger.get_run(stack.settings.stream, "sink-query/3")
     assert run is not None
-    assert run.counts["sent"] == 30
+    assert run.state is RunState.COMPLETE
+    assert run.counts["duplicates"] == 30

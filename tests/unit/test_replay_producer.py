@@ -322,3 +322,17 @@ def test_send_run_leaves_a_run_with_a_rejected_row_open_for_a_fixed_re_run(
     assert statuses(producer.send_run("nightly", fixed)) == {"DUPLICATE": 4, "SENT": 1}
     assert producer.run_of("nightly").state is RunState.COMPLETE  # type: ignore[union-attr]
     assert in_stream(kinesis) == as_multiset(fixed)
+
+
+def test_an_identical_row_put_ambiguously_in_a_later_call_is_not_taken_for_the_first(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt that wrote row r in one call WHEN a later call of the same attempt puts
+    r again and that put times out unwritten THEN its read-back does not take the first copy
+    for it: r is sent again, and the stream holds it twice, as the input does."""
+    row = Message("k", b"same")
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        assert statuses(attempt.send([row])) == {"SENT": 1}
+        kinesis.script(PutFault.NOT_WRITTEN)
+        assert statuses(attempt.send([row])) == {"SENT": 1}
+    assert in_stream(kinesis) == {("k", b"same"): 2}
