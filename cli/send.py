@@ -251,8 +251,8 @@ class ReplaySender:
     def __enter__(self) -> ReplaySender:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self._attempt.finish()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._attempt.__exit__(exc_type, *rest)  # an error leaves the lease running
 
     def send(self, messages: list[Message]) -> list[Outcome]:
         return self._attempt.send(messages)

@@ -302,8 +302,10 @@ class ReplayAttempt:
     def __enter__(self) -> ReplayAttempt:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.finish()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        # a call that raised may have left a put in flight: the lease must keep running
+        if exc_type is None:
+            self.finish()
 
     @property
     def rows_found(self) -> int:
@@ -335,10 +337,16 @@ class ReplayAttempt:
                     reason=f"run {self.task.run!r} is COMPLETE: a replay of it sends nothing",
                 )
         else:
-            left = prepared
-            if self._earlier is not None:
-                left = self._recover(self._earlier, prepared, decided)
-            self._deliver(left, decided)
+            try:
+                left = prepared
+                if self._earlier is not None:
+                    left = self._recover(self._earlier, prepared, decided)
+                self._deliver(left, decided)
+            except BaseException:
+                # a bug, a stream gone, the interpreter interrupted: a request may be in
+                # flight, so the lease is never ended early (a replay waits for it)
+                self._unresolved += 1
+                raise
         ordered = [decided[i] for i in range(len(messages))]
         for outcome in ordered:
             self.counts[outcome.status.value] += 1

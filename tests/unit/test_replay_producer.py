@@ -14,14 +14,13 @@ from collections import Counter
 import pytest
 from fakes.kinesis import FakeKinesisClient, PutFault
 from fakes.ledger import InMemoryLedger
+from fakes.replay import replay_producer_over
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.states import RunState
-from kinesis_store.reader import KinesisReader
-from kinesis_store.writer import KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
-from producer.replay import ReplayPolicy, ReplayProducer, ReplayTask
+from producer.replay import ReplayProducer, ReplayTask
 from producer.replay_plan import RecoveryStep
 
 STREAM = "orders"
@@ -47,16 +46,7 @@ def ledger() -> InMemoryLedger:
 def producer_over(
     ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock, **policy: int
 ) -> ReplayProducer:
-    return ReplayProducer(
-        stream=STREAM,
-        ledger=ledger,
-        writer=KinesisWriter(kinesis, STREAM),
-        reader=KinesisReader(kinesis, STREAM, sleep=kinesis.sleep),
-        clock=clock,
-        policy=ReplayPolicy(lease=LEASE, **policy),
-        sleep=kinesis.sleep,
-        rng=random.Random(0),
-    )
+    return replay_producer_over(ledger, kinesis, clock, LEASE, **policy)
 
 
 def rows(count: int, prefix: str = "k") -> list[Message]:

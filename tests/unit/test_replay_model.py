@@ -1,0 +1,182 @@
+"""Replay mode against random failures (Hypothesis), over the repository's fakes.
+
+A run's rows are split over tasks; each attempt of a task may be killed after any number of
+PutRecords (its lease left running, nothing finished), and Kinesis may lose responses, time
+out unwritten, land writes late or throttle records. A killed task is retried in the same
+execution (a Spark task retry) or the whole run is replayed by a new execution with its rows
+in another order, split over another number of tasks, and possibly more of them (a
+non-deterministic source). Then one execution runs to the end, as often as it takes.
+
+What must hold, whatever happened:
+- at every moment, no row is in the stream more often than the largest input holds it;
+- at the end, the stream holds exactly the last input's rows, as a multiset.
+
+Identical rows are only drawn when the run has one task: spread over tasks they are the
+documented limit (``producer.replay_plan``: delivered at least once per batch).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from fakes.kinesis import FakeKinesisClient, PutFault
+from fakes.ledger import InMemoryLedger
+from fakes.replay import replay_producer_over
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedupe_store.clock import ManualClock
+from producer.hooks import Step
+from producer.protocol import LeasePolicy, Message
+from producer.replay import ReplayProducer, ReplayTask
+
+STREAM = "orders"
+RUN = "query/0"
+LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=2_000)
+FAULTS = {
+    PutFault.WRITTEN: 6.0,
+    PutFault.RESPONSE_LOST: 1.0,
+    PutFault.NOT_WRITTEN: 1.0,
+    PutFault.LATE: 1.0,
+    PutFault.THROTTLED: 1.0,
+}
+
+
+class KilledError(Exception):
+    """The attempt's process died here: nothing after it runs, nothing is finished."""
+
+
+class KillAfterPuts:
+    """Hooks that end the attempt after its ``puts``-th PutRecords (0: right after it
+    registered), as a SIGKILL would: no read-back, no finish."""
+
+    def __init__(self, puts: int | None) -> None:
+        self._left = puts
+
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
+        if self._left is None:
+            return
+        if step is Step.REPLAY_AFTER_REGISTER and self._left == 0:
+            raise KilledError
+        if step is Step.AFTER_PUT:
+            self._left -= 1
+            if self._left <= 0:
+                raise KilledError
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One driver run of the batch: its rows (order included), their split, and per task the
+    puts after which its attempts die (None: it runs to the end)."""
+
+    extra_rows: int
+    tasks: int
+    shuffle_seed: int
+    kills: tuple[tuple[int | None, ...], ...]  # per task: each attempt's kill point
+    retry_in_execution: bool
+
+
+executions = st.builds(
+    Execution,
+    extra_rows=st.integers(0, 5),
+    tasks=st.integers(1, 3),
+    shuffle_seed=st.integers(0, 1000),
+    kills=st.lists(
+        st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=3).map(tuple),
+        min_size=3,
+        max_size=3,
+    ).map(tuple),
+    retry_in_execution=st.booleans(),
+)
+
+
+def split(rows: list[Message], tasks: int) -> list[list[Message]]:
+    return [rows[task::tasks] for task in range(tasks)]
+
+
+def multiset(rows: list[Message]) -> Counter[tuple[str, bytes]]:
+    return Counter((m.key, m.data) for m in rows)
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    base=st.integers(1, 25),
+    identical=st.integers(0, 3),
+    plan=st.lists(executions, min_size=1, max_size=3),
+    seed=st.integers(0, 10_000),
+    chunk=st.integers(1, 12),
+)
+def test_replays_under_faults_deliver_exactly_the_last_inputs_rows(
+    base: int, identical: int, plan: list[Execution], seed: int, chunk: int
+) -> None:
+    clock = ManualClock()
+    kinesis = FakeKinesisClient(
+        stream=STREAM,
+        clock=clock,
+        put_timeout_ms=LEASE.put_timeout_ms,
+        rng=random.Random(seed),
+        fault_weights=FAULTS,
+    )
+    ledger = InMemoryLedger(inflight_buckets=4)
+
+    def producer(hooks: KillAfterPuts) -> ReplayProducer:
+        return replay_producer_over(
+            ledger, kinesis, clock, LEASE, hooks=hooks, seed=seed, put_max_attempts=4
+        )
+
+    rows = [Message(f"k{i}", f"d{i}".encode()) for i in range(base)]
+    one_task = all(execution.tasks == 1 for execution in plan)
+    if one_task:
+        rows += rows[:identical]  # identical rows: two records each
+    largest: Counter[tuple[str, bytes]] = multiset(rows)
+
+    def check_no_more_than_largest() -> None:
+        found = Counter((r.partition_key, r.data) for r in kinesis.visible())
+        assert found <= largest, found - largest
+
+    def run_task(
+        execution_id: str, task: int, attempt: int, mine: list[Message], kill: int | None
+    ) -> bool:
+        """One attempt of a task; True when every row of it is delivered."""
+        replay = producer(KillAfterPuts(kill))
+        try:
+            with replay.attempt(ReplayTask(RUN, execution_id, str(task), attempt)) as running:
+                for start in range(0, len(mine), chunk):  # a task's rows, a chunk per call
+                    running.send(mine[start : start + chunk])
+        except KilledError:
+            return False
+        finally:
+            check_no_more_than_largest()
+        return running.completable
+
+    for number, execution in enumerate(plan):
+        rows = rows + [Message(f"x{number}-{i}", b"more") for i in range(execution.extra_rows)]
+        largest = multiset(rows)
+        order = rows[:]
+        random.Random(execution.shuffle_seed).shuffle(order)
+        tasks = 1 if one_task else execution.tasks
+        for task, mine in enumerate(split(order, tasks)):
+            kills = execution.kills[task]
+            attempts = kills if execution.retry_in_execution else kills[:1]
+            for attempt, kill in enumerate(attempts):
+                if run_task(f"e{number}", task, attempt, mine, kill):
+                    break
+        kinesis.advance(1_000)
+
+    # the last execution runs every task to the end (a clean driver, as often as it takes)
+    for final in range(6):
+        execution_id = f"final-{final}"
+        done = [
+            run_task(execution_id, task, 0, mine, None)
+            for task, mine in enumerate(split(rows, 1 if one_task else 2))
+        ]
+        if all(done):
+            break
+        kinesis.advance(LEASE.lease_ms)
+    else:
+        raise AssertionError("the run never completed")
+    kinesis.land_all()
+    found = Counter((r.partition_key, r.data) for r in kinesis.visible())
+    assert found == multiset(rows)
