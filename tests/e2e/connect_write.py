@@ -1,6 +1,7 @@
 """Run by test_spark_connect.py in a process of its own (PySpark refuses a Spark Connect
 session in a process that holds a classic one): on a local Spark Connect session, write rows
-with format("keo") and read them back.
+with format("keo") (key mode; then other rows twice in replay mode under one run id) and read
+them back.
 
     python connect_write.py '{"options": {...}, "rows": [[key, data], ...]}'
 
@@ -29,8 +30,15 @@ def main() -> None:
         except Exception:
             has_rdd = False
         frame.write.format("keo").mode("append").options(**job["options"]).save()
-        read = spark.read.format("keo").options(**job["options"]).load().count()
         report = spark_audit.audit(spark, job["settings"], expected=None)
+        # replay mode, the same write twice under one run_id: the second sends nothing
+        replay = {**job["options"], "dedupe": "replay", "run_id": "connect-run"}
+        replayed = spark.createDataFrame(
+            [tuple(r) for r in job["replay_rows"]], "key string, data string"
+        )
+        for _ in range(2):
+            replayed.write.format("keo").mode("append").options(**replay).save()
+        read = spark.read.format("keo").options(**job["options"]).load().count()
         result = {
             "session": type(spark).__module__,
             "has_rdd": has_rdd,

@@ -27,14 +27,20 @@ JOB = Path(__file__).with_name("connect_write.py")
 JOB_TIMEOUT_S = 240
 
 
-def test_a_batch_write_on_spark_connect_delivers_each_key_once(
+def test_batch_writes_on_spark_connect_deliver_each_key_once_and_a_replay_run_once(
     settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
     pytest.importorskip("pyspark.sql.connect.session")
     pytest.importorskip("grpc")
     # GIVEN rows, and the options of format("keo") for a fresh stream
     rows = events(40, prefix="connect")
-    job = {"options": spark_audit.read_options(settings), "settings": settings, "rows": rows}
+    replay_rows = events(20, prefix="replayed")
+    job = {
+        "options": spark_audit.read_options(settings),
+        "settings": settings,
+        "rows": rows,
+        "replay_rows": replay_rows,
+    }
 
     # WHEN a process writes them on a Spark Connect session, reads the stream back and
     # audits it
@@ -58,9 +64,14 @@ def test_a_batch_write_on_spark_connect_delivers_each_key_once(
     assert found == {
         "session": "pyspark.sql.connect.session",
         "has_rdd": False,
-        "read": 40,
+        "read": 60,
         "audit": {"clean": True, "user_records": 40},
     }
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
-    streamcheck.assert_exactly_once(contents, [key for key, _ in rows], stack.ledger)
-    streamcheck.assert_only(contents, [key for key, _ in rows])
+    keys = [key for key, _ in rows]
+    streamcheck.assert_exactly_once(contents, keys, stack.ledger)
+    streamcheck.assert_only(contents, keys + [key for key, _ in replay_rows])
+    # AND the replay-mode rows, written twice under one run id, are in the stream once each
+    assert {key: contents.counts[key] for key, _ in replay_rows} == dict.fromkeys(
+        (key for key, _ in replay_rows), 1
+    )
