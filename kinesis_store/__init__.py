@@ -3,8 +3,9 @@ protocol itself.
 
 :class:`KinesisWriter` puts records and classifies every record's result
 (:mod:`kinesis_store.results`: written, not written, ambiguous); :class:`KinesisReader` reads a
-stream back (its description, its shards and their lineage, a shard's records in a window,
-deaggregated by :mod:`kinesis_store.kpl`, the one wrapper of aws-kinesis-agg);
+stream back (its description, its shards and their lineage, a shard's records in a window or
+between two positions (:mod:`kinesis_store.positions`), its tail, deaggregated by
+:mod:`kinesis_store.kpl`, the one wrapper of aws-kinesis-agg);
 :func:`create_stream`, :func:`wait_active` and :func:`provision_stream` administer a stream.
 What Kinesis counts (its limits, routing, a record's size) is :mod:`kinesis_store.entries`.
 Its errors are the stream's branch of ``KeoError`` (:mod:`kinesis_store.errors`). It imports
@@ -25,12 +26,14 @@ from kinesis_store.entries import (
 from kinesis_store.errors import (
     AggregationFormatError,
     PutFencedError,
+    ShardPositionLostError,
     StreamError,
     StreamNotFoundError,
     StreamThrottledError,
     StreamUnavailableError,
 )
 from kinesis_store.kpl import Aggregate, UserRecord
+from kinesis_store.positions import SeenRecord, ShardStart
 from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
 from kinesis_store.reader import KinesisReader
 from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
@@ -49,7 +52,10 @@ __all__ = [
     "PutFencedError",
     "PutResultKind",
     "RecordResult",
+    "SeenRecord",
     "Shard",
+    "ShardPositionLostError",
+    "ShardStart",
     "StreamError",
     "StreamInfo",
     "StreamNotFoundError",

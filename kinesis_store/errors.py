@@ -8,6 +8,8 @@ tree::
     KeoError                          anything keo cannot do for its caller (dedupe_store.errors)
     ├── StreamError                   Kinesis failed in a way the caller cannot continue from
     │   ├── StreamNotFoundError       the stream does not exist (run 'keo init')
+    │   ├── ShardPositionLostError    a read resumes after a record the shard no longer holds
+    │   │                             (past the trim horizon): records may be lost
     │   └── StreamUnavailableError    Kinesis could not be reached or kept failing (retriable)
     │       └── StreamThrottledError  Kinesis throttled a read (retried in place, with backoff)
     ├── PutFencedError                a before-send check kept a put from leaving: not sent
@@ -22,11 +24,14 @@ Whatever else a put meets (a record not written, a timeout, a 5xx) is a classifi
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from dedupe_store.errors import KeoError
 
 __all__ = [
     "AggregationFormatError",
     "PutFencedError",
+    "ShardPositionLostError",
     "StreamError",
     "StreamNotFoundError",
     "StreamThrottledError",
@@ -43,6 +48,58 @@ class StreamError(KeoError):
 
 class StreamNotFoundError(StreamError):
     pass
+
+
+class ShardPositionLostError(StreamError):
+    """A read was to go on right after a record (``sequence_number``, arrived at ``since_ms``
+    when known) that the shard no longer holds: it is past the trim horizon, or the stream was
+    deleted and created again. Records written after it and before the first one the shard
+    still holds (``first_sequence_number``, arrived at ``first_arrival_ms``; None when the
+    shard holds nothing after it, or is gone) may be lost; Kinesis cannot say how many, only
+    since when. ``sequence_number`` is None when the whole shard is gone before it was read to
+    its end."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        shard_id: str,
+        sequence_number: str | None,
+        since_ms: int | None,
+        first_sequence_number: str | None,
+        first_arrival_ms: int | None,
+    ) -> None:
+        where = (
+            f"right after sequence number {sequence_number}"
+            if sequence_number is not None
+            else "where it stopped"
+        )
+        since = f" (a record that arrived at {_utc(since_ms)})" if since_ms is not None else ""
+        if first_sequence_number is not None:
+            until = (
+                f"up to the oldest record it still holds (sequence number "
+                f"{first_sequence_number}, arrived at {_utc(first_arrival_ms)})"
+            )
+        elif sequence_number is None:
+            until = "to the shard's end: the shard itself is past the stream's retention"
+        else:
+            until = "up to the trim horizon (the shard holds nothing after it now)"
+        super().__init__(
+            f"shard {shard_id} of stream {stream!r}: the read was to go on {where}{since}, "
+            f"which is past the trim horizon: records written after it, {until}, may be lost",
+            stream=stream,
+            shard_id=shard_id,
+        )
+        self.sequence_number = sequence_number
+        self.since_ms = since_ms
+        self.first_sequence_number = first_sequence_number
+        self.first_arrival_ms = first_arrival_ms
+
+
+def _utc(epoch_ms: int | None) -> str:
+    if epoch_ms is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 class StreamUnavailableError(StreamError):

@@ -126,6 +126,18 @@ def deaggregate(shard_id: str, record: dict[str, Any]) -> Iterator[UserRecord]:
         )
 
 
+def user_record_count(shard_id: str, record: dict[str, Any]) -> int:
+    """How many user records one GetRecords record holds (1 unless it is an aggregate),
+    without decoding them."""
+    data: bytes = record["Data"]
+    if not is_aggregated(data):
+        return 1
+    try:
+        return len(_parse(data).records)
+    except Exception as exc:
+        raise AggregationFormatError(shard_id, str(record["SequenceNumber"]), str(exc)) from exc
+
+
 def _parse(data: bytes) -> Any:
     message = _messages_pb2.AggregatedRecord()
     message.ParseFromString(data[len(MAGIC) : -_DIGEST_BYTES])

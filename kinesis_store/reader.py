@@ -1,8 +1,15 @@
 """``KinesisReader``: reads a stream back: its description, its shard map with lineage, a
-shard's records in a time window or whole, deaggregated as a KCL consumer sees them.
+shard's records in a time window, whole, or between two positions, deaggregated as a KCL
+consumer sees them; a shard's tail; its records counted forward from a position.
 
-Reads are idempotent: a throttled one is tried again in place; every other botocore error is
-translated once into :mod:`kinesis_store.errors`, keeping the cause.
+Reads are idempotent: a throttled one is tried again in place, and an expired iterator is
+renewed right after the last record read; every other botocore error is translated once into
+:mod:`kinesis_store.errors`, keeping the cause.
+
+A read that goes on after a record already read (``AFTER_SEQUENCE_NUMBER``) first asks for
+that record itself (``AT_SEQUENCE_NUMBER``): when the shard no longer holds it, it is past the
+trim horizon and what came after it may be lost. The caller's ``on_lost`` decides: raise
+(the default) or go on from the oldest record the shard still holds.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,13 +31,39 @@ from tenacity import (
 )
 
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
-from kinesis_store.errors import StreamNotFoundError, StreamThrottledError, StreamUnavailableError
-from kinesis_store.kpl import UserRecord, arrival_ms_of, deaggregate
+from kinesis_store.errors import (
+    ShardPositionLostError,
+    StreamNotFoundError,
+    StreamThrottledError,
+    StreamUnavailableError,
+)
+from kinesis_store.kpl import UserRecord, arrival_ms_of, deaggregate, user_record_count
+from kinesis_store.positions import Counted, SeenRecord, ShardStart, StartKind, sequence_key
 from kinesis_store.shards import Shard, StreamInfo
 
 __all__ = ["KinesisReader"]
 
 log = logging.getLogger(__name__)
+
+# The tail of a shard is looked for in the last 10 s first, then in windows 10 times wider.
+_TAIL_WINDOW_MS = 10_000
+_TAIL_WIDENING = 10
+
+
+def raise_lost(error: ShardPositionLostError) -> None:
+    """The default ``on_lost``: a read never skips records silently."""
+    raise error
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """One GetRecords answer: its records, and whether it reached the tip (or, ``ended``, the
+    end of a closed shard): nothing is read after such a page."""
+
+    records: list[dict[str, Any]]
+    tip: bool
+    ended: bool
+
 
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
@@ -125,6 +159,217 @@ class KinesisReader:
             if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
                 return
 
+    # --- reads between positions: what a streaming read plans and reads ------------------------
+
+    def read_range(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        through: str | None,
+        *,
+        on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+    ) -> Iterator[UserRecord]:
+        """The user records of the Kinesis records after ``start`` up to the one numbered
+        ``through`` (inclusive), or to the end of the shard (``through`` None: a closed shard).
+        The same positions read the same records, whenever they are read."""
+        for page in self._pages(shard_id, start, on_lost=on_lost):
+            for raw in page.records:
+                sequence_number = str(raw["SequenceNumber"])
+                if through is not None and sequence_key(sequence_number) > sequence_key(through):
+                    return
+                yield from deaggregate(shard_id, raw)
+                if through is not None and sequence_key(sequence_number) == sequence_key(through):
+                    return
+            if page.tip and through is not None:
+                raise StreamUnavailableError(
+                    f"shard {shard_id}: the read reached the shard's tip or end without meeting "
+                    "sequence number "
+                    f"{through}, the end its batch was planned with (was the stream deleted and "
+                    "created again?)",
+                    stream=self.stream,
+                    shard_id=shard_id,
+                )
+
+    def count_forward(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        *,
+        max_user_records: int,
+        through: str | None = None,
+        take_oversized: bool = False,
+        on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+    ) -> Counted:
+        """Reads forward from ``start`` (to ``through`` at most, inclusive) and takes whole
+        Kinesis records while their user records fit in ``max_user_records``; with
+        ``take_oversized``, a first record that holds more is taken alone. GetRecords is asked
+        for no more records than are still wanted."""
+        taken = 0
+        last: SeenRecord | None = None
+
+        def wanted() -> int:
+            return max(1, min(self._page_limit, max_user_records - taken))
+
+        for page in self._pages(shard_id, start, on_lost=on_lost, limit=wanted):
+            for index, raw in enumerate(page.records):
+                sequence_number = str(raw["SequenceNumber"])
+                if through is not None and sequence_key(sequence_number) > sequence_key(through):
+                    return Counted(last, taken, ended=False, full=False)
+                count = user_record_count(shard_id, raw)
+                if taken + count > max_user_records and not (taken == 0 and take_oversized):
+                    return Counted(last, taken, ended=False, full=True)
+                taken += count
+                last = SeenRecord(
+                    sequence_number, arrival_ms_of(raw.get("ApproximateArrivalTimestamp"))
+                )
+                if through is not None and sequence_key(sequence_number) == sequence_key(through):
+                    return Counted(last, taken, ended=False, full=False)
+                at_page_end = index == len(page.records) - 1
+                if taken >= max_user_records and not (at_page_end and page.tip):
+                    return Counted(last, taken, ended=False, full=True)
+            if page.tip:
+                return Counted(last, taken, ended=page.ended, full=False)
+        return Counted(last, taken, ended=False, full=False)
+
+    def tail(
+        self, shard_id: str, start: ShardStart, *, now_ms: int, margin_ms: int
+    ) -> SeenRecord | None:
+        """The last record the shard holds after ``start``; None when it holds nothing after it.
+
+        Read from a little before now (the last 10 s, then windows 10 times wider), so that
+        finding the tip of a busy shard reads seconds of it, not all of it. A window that finds
+        nothing is widened only while records after ``start`` may lie before it: one page read
+        from ``start`` says whether there are any, and the window stops widening once it reaches
+        back to the first of them (``margin_ms`` covers arrival times out of order).
+        """
+        window_ms = _TAIL_WINDOW_MS
+        first: SeenRecord | None = None
+        while True:
+            since_ms = now_ms - window_ms
+            if start.kind is StartKind.AT_TIMESTAMP and start.timestamp_ms is not None:
+                since_ms = max(since_ms, start.timestamp_ms)  # nothing before the start counts
+            last = self._last_since(shard_id, since_ms)
+            if last is not None:
+                return last if start.is_before(last.sequence_number) else None
+            if first is None:
+                first = self._first_after(shard_id, start)
+                if first is None:
+                    return None
+            if since_ms <= first.arrival_ms - margin_ms:
+                # arrival times out of order beyond the margin: read everything after start
+                return self._last_after(shard_id, start)
+            window_ms *= _TAIL_WIDENING
+
+    def _last_since(self, shard_id: str, since_ms: int) -> SeenRecord | None:
+        last: SeenRecord | None = None
+        for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0))):
+            if page.records:
+                last = _seen(page.records[-1])
+        return last
+
+    def _first_after(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
+        for page in self._pages(shard_id, start, check=False):
+            if page.records:
+                return _seen(page.records[0])
+        return None
+
+    def _last_after(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
+        last: SeenRecord | None = None
+        for page in self._pages(shard_id, start, check=False):
+            if page.records:
+                last = _seen(page.records[-1])
+        return last
+
+    def _pages(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        *,
+        on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+        limit: Callable[[], int] | None = None,
+        check: bool = True,
+    ) -> Iterator[_Page]:
+        """Pages from ``start`` on, until the tip or the end of a closed shard. After a
+        sequence number, the first page is checked to start with that record (``check``)."""
+        checking = check and start.kind is StartKind.AFTER_SEQUENCE_NUMBER
+        iterator: str | None
+        iterator, checking = self._open(shard_id, start, checking, on_lost)
+        last_seen: str | None = None
+        while iterator is not None:
+            size = limit() if limit is not None else self._page_limit
+            page = self._read_retrying()(self._get_page, shard_id, iterator, size)
+            if page is None:
+                # iterators live 5 minutes: go on right after the last record seen
+                resume = ShardStart.after(last_seen) if last_seen is not None else start
+                iterator, checking = self._open(
+                    shard_id, resume, checking and last_seen is None, on_lost
+                )
+                continue
+            raw_records: list[dict[str, Any]] = page["Records"]
+            iterator = page.get("NextShardIterator")
+            ended = iterator is None
+            tip = ended or (not raw_records and page.get("MillisBehindLatest", 0) == 0)
+            records = raw_records
+            if checking and (records or tip):
+                records = self._checked(shard_id, start, records, on_lost)
+                checking = False
+            if raw_records:
+                last_seen = str(raw_records[-1]["SequenceNumber"])
+            yield _Page(records, tip=tip, ended=ended)
+            if tip:
+                return
+
+    def _open(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        checking: bool,
+        on_lost: Callable[[ShardPositionLostError], None],
+    ) -> tuple[str, bool]:
+        """An iterator at ``start``; when checking, at the record itself. Kinesis may refuse a
+        sequence number it no longer holds: that is a lost position too."""
+        arguments = start.iterator_arguments()
+        if checking:
+            arguments = {
+                "ShardIteratorType": "AT_SEQUENCE_NUMBER",
+                "StartingSequenceNumber": start.sequence_number,
+            }
+        try:
+            answer = self._call(
+                "get_shard_iterator", StreamName=self.stream, ShardId=shard_id, **arguments
+            )
+        except StreamUnavailableError as exc:
+            if not (checking and _code_of(exc.__cause__) == "InvalidArgumentException"):
+                raise
+            on_lost(self._lost(shard_id, start, None))
+            return self._open(shard_id, ShardStart.trim_horizon(), False, on_lost)
+        return str(answer["ShardIterator"]), checking
+
+    def _checked(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        records: list[dict[str, Any]],
+        on_lost: Callable[[ShardPositionLostError], None],
+    ) -> list[dict[str, Any]]:
+        """The first page read at the record a read goes on after: without that record."""
+        if records and str(records[0]["SequenceNumber"]) == start.sequence_number:
+            return records[1:]
+        on_lost(self._lost(shard_id, start, _seen(records[0]) if records else None))
+        return records
+
+    def _lost(
+        self, shard_id: str, start: ShardStart, first: SeenRecord | None
+    ) -> ShardPositionLostError:
+        return ShardPositionLostError(
+            stream=self.stream,
+            shard_id=shard_id,
+            sequence_number=start.sequence_number,
+            since_ms=start.timestamp_ms,
+            first_sequence_number=first.sequence_number if first else None,
+            first_arrival_ms=first.arrival_ms if first else None,
+        )
+
     def _iterator_at_timestamp(self, shard_id: str, start_ms: int) -> str | None:
         return self._call(  # type: ignore[no-any-return]
             "get_shard_iterator",
@@ -145,12 +390,14 @@ class KinesisReader:
                 continue
             return page, page.get("NextShardIterator")
 
-    def _get_page(self, shard_id: str, iterator: str) -> dict[str, Any] | None:
+    def _get_page(
+        self, shard_id: str, iterator: str, limit: int | None = None
+    ) -> dict[str, Any] | None:
         """One GetRecords call; None when the iterator has expired."""
         self.get_records_calls += 1
         try:
             return self._client.get_records(  # type: ignore[no-any-return]
-                ShardIterator=iterator, Limit=self._page_limit
+                ShardIterator=iterator, Limit=limit or self._page_limit
             )
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ExpiredIteratorException":
@@ -221,6 +468,18 @@ class KinesisReader:
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
         )
+
+
+def _seen(raw: dict[str, Any]) -> SeenRecord:
+    return SeenRecord(
+        str(raw["SequenceNumber"]), arrival_ms_of(raw.get("ApproximateArrivalTimestamp"))
+    )
+
+
+def _code_of(cause: BaseException | None) -> str | None:
+    if isinstance(cause, botocore.exceptions.ClientError):
+        return cause.response.get("Error", {}).get("Code")
+    return None
 
 
 def _shard_of(raw: dict[str, Any]) -> Shard:
