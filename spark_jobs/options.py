@@ -22,6 +22,7 @@ from producer.errors import ConfigurationError
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
+from spark_jobs.stream_offsets import StartingPosition, StartingPositionKind
 from spark_jobs.writer import producer_settings, settings_from_env
 
 FORMAT: Final = "keo"
@@ -44,6 +45,14 @@ WRITE_OPTIONS: Final = {
 READ_OPTIONS: Final = {
     "starting_timestamp": None,
     "ending_timestamp": None,
+    "kcl_filter": "true",
+}
+# Streaming read options beyond the settings, with their defaults.
+STREAM_READ_OPTIONS: Final = {
+    "starting_position": "trim_horizon",
+    "max_records_per_trigger": None,
+    "max_records_per_shard_per_trigger": None,
+    "fail_on_data_loss": "true",
     "kcl_filter": "true",
 }
 # Spark adds these to a streaming write's options itself.
@@ -248,6 +257,74 @@ class ReadOptions:
             kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
             planned_ms=int(datetime.now(UTC).timestamp() * 1000),
         )
+
+
+@dataclass(frozen=True)
+class StreamReadOptions:
+    """A streaming read's options, checked (``spark.readStream.format("keo")``)."""
+
+    settings: dict[str, str]
+    starting_position: StartingPosition
+    max_records_per_trigger: int | None
+    max_records_per_shard_per_trigger: int | None
+    fail_on_data_loss: bool
+    kcl_filter: bool
+
+    @property
+    def stream(self) -> str:
+        return producer_settings(self.settings).stream
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> StreamReadOptions:
+        options = {name.lower(): value for name, value in raw.items()}
+        known = SETTING_OPTIONS | frozenset(STREAM_READ_OPTIONS)
+        if "starting_timestamp" in options or "ending_timestamp" in options:
+            raise OptionsError(
+                "format('keo'): a streaming read starts at starting_position (trim_horizon, "
+                "latest, or a time) and has no end; starting_timestamp and ending_timestamp "
+                "bound a batch read",
+                options=sorted({"starting_timestamp", "ending_timestamp"} & options.keys()),
+            )
+        refuse_unknown(options, known, "streaming read")
+        chosen = {name: options.get(name, default) for name, default in STREAM_READ_OPTIONS.items()}
+        return cls(
+            settings=settings_values(options),
+            starting_position=_starting_position(chosen["starting_position"] or "trim_horizon"),
+            max_records_per_trigger=_positive("max_records_per_trigger", chosen),
+            max_records_per_shard_per_trigger=_positive(
+                "max_records_per_shard_per_trigger", chosen
+            ),
+            fail_on_data_loss=flag("fail_on_data_loss", chosen["fail_on_data_loss"] or "true"),
+            kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
+        )
+
+
+def _starting_position(value: str) -> StartingPosition:
+    text = value.strip().lower()
+    if text in {StartingPositionKind.TRIM_HORIZON, StartingPositionKind.LATEST}:
+        return StartingPosition(StartingPositionKind(text))
+    try:
+        moment = _epoch_ms("starting_position", value)
+    except OptionsError:
+        raise OptionsError(
+            "format('keo'): starting_position must be trim_horizon, latest, or a time (epoch "
+            f"milliseconds or ISO-8601), got {value!r}",
+            options=["starting_position"],
+        ) from None
+    return StartingPosition(StartingPositionKind.AT_TIMESTAMP, moment)
+
+
+def _positive(name: str, chosen: Mapping[str, str | None]) -> int | None:
+    value = chosen[name]
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise OptionsError(
+            f"format('keo'): {name} must be a whole number of records, 1 or more, got {value!r}",
+            options=[name],
+        )
+    return int(text)
 
 
 def _epoch_ms(name: str, value: str | None) -> int | None:

@@ -8,7 +8,8 @@ import pytest
 
 from producer import wiring
 from spark_jobs.driver_metrics import MetricsEndpoint
-from spark_jobs.options import OptionsError, ReadOptions, WriteOptions
+from spark_jobs.options import OptionsError, ReadOptions, StreamReadOptions, WriteOptions
+from spark_jobs.stream_offsets import StartingPosition, StartingPositionKind
 
 STREAM = {"stream": "orders", "table": "orders-ledger"}
 
@@ -164,3 +165,56 @@ def test_writes_with_the_fence_on_say_nothing_about_it(
     ReadOptions.parse({**STREAM, "put_fence": "off"})
     # THEN nothing is said: only a write with the fence off puts without it (a read never puts)
     assert [r for r in caplog.records if r.name == wiring.log.name] == []
+
+
+# --- streaming reads ----------------------------------------------------------------------------
+
+
+def test_a_streaming_read_starts_at_the_trim_horizon_unbounded_and_fails_on_data_loss() -> None:
+    options = StreamReadOptions.parse({"stream": "orders"})
+    assert options.stream == "orders"
+    assert options.starting_position == StartingPosition(StartingPositionKind.TRIM_HORIZON)
+    assert (options.max_records_per_trigger, options.max_records_per_shard_per_trigger) == (
+        None,
+        None,
+    )
+    assert options.fail_on_data_loss
+    assert options.kcl_filter
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("LATEST", StartingPosition(StartingPositionKind.LATEST)),
+        ("trim_horizon", StartingPosition(StartingPositionKind.TRIM_HORIZON)),
+        ("1767225600000", StartingPosition(StartingPositionKind.AT_TIMESTAMP, 1_767_225_600_000)),
+        (
+            "2026-01-01T00:00:00+00:00",
+            StartingPosition(StartingPositionKind.AT_TIMESTAMP, 1_767_225_600_000),
+        ),
+    ],
+)
+def test_a_starting_position_is_a_name_or_a_time(given: str, expected: StartingPosition) -> None:
+    options = StreamReadOptions.parse({"stream": "orders", "starting_position": given})
+    assert options.starting_position == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("starting_position", "earliest"),
+        ("max_records_per_trigger", "0"),
+        ("max_records_per_shard_per_trigger", "ten"),
+        ("fail_on_data_loss", "maybe"),
+    ],
+)
+def test_a_streaming_read_option_it_cannot_use_is_refused_by_name(option: str, value: str) -> None:
+    with pytest.raises(OptionsError) as refused:
+        StreamReadOptions.parse({"stream": "orders", option: value})
+    assert refused.value.options == [option]
+
+
+def test_a_batch_read_bound_is_refused_on_a_streaming_read() -> None:
+    with pytest.raises(OptionsError, match="bound a batch read") as refused:
+        StreamReadOptions.parse({"stream": "orders", "ending_timestamp": "0"})
+    assert refused.value.options == ["ending_timestamp"]

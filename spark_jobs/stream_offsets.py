@@ -1,0 +1,311 @@
+"""The offsets of ``spark.readStream.format("keo")`` and the plans made from them (pure: no
+pyspark, no I/O).
+
+An offset is what Spark writes to its checkpoint for the stream, as JSON::
+
+    {"version": 1, "stream": "orders",
+     "shards": {"shardId-000000000000": {"after": "4968...", "after_ms": 1767225600000},
+                "shardId-000000000001": {"at_ms": 1767225000000},
+                "shardId-000000000002": {},
+                "shardId-000000000003": {"finished": true}}}
+
+Per shard: the last Kinesis record read (``after``, its arrival ``after_ms``), else where the
+shard's first read starts (``at_ms``: the query's starting timestamp; nothing: the trim
+horizon), and whether it is ``finished``: closed and read to its end. A batch is the pair
+(start offset, end offset), and the end is fixed on the driver before the batch runs, so the
+partitions of a batch are a function of its two offsets (:func:`plan`): a replayed batch
+reads the same records.
+
+Lineage, as the KCL follows it: a shard is read only once every parent it names
+(``ParentShardId``, ``AdjacentParentShardId``) is finished, or gone from the stream. A finished
+shard stays in the offsets while the stream still lists it (else it would look new and be read
+again), and leaves them once the stream no longer does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any, Final
+
+from dedupe_store.errors import KeoError
+from kinesis_store.positions import SeenRecord, ShardStart
+from kinesis_store.shards import Shard
+
+__all__ = [
+    "OFFSET_VERSION",
+    "CheckpointMismatchError",
+    "ShardProgress",
+    "ShardRange",
+    "StartingPosition",
+    "StartingPositionKind",
+    "StreamOffset",
+    "Taken",
+    "allot",
+    "missing_from",
+    "plan",
+    "readable",
+    "with_listing",
+]
+
+OFFSET_VERSION: Final = 1
+
+
+class CheckpointMismatchError(KeoError):
+    """The checkpoint's offsets cannot be read by this query: they are another stream's, or
+    of a format this version does not know. ``found`` is what the offset says."""
+
+    def __init__(self, message: str, *, stream: str, found: str | None) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.found = found
+
+
+class StartingPositionKind(StrEnum):
+    TRIM_HORIZON = "trim_horizon"
+    LATEST = "latest"
+    AT_TIMESTAMP = "at_timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class StartingPosition:
+    """Where a new query starts (a query restarted from its checkpoint goes on from there)."""
+
+    kind: StartingPositionKind
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardProgress:
+    """How far one shard has been read (see the module's docstring)."""
+
+    after: str | None = None
+    after_ms: int | None = None
+    at_ms: int | None = None
+    finished: bool = False
+
+    @property
+    def start(self) -> ShardStart:
+        """Where the next read of the shard starts."""
+        if self.after is not None:
+            return ShardStart.after(self.after, self.after_ms)
+        if self.at_ms is not None:
+            return ShardStart.at_timestamp(self.at_ms)
+        return ShardStart.trim_horizon()
+
+    def advanced_to(self, last: SeenRecord | None, *, finished: bool = False) -> ShardProgress:
+        """Read up to ``last`` (None: nothing more), and finished or not."""
+        if last is None or not self.start.is_before(last.sequence_number):
+            return replace(self, finished=self.finished or finished)
+        return ShardProgress(last.sequence_number, last.arrival_ms, finished=finished)
+
+    def as_json(self) -> dict[str, Any]:
+        if self.finished:
+            return {"finished": True}  # never read again: where it stopped no longer matters
+        out: dict[str, Any] = {}
+        if self.after is not None:
+            out["after"] = self.after
+            if self.after_ms is not None:
+                out["after_ms"] = self.after_ms
+        elif self.at_ms is not None:
+            out["at_ms"] = self.at_ms
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ShardProgress:
+        after = raw.get("after")
+        return cls(
+            after=str(after) if after is not None else None,
+            after_ms=_int_or_none(raw.get("after_ms")),
+            at_ms=_int_or_none(raw.get("at_ms")),
+            finished=bool(raw.get("finished", False)),
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class StreamOffset:
+    """The read positions of every shard the query knows, by shard id."""
+
+    stream: str
+    shards: Mapping[str, ShardProgress]
+
+    def as_json(self) -> dict[str, Any]:
+        """The checkpoint's form: shards in id order, so equal offsets give equal JSON (Spark
+        compares them as text to decide whether there is anything new)."""
+        return {
+            "version": OFFSET_VERSION,
+            "stream": self.stream,
+            "shards": {
+                shard_id: self.shards[shard_id].as_json() for shard_id in sorted(self.shards)
+            },
+        }
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], *, stream: str) -> StreamOffset:
+        """An offset from the checkpoint, refused when it is not this stream's."""
+        version = raw.get("version")
+        if version != OFFSET_VERSION or not isinstance(raw.get("shards"), dict):
+            raise CheckpointMismatchError(
+                f"format('keo'): the checkpoint's offset for stream {stream!r} is not one this "
+                f"version reads (version {version!r}, expected {OFFSET_VERSION}): start the "
+                "query with a new checkpointLocation",
+                stream=stream,
+                found=None if version is None else str(version),
+            )
+        found = raw.get("stream")
+        if found != stream:
+            raise CheckpointMismatchError(
+                f"format('keo'): the checkpoint holds the offsets of stream {found!r}, and this "
+                f"query reads stream {stream!r}: give this query a checkpointLocation of its "
+                "own (a checkpoint belongs to one query and its source)",
+                stream=stream,
+                found=None if found is None else str(found),
+            )
+        shards = {
+            str(shard_id): ShardProgress.from_json(progress)
+            for shard_id, progress in raw["shards"].items()
+        }
+        return cls(stream, shards)
+
+    def progress(self, shard_id: str) -> ShardProgress:
+        """A shard the offset does not name has read nothing yet (from the trim horizon)."""
+        return self.shards.get(shard_id, ShardProgress())
+
+    def with_progress(self, updates: Mapping[str, ShardProgress]) -> StreamOffset:
+        return StreamOffset(self.stream, {**self.shards, **updates})
+
+
+def with_listing(offset: StreamOffset, listed: Iterable[Shard]) -> tuple[StreamOffset, list[str]]:
+    """The offset brought up to date with the stream's shards: new ones added (read from
+    the trim horizon when their turn comes), finished ones the stream no longer lists
+    dropped. Also returns the shards the offset had not finished that the stream no longer
+    lists: their remaining records are past the retention (lost)."""
+    listed_ids = {shard.shard_id for shard in listed}
+    shards = {
+        shard_id: progress
+        for shard_id, progress in offset.shards.items()
+        if shard_id in listed_ids or not progress.finished
+    }
+    gone = sorted(shard_id for shard_id in shards if shard_id not in listed_ids)
+    for shard_id in gone:
+        del shards[shard_id]
+    for shard_id in listed_ids - shards.keys():
+        shards[shard_id] = ShardProgress()
+    return StreamOffset(offset.stream, shards), gone
+
+
+def readable(offset: StreamOffset, listed: Iterable[Shard]) -> list[Shard]:
+    """The listed shards a batch may read now, in shard-id order: not finished, and every
+    parent finished or gone (the KCL's order: a parent's records before its children's)."""
+    shards = list(listed)
+    known = {shard.shard_id for shard in shards} | set(offset.shards)
+
+    def parent_done(parent: str | None) -> bool:
+        return parent is None or parent not in known or offset.progress(parent).finished
+
+    return sorted(
+        (
+            shard
+            for shard in shards
+            if not offset.progress(shard.shard_id).finished
+            and parent_done(shard.parent_shard_id)
+            and parent_done(shard.adjacent_parent_shard_id)
+        ),
+        key=lambda shard: shard.shard_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRange:
+    """What one input partition reads: the records of ``shard`` after ``start``, through the
+    record numbered ``through`` (inclusive), or to the shard's end when ``through`` is None."""
+
+    shard: Shard
+    start: ShardStart
+    through: str | None
+
+
+def plan(start: StreamOffset, end: StreamOffset, listed: Mapping[str, Shard]) -> list[ShardRange]:
+    """The ranges between two offsets, one per shard that moved, in shard-id order. Pure: the
+    same two offsets always plan the same ranges (``listed`` gives each shard's hash range,
+    which never changes). A shard missing from ``listed`` is the caller's to report."""
+    ranges: list[ShardRange] = []
+    for shard_id in sorted(end.shards):
+        before, after = start.progress(shard_id), end.shards[shard_id]
+        if before.finished or after == before or shard_id not in listed:
+            continue
+        if after.finished:
+            ranges.append(ShardRange(listed[shard_id], before.start, None))
+        elif after.after is not None and before.start.is_before(after.after):
+            ranges.append(ShardRange(listed[shard_id], before.start, after.after))
+    return ranges
+
+
+def missing_from(start: StreamOffset, end: StreamOffset, listed: Mapping[str, Shard]) -> list[str]:
+    """The shards a batch would read that the stream no longer lists."""
+    return sorted(
+        shard_id
+        for shard_id, after in end.shards.items()
+        if shard_id not in listed
+        and not start.progress(shard_id).finished
+        and after != start.progress(shard_id)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What one shard gave to a batch's budget: its user records, and whether it has more
+    (it stopped because the share was used up)."""
+
+    user_records: int
+    more: bool
+
+
+def allot(
+    shard_ids: Sequence[str],
+    total: int | None,
+    per_shard: int | None,
+    take: Callable[[str, int, bool], Taken],
+) -> None:
+    """Shares a batch's budget of user records among shards, fairly, in rounds.
+
+    Each round offers every shard that may have more an equal share of what is left (at least
+    one record, in shard-id order, while anything is left), capped by what ``per_shard``
+    leaves it; ``take(shard_id, share, first)`` reads that many more at most and says what it
+    took. A shard that reached its tip, or ``per_shard``, is done; what it left goes to the
+    others in the next round. Rounds end when the budget is spent or a round moves nothing.
+    ``first`` is true until the batch has taken anything: a KPL aggregate bigger than the
+    share may then be taken alone, so that the query moves on.
+    """
+    if total is None and per_shard is None:
+        raise ValueError("allot needs a budget")
+    left = total
+    used = dict.fromkeys(shard_ids, 0)
+    active = list(shard_ids)
+    first = True
+    while active and (left is None or left > 0):
+        share = None if left is None else max(1, left // len(active))
+        moved = False
+        still: list[str] = []
+        for shard_id in active:
+            if left is not None and left <= 0:
+                break
+            room = [n for n in (share, left) if n is not None]
+            if per_shard is not None:
+                room.append(per_shard - used[shard_id])
+            taken = take(shard_id, min(room), first)
+            if taken.user_records:
+                moved, first = True, False
+                used[shard_id] += taken.user_records
+                if left is not None:
+                    left -= taken.user_records
+            if taken.more and (per_shard is None or used[shard_id] < per_shard):
+                still.append(shard_id)
+        if not moved:
+            return
+        active = still

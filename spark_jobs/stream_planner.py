@@ -1,0 +1,241 @@
+"""The driver's side of ``spark.readStream.format("keo")``: where a new query starts, where
+each batch ends, and the ranges a batch reads, over an injected
+:class:`kinesis_store.reader.KinesisReader` and clock (no pyspark; Spark's glue is
+:mod:`spark_jobs.stream_reader`).
+
+A batch's end is fixed here, before the batch runs, as a sequence number per shard (or "to
+its end" for a closed shard), and Spark logs it in the checkpoint; the executors read up to
+it and no further, so a replayed batch reads the same records:
+
+- without a limit, the end of an open shard is its tail: the last record it holds, found by
+  reading its last seconds (:meth:`KinesisReader.tail`); a closed shard is read to its end;
+- with a limit (``max_records_per_trigger``, ``max_records_per_shard_per_trigger``), the
+  driver counts user records forward from the start to find the record where the limit falls
+  (:meth:`KinesisReader.count_forward`). That reads those records twice, once here and once on
+  an executor: the price of a bounded batch. Records are counted as user records (a KPL
+  aggregate counts what it holds) and batches are cut at whole Kinesis records, so a batch
+  holds at most the limit, except that an aggregate holding more than the limit is read
+  whole, alone;
+- under ``Trigger.AvailableNow`` (:meth:`StreamPlanner.freeze`), each shard's tail when the
+  query started is its last end: records written later wait for the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from dedupe_store.clock import Clock
+from kinesis_store.errors import ShardPositionLostError
+from kinesis_store.positions import SeenRecord, ShardStart
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard
+from spark_jobs.stream_offsets import (
+    ShardProgress,
+    ShardRange,
+    StartingPosition,
+    StartingPositionKind,
+    StreamOffset,
+    Taken,
+    allot,
+    missing_from,
+    plan,
+    readable,
+    with_listing,
+)
+
+__all__ = ["Budget", "StreamPlanner", "lost_records_policy"]
+
+log = logging.getLogger(__name__)
+
+LOST_HINT = (
+    "format('keo'): fail_on_data_loss=false goes on from the oldest record the shard still "
+    "holds (what was lost is not read); the default stops the query"
+)
+
+
+def _on_lost(fail: bool, error: ShardPositionLostError) -> None:
+    if fail:
+        error.add_note(LOST_HINT)
+        raise error
+    log.warning(
+        "records lost stream=%s shard=%s after=%s first_kept=%s: going on "
+        "(fail_on_data_loss=false)",
+        error.stream,
+        error.shard_id,
+        error.sequence_number,
+        error.first_sequence_number,
+    )
+
+
+def lost_records_policy(fail: bool) -> Callable[[ShardPositionLostError], None]:
+    """What a read does when its position is past the trim horizon: raise (``fail``), or
+    log it and go on. Picklable: the executors get it with their partition's reader."""
+    return partial(_on_lost, fail)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How many user records one batch may read: in all, and per shard (None: no bound)."""
+
+    total: int | None
+    per_shard: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Cap:
+    """A shard's last end under ``Trigger.AvailableNow``: its tail when the query started
+    (None: it held nothing), or its end when it was closed already."""
+
+    tail: SeenRecord | None
+    closed: bool
+
+
+class StreamPlanner:
+    """Offsets and plans for one streaming query; one per driver-side reader."""
+
+    def __init__(
+        self,
+        reader: KinesisReader,
+        clock: Clock,
+        *,
+        starting_position: StartingPosition,
+        fail_on_data_loss: bool,
+        margin_ms: int,
+    ) -> None:
+        self._reader = reader
+        self._clock = clock
+        self._starting_position = starting_position
+        self._on_lost = lost_records_policy(fail_on_data_loss)
+        self._margin_ms = margin_ms
+        self._listed: dict[str, Shard] = {}
+        self._caps: dict[str, _Cap] | None = None
+
+    @property
+    def stream(self) -> str:
+        return self._reader.stream
+
+    def parse(self, raw: dict[str, object]) -> StreamOffset:
+        return StreamOffset.parse(raw, stream=self.stream)
+
+    # --- offsets ---------------------------------------------------------------------------
+
+    def initial(self) -> StreamOffset:
+        """Where a new query starts: every shard listed, at the starting position. ``latest``
+        is fixed now as each open shard's tail (closed shards are finished: nothing will be
+        written to them), so the first batch does not depend on when its tasks run."""
+        listed = self._list()
+        offset, _ = with_listing(StreamOffset(self.stream, {}), listed)
+        position = self._starting_position
+        if position.kind is StartingPositionKind.AT_TIMESTAMP:
+            at = ShardProgress(at_ms=position.timestamp_ms)
+            return offset.with_progress(dict.fromkeys(offset.shards, at))
+        if position.kind is StartingPositionKind.LATEST:
+            now_ms = self._clock.now_ms()
+            return offset.with_progress(
+                {
+                    shard.shard_id: ShardProgress(finished=True)
+                    if shard.closed
+                    else ShardProgress().advanced_to(
+                        self._tail(shard, ShardStart.trim_horizon(), now_ms)
+                    )
+                    for shard in listed
+                }
+            )
+        return offset
+
+    def freeze(self) -> None:
+        """``Trigger.AvailableNow``: every shard's end as it is now is the last one this run
+        reads (shards that appear later wait for the next run)."""
+        now_ms = self._clock.now_ms()
+        self._caps = {
+            shard.shard_id: _Cap(None, closed=True)
+            if shard.closed
+            else _Cap(self._tail(shard, ShardStart.trim_horizon(), now_ms), closed=False)
+            for shard in self._list()
+        }
+
+    def latest(self, start: StreamOffset, budget: Budget | None) -> StreamOffset:
+        """The end of the next batch: ``start`` moved on by every shard that may be read now
+        (its parents finished), as far as the budget allows; equal to ``start`` when there
+        is nothing new."""
+        listed = self._list()
+        offset, gone = with_listing(start, listed)
+        for shard_id in gone:
+            self._on_lost(self._gone(shard_id, start.progress(shard_id)))
+        shards = [
+            s for s in readable(offset, listed) if self._caps is None or s.shard_id in self._caps
+        ]
+        if budget is None:
+            now_ms = self._clock.now_ms()
+            ends = {s.shard_id: self._end(s, offset.progress(s.shard_id), now_ms) for s in shards}
+        else:
+            ends = self._counted(shards, offset, budget)
+        return offset.with_progress(ends)
+
+    def ranges(self, start: StreamOffset, end: StreamOffset) -> list[ShardRange]:
+        """What a batch reads: a pure function of its two offsets, given the shards' hash
+        ranges (listed again only when a shard is not known yet, as after a restart)."""
+        if any(shard_id not in self._listed for shard_id in end.shards):
+            self._list()
+        for shard_id in missing_from(start, end, self._listed):
+            self._on_lost(self._gone(shard_id, start.progress(shard_id)))
+        return plan(start, end, self._listed)
+
+    # --- inside ----------------------------------------------------------------------------
+
+    def _list(self) -> list[Shard]:
+        shards = self._reader.shards()
+        self._listed = {shard.shard_id: shard for shard in shards}
+        return shards
+
+    def _tail(self, shard: Shard, start: ShardStart, now_ms: int) -> SeenRecord | None:
+        return self._reader.tail(shard.shard_id, start, now_ms=now_ms, margin_ms=self._margin_ms)
+
+    def _end(self, shard: Shard, progress: ShardProgress, now_ms: int) -> ShardProgress:
+        cap = self._caps.get(shard.shard_id) if self._caps is not None else None
+        if shard.closed and (cap is None or cap.closed):
+            return progress.advanced_to(None, finished=True)  # a closed shard: to its end
+        if cap is not None:
+            return progress.advanced_to(cap.tail)
+        return progress.advanced_to(self._tail(shard, progress.start, now_ms))
+
+    def _counted(
+        self, shards: Sequence[Shard], offset: StreamOffset, budget: Budget
+    ) -> dict[str, ShardProgress]:
+        by_id = {shard.shard_id: shard for shard in shards}
+        progress = {shard_id: offset.progress(shard_id) for shard_id in by_id}
+
+        def take(shard_id: str, share: int, first: bool) -> Taken:
+            shard, current = by_id[shard_id], progress[shard_id]
+            cap = self._caps.get(shard_id) if self._caps is not None else None
+            through = None
+            if cap is not None and not cap.closed:
+                if cap.tail is None or not current.start.is_before(cap.tail.sequence_number):
+                    return Taken(0, more=False)
+                through = cap.tail.sequence_number
+            counted = self._reader.count_forward(
+                shard.shard_id,
+                current.start,
+                max_user_records=share,
+                through=through,
+                take_oversized=first,
+                on_lost=self._on_lost,
+            )
+            progress[shard_id] = current.advanced_to(counted.last, finished=counted.ended)
+            return Taken(counted.user_records, more=counted.full)
+
+        allot(list(by_id), budget.total, budget.per_shard, take)
+        return progress
+
+    def _gone(self, shard_id: str, progress: ShardProgress) -> ShardPositionLostError:
+        return ShardPositionLostError(
+            stream=self.stream,
+            shard_id=shard_id,
+            sequence_number=None,
+            since_ms=progress.after_ms,
+            first_sequence_number=None,
+            first_arrival_ms=None,
+        )

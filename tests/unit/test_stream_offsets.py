@@ -1,0 +1,267 @@
+"""The offsets of a streaming read and the plans made from them: pure, no Kinesis, no Spark.
+
+A batch is (start offset, end offset); Spark logs both before the batch runs and replays a
+batch from them, so what a batch reads must be a function of the two offsets alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kinesis_store.positions import SeenRecord, ShardStart
+from kinesis_store.shards import Shard
+from spark_jobs.stream_offsets import (
+    CheckpointMismatchError,
+    ShardProgress,
+    ShardRange,
+    StreamOffset,
+    Taken,
+    allot,
+    missing_from,
+    plan,
+    readable,
+    with_listing,
+)
+
+STREAM = "orders"
+TOP = 2**128 - 1
+HALF = 2**127
+
+
+def shard(
+    shard_id: str,
+    start: int = 0,
+    end: int = TOP,
+    *,
+    parent: str | None = None,
+    adjacent: str | None = None,
+    closed: bool = False,
+) -> Shard:
+    return Shard(shard_id, start, end, parent, adjacent, "0", "99" if closed else None)
+
+
+# shard 0 was split into 1 and 2; then 1 and 2 were merged into 3
+S0 = shard("shardId-0", closed=True)
+S1 = shard("shardId-1", 0, HALF - 1, parent="shardId-0", closed=True)
+S2 = shard("shardId-2", HALF, TOP, parent="shardId-0", closed=True)
+S3 = shard("shardId-3", parent="shardId-1", adjacent="shardId-2")
+
+
+def offset(**shards: ShardProgress) -> StreamOffset:
+    return StreamOffset(STREAM, {name.replace("_", "-"): p for name, p in shards.items()})
+
+
+def ids(shards: list[Shard]) -> list[str]:
+    return [s.shard_id for s in shards]
+
+
+# --- the offset's form -----------------------------------------------------------------------
+
+
+def test_an_offset_survives_the_checkpoint_as_json_in_one_canonical_form() -> None:
+    # GIVEN an offset built in any order, with every kind of shard position
+    built = StreamOffset(
+        STREAM,
+        {
+            "shardId-2": ShardProgress(finished=True),
+            "shardId-0": ShardProgress("4960", 1_700_000_000_000),
+            "shardId-1": ShardProgress(at_ms=1_699_000_000_000),
+            "shardId-3": ShardProgress(),
+        },
+    )
+    # WHEN it goes through the checkpoint (JSON text) and back
+    text = json.dumps(built.as_json())
+    parsed = StreamOffset.parse(json.loads(text), stream=STREAM)
+    # THEN it is the same offset, and equal offsets give the same text (Spark compares text)
+    assert parsed == built
+    assert json.dumps(parsed.as_json()) == text
+    assert list(json.loads(text)["shards"]) == ["shardId-0", "shardId-1", "shardId-2", "shardId-3"]
+    assert json.loads(text)["shards"]["shardId-2"] == {"finished": True}
+
+
+def test_a_checkpoint_from_another_stream_is_refused_naming_both() -> None:
+    # GIVEN the checkpoint of a query that read stream "payments"
+    raw = StreamOffset("payments", {"shardId-0": ShardProgress()}).as_json()
+    # WHEN a query of stream "orders" starts from it
+    with pytest.raises(CheckpointMismatchError) as refused:
+        StreamOffset.parse(raw, stream=STREAM)
+    # THEN it is refused, saying which stream the checkpoint is of and what to do
+    assert refused.value.found == "payments"
+    assert "'payments'" in str(refused.value)
+    assert "checkpointLocation" in str(refused.value)
+
+
+def test_an_offset_of_an_unknown_format_is_refused() -> None:
+    with pytest.raises(CheckpointMismatchError, match="not one this version reads"):
+        StreamOffset.parse({"version": 99, "stream": STREAM, "shards": {}}, stream=STREAM)
+    with pytest.raises(CheckpointMismatchError):
+        StreamOffset.parse({"0": 12}, stream=STREAM)
+
+
+def test_a_shard_starts_where_its_progress_says() -> None:
+    assert ShardProgress().start == ShardStart.trim_horizon()
+    assert ShardProgress(at_ms=5).start == ShardStart.at_timestamp(5)
+    assert ShardProgress("42", 7).start == ShardStart.after("42", 7)
+    # moving on compares sequence numbers as integers, and never moves back
+    moved = ShardProgress("99").advanced_to(SeenRecord("100", 1))
+    assert moved == ShardProgress("100", 1)
+    assert moved.advanced_to(SeenRecord("99", 0)) == moved
+    assert moved.advanced_to(None, finished=True) == ShardProgress("100", 1, finished=True)
+
+
+# --- lineage: the KCL's order ----------------------------------------------------------------
+
+
+def test_children_are_read_only_once_every_parent_is_finished() -> None:
+    listed = [S0, S1, S2, S3]
+    # GIVEN nothing read yet: only the root can be read
+    start, _ = with_listing(StreamOffset(STREAM, {}), listed)
+    assert ids(readable(start, listed)) == ["shardId-0"]
+    # WHEN the split parent is finished, THEN both children can be read, not the merge
+    after_split = start.with_progress({"shardId-0": ShardProgress(finished=True)})
+    assert ids(readable(after_split, listed)) == ["shardId-1", "shardId-2"]
+    # WHEN one merge parent is finished, THEN the merged shard still waits for the other
+    one = after_split.with_progress({"shardId-1": ShardProgress(finished=True)})
+    assert ids(readable(one, listed)) == ["shardId-2"]
+    # WHEN both are, THEN it is read
+    both = one.with_progress({"shardId-2": ShardProgress(finished=True)})
+    assert ids(readable(both, listed)) == ["shardId-3"]
+
+
+def test_a_parent_gone_past_the_retention_does_not_hold_its_children_back() -> None:
+    # GIVEN a stream that no longer lists the split parent (past its retention)
+    listed = [S1, S2]
+    start, gone = with_listing(StreamOffset(STREAM, {}), listed)
+    # THEN its children are read at once
+    assert gone == []
+    assert ids(readable(start, listed)) == ["shardId-1", "shardId-2"]
+
+
+def test_the_listing_adds_new_shards_drops_finished_ones_gone_and_reports_unfinished_ones_gone() -> (
+    None
+):
+    # GIVEN an offset with a finished shard and an unfinished one, both no longer listed
+    start = offset(shardId_0=ShardProgress(finished=True), shardId_1=ShardProgress("7"))
+    # WHEN the stream lists only a new shard
+    updated, gone = with_listing(start, [S3])
+    # THEN the new shard is added unread, the finished one leaves, the unfinished one is lost
+    assert updated.shards == {"shardId-3": ShardProgress()}
+    assert gone == ["shardId-1"]
+    # AND a finished shard the stream still lists stays finished (it is never read again)
+    kept, _ = with_listing(start, [S0, S3])
+    assert kept.progress("shardId-0").finished
+
+
+# --- plans: a function of two offsets --------------------------------------------------------
+
+
+def test_a_batch_plans_one_range_per_shard_that_moved() -> None:
+    listed = {s.shard_id: s for s in (S0, S1, S2, S3)}
+    start = offset(
+        shardId_0=ShardProgress(finished=True),
+        shardId_1=ShardProgress("10", 1),
+        shardId_2=ShardProgress(at_ms=5),
+        shardId_3=ShardProgress(),
+    )
+    end = start.with_progress(
+        {"shardId-1": ShardProgress("20", 2, finished=True), "shardId-2": ShardProgress("30", 3)}
+    )
+    # WHEN the batch is planned
+    ranges = plan(start, end, listed)
+    # THEN a finished shard reads to its end, a moved one through its new end, from where each
+    # started; the finished root and the unmoved merge child get nothing
+    assert ranges == [
+        ShardRange(S1, ShardStart.after("10", 1), None),
+        ShardRange(S2, ShardStart.at_timestamp(5), "30"),
+    ]
+
+
+def test_a_replay_plans_the_same_partitions() -> None:
+    # GIVEN a batch's two offsets as Spark logged them (JSON), and the shard map
+    listed = {s.shard_id: s for s in (S1, S2, S3)}
+    start = offset(shardId_1=ShardProgress("10", 1), shardId_2=ShardProgress())
+    end = offset(shardId_1=ShardProgress("12", 2), shardId_2=ShardProgress("40", 4))
+    logged = (json.dumps(start.as_json()), json.dumps(end.as_json()))
+    first = plan(start, end, listed)
+    # WHEN the batch is replayed after a restart: offsets read back, the map in another order
+    again = plan(
+        StreamOffset.parse(json.loads(logged[0]), stream=STREAM),
+        StreamOffset.parse(json.loads(logged[1]), stream=STREAM),
+        dict(reversed(listed.items())),
+    )
+    # THEN it plans the same ranges
+    assert again == first
+    assert [r.through for r in first] == ["12", "40"]
+
+
+def test_an_empty_batch_plans_nothing() -> None:
+    start = offset(shardId_1=ShardProgress("10"), shardId_2=ShardProgress(finished=True))
+    assert plan(start, start, {s.shard_id: s for s in (S1, S2)}) == []
+
+
+def test_a_shard_gone_between_planning_and_reading_is_reported() -> None:
+    start = offset(shardId_1=ShardProgress("10"))
+    end = offset(shardId_1=ShardProgress("12"))
+    assert missing_from(start, end, {}) == ["shardId-1"]
+    assert plan(start, end, {}) == []
+
+
+# --- the budget of a bounded batch -----------------------------------------------------------
+
+
+class Shards:
+    """Shards with so many user records left, each Kinesis record holding ``sizes`` of them."""
+
+    def __init__(self, **records: list[int]) -> None:
+        self.records = {name: list(sizes) for name, sizes in records.items()}
+        self.taken: dict[str, int] = dict.fromkeys(records, 0)
+        self.calls: list[tuple[str, int, bool]] = []
+
+    def take(self, shard_id: str, share: int, first: bool) -> Taken:
+        self.calls.append((shard_id, share, first))
+        queue, got = self.records[shard_id], 0
+        while queue and (got + queue[0] <= share or (got == 0 and first)):
+            got += queue.pop(0)
+            if got >= share:
+                break
+        self.taken[shard_id] += got
+        return Taken(got, more=bool(queue))
+
+
+def test_a_budget_is_shared_fairly_and_what_one_shard_leaves_goes_to_the_others() -> None:
+    # GIVEN three shards, one with little left
+    shards = Shards(a=[1] * 50, b=[1] * 2, c=[1] * 50)
+    # WHEN a batch of 30 user records is allotted
+    allot(["a", "b", "c"], 30, None, shards.take)
+    # THEN the short shard gives its 2, the others share the rest evenly, 30 in all
+    assert shards.taken == {"a": 14, "b": 2, "c": 14}
+
+
+def test_a_per_shard_bound_holds_with_or_without_a_total() -> None:
+    shards = Shards(a=[1] * 50, b=[1] * 50)
+    allot(["a", "b"], None, 7, shards.take)
+    assert shards.taken == {"a": 7, "b": 7}
+    bounded = Shards(a=[1] * 50, b=[1] * 50)
+    allot(["a", "b"], 10, 3, bounded.take)
+    assert bounded.taken == {"a": 3, "b": 3}
+
+
+def test_aggregates_are_never_split_and_one_bigger_than_the_budget_is_read_alone() -> None:
+    # GIVEN a shard whose next record is an aggregate of 25 user records
+    shards = Shards(a=[25, 1, 1], b=[1] * 10)
+    # WHEN a batch of 10 is allotted
+    allot(["a", "b"], 10, None, shards.take)
+    # THEN the aggregate is taken alone (the query must move on), and nothing else
+    assert shards.taken == {"a": 25, "b": 0}
+    # AND in the next batch, an aggregate that does not fit waits, the others go on
+    later = Shards(a=[1, 5], b=[1] * 10)
+    allot(["a", "b"], 6, None, later.take)
+    assert later.taken == {"a": 1, "b": 5}
+
+
+def test_a_budget_smaller_than_the_shard_count_still_moves() -> None:
+    shards = Shards(a=[1] * 5, b=[1] * 5, c=[1] * 5)
+    allot(["a", "b", "c"], 2, None, shards.take)
+    assert shards.taken == {"a": 1, "b": 1, "c": 0}

@@ -1,0 +1,374 @@
+"""The driver's side of a streaming read and the executors' range reads, on the in-memory
+Kinesis (``FakeKinesisClient``): batches are run as Spark runs them (end offset, ranges, each
+range read), with no Spark. Time is the fake's manual clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from fakes.kinesis import FakeKinesisClient
+
+from dedupe_store.clock import ManualClock
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
+from kinesis_store.errors import ShardPositionLostError, StreamNotFoundError
+from kinesis_store.kpl import Aggregate, UserRecord
+from kinesis_store.reader import KinesisReader
+from spark_jobs.stream_offsets import (
+    ShardProgress,
+    StartingPosition,
+    StartingPositionKind,
+    StreamOffset,
+)
+from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
+
+STREAM = "orders"
+TRIM_HORIZON = StartingPosition(StartingPositionKind.TRIM_HORIZON)
+HALF = 2**127
+Batch = list[UserRecord]
+
+
+class World:
+    """One stream, a planner on the driver and a reader per executor task."""
+
+    def __init__(
+        self,
+        *,
+        starting: StartingPosition = TRIM_HORIZON,
+        fail_on_data_loss: bool = True,
+        client: Callable[[FakeKinesisClient], Any] = lambda fake: fake,
+        shard_count: int = 2,
+    ) -> None:
+        self.clock = ManualClock()
+        self.kinesis = FakeKinesisClient(stream=STREAM, clock=self.clock, shard_count=shard_count)
+        self.client = client(self.kinesis)
+        self.fail_on_data_loss = fail_on_data_loss
+        self.planner = StreamPlanner(
+            KinesisReader(self.client, STREAM, sleep=self.kinesis.sleep),
+            self.clock,
+            starting_position=starting,
+            fail_on_data_loss=fail_on_data_loss,
+            margin_ms=500,
+        )
+
+    def put(self, *keys: str, hash_key: int | None = None) -> None:
+        entries = [
+            put_entry(key, f"data of {key}".encode(), None if hash_key is None else str(hash_key))
+            for key in keys
+        ]
+        self.kinesis.put_records(StreamName=STREAM, Records=entries)
+        self.kinesis.advance(10)
+
+    def put_aggregate(self, *keys: str, hash_key: int) -> None:
+        aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+        for key in keys:
+            assert aggregate.add(key, f"data of {key}".encode(), str(hash_key))
+        self.kinesis.put_records(StreamName=STREAM, Records=[aggregate.entry()])
+        self.kinesis.advance(10)
+
+    def read(self, start: StreamOffset, end: StreamOffset) -> Batch:
+        """What the batch's tasks read: every planned range, on a reader of its own."""
+        records: Batch = []
+        for shard_range in self.planner.ranges(start, end):
+            executor = KinesisReader(self.client, STREAM, sleep=self.kinesis.sleep)
+            records += executor.read_range(
+                shard_range.shard.shard_id,
+                shard_range.start,
+                shard_range.through,
+                on_lost=lost_records_policy(self.fail_on_data_loss),
+            )
+        return records
+
+    def run(
+        self, start: StreamOffset | None = None, budget: Budget | None = None
+    ) -> tuple[list[Batch], StreamOffset]:
+        """Batches until the end offset is the start (Spark then runs no batch)."""
+        offset = start if start is not None else self.planner.initial()
+        batches: list[Batch] = []
+        for _ in range(100):
+            end = self.planner.latest(offset, budget)
+            if end.as_json() == offset.as_json():
+                return batches, offset
+            batches.append(self.read(offset, end))
+            offset = end
+        raise AssertionError("the query never caught up")
+
+
+def keys(batches: list[Batch]) -> list[str]:
+    return [record.partition_key for batch in batches for record in batch]
+
+
+def assert_in_shard_order(batches: list[Batch]) -> None:
+    seen: dict[str, tuple[int, int]] = {}
+    for batch in batches:
+        for record in batch:
+            place = (int(record.sequence_number), record.sub_sequence_number or 0)
+            assert place > seen.get(record.shard_id, (-1, -1)), record
+            seen[record.shard_id] = place
+
+
+# --- every record once, in order --------------------------------------------------------------
+
+
+def test_every_record_is_read_once_in_shard_order_and_a_restart_reads_only_new_ones() -> None:
+    # GIVEN plain records on both shards and a KPL aggregate of three user records
+    world = World()
+    world.put(*(f"k{i:02d}" for i in range(20)))
+    world.put_aggregate("agg-0", "agg-1", "agg-2", hash_key=5)
+    # WHEN the query runs until it has caught up
+    batches, offset = world.run()
+    # THEN each user record was read once, in order within its shard
+    assert sorted(keys(batches)) == sorted(
+        [*(f"k{i:02d}" for i in range(20)), "agg-0", "agg-1", "agg-2"]
+    )
+    assert_in_shard_order(batches)
+    # WHEN more records arrive and the query goes on from its last offset (a restart)
+    world.put("new-0", "new-1", "new-2")
+    more, _ = world.run(StreamOffset.parse(offset.as_json(), stream=STREAM))
+    # THEN it reads those and nothing else
+    assert sorted(keys(more)) == ["new-0", "new-1", "new-2"]
+
+
+def test_an_empty_stream_has_no_batch_and_a_caught_up_query_stays_put() -> None:
+    world = World()
+    batches, offset = world.run()
+    assert batches == []
+    assert world.planner.latest(offset, None) == offset
+
+
+def test_a_replayed_batch_reads_the_same_records_though_more_arrived_since() -> None:
+    # GIVEN a batch planned and read
+    world = World()
+    world.put(*(f"k{i:02d}" for i in range(10)))
+    start = world.planner.initial()
+    end = world.planner.latest(start, None)
+    first = world.read(start, end)
+    # WHEN more records arrive and the batch is replayed from its logged offsets
+    world.put(*(f"late-{i}" for i in range(10)))
+    replayed = world.read(
+        StreamOffset.parse(start.as_json(), stream=STREAM),
+        StreamOffset.parse(end.as_json(), stream=STREAM),
+    )
+    # THEN it reads exactly the same records
+    assert replayed == first
+    assert len(first) == 10
+
+
+# --- a bounded batch ----------------------------------------------------------------------------
+
+
+def test_a_limit_bounds_each_batch_in_user_records_and_cuts_at_whole_records() -> None:
+    # GIVEN 27 plain records and an aggregate of 4 after the 12th, all on one shard
+    world = World()
+    world.put(*(f"k{i:02d}" for i in range(12)), hash_key=5)
+    world.put_aggregate(*(f"agg-{i}" for i in range(4)), hash_key=5)
+    world.put(*(f"m{i:02d}" for i in range(15)), hash_key=5)
+    # WHEN it is read 7 user records at most per batch
+    batches, _ = world.run(budget=Budget(7, None))
+    # THEN every batch holds 7 at most, the aggregate is never split, and all is read once
+    assert [len(b) for b in batches] == [7, 5, 7, 7, 5]
+    aggregate_batches = {i for i, b in enumerate(batches) for r in b if r.aggregated}
+    assert len(aggregate_batches) == 1
+    assert len(keys(batches)) == len(set(keys(batches))) == 31
+    assert_in_shard_order(batches)
+
+
+def test_a_per_shard_limit_bounds_each_shard() -> None:
+    world = World()
+    world.put(*(f"low-{i}" for i in range(5)), hash_key=5)
+    world.put(*(f"high-{i}" for i in range(9)), hash_key=HALF + 5)
+    batches, _ = world.run(budget=Budget(None, 3))
+    assert [len(b) for b in batches] == [6, 5, 3]
+    assert len(set(keys(batches))) == 14
+
+
+# --- lineage ------------------------------------------------------------------------------------
+
+
+def test_a_split_parent_is_read_to_its_end_before_its_children_nothing_lost_or_repeated() -> None:
+    # GIVEN one shard with records, read in part
+    world = World(shard_count=1)
+    world.put(*(f"before-{i}" for i in range(6)))
+    start = world.planner.initial()
+    first, offset = world.run(start, Budget(4, None))
+    # WHEN more records land on it, it is split, and records land on both children
+    world.put(*(f"parent-{i}" for i in range(3)))
+    world.kinesis.split_shard("shardId-000000000000", HALF)
+    world.put(*(f"child-{i}" for i in range(8)))
+    rest, _ = world.run(offset, Budget(4, None))
+    # THEN every record was read once, and every parent record in a batch before any child's
+    batches = first + rest
+    names = keys(batches)
+    assert sorted(names) == sorted(
+        [
+            *(f"before-{i}" for i in range(6)),
+            *(f"parent-{i}" for i in range(3)),
+            *(f"child-{i}" for i in range(8)),
+        ]
+    )
+    parent_batches = [i for i, b in enumerate(batches) for r in b if r.shard_id.endswith("0")]
+    child_batches = [i for i, b in enumerate(batches) for r in b if not r.shard_id.endswith("0")]
+    assert max(parent_batches) < min(child_batches)
+    assert_in_shard_order(batches)
+
+
+# --- where a query starts -------------------------------------------------------------------------
+
+
+def test_latest_starts_after_what_the_stream_holds_when_the_query_starts() -> None:
+    world = World(starting=StartingPosition(StartingPositionKind.LATEST))
+    world.put(*(f"old-{i}" for i in range(5)))
+    start = world.planner.initial()
+    world.put(*(f"new-{i}" for i in range(5)))
+    batches, _ = world.run(start)
+    assert sorted(keys(batches)) == [f"new-{i}" for i in range(5)]
+
+
+def test_a_starting_timestamp_starts_at_the_first_record_that_arrived_then() -> None:
+    clock_start = ManualClock().now_ms()
+    world = World(starting=StartingPosition(StartingPositionKind.AT_TIMESTAMP, clock_start + 1_000))
+    world.put(*(f"old-{i}" for i in range(5)))
+    world.kinesis.advance(2_000)
+    world.put(*(f"new-{i}" for i in range(5)))
+    batches, _ = world.run()
+    assert sorted(keys(batches)) == [f"new-{i}" for i in range(5)]
+
+
+def test_available_now_reads_what_the_stream_held_when_it_started_and_no_more() -> None:
+    world = World()
+    world.put(*(f"k{i}" for i in range(6)))
+    world.planner.freeze()
+    world.put(*(f"later-{i}" for i in range(6)))
+    batches, _ = world.run(budget=Budget(4, None))
+    assert sorted(keys(batches)) == [f"k{i}" for i in range(6)]
+
+
+# --- the tail, cheaply --------------------------------------------------------------------------
+
+
+class Counting:
+    """A client that counts the records GetRecords returns."""
+
+    def __init__(self, fake: FakeKinesisClient) -> None:
+        self.fake = fake
+        self.records_returned = 0
+
+    def get_records(self, **kwargs: Any) -> Any:
+        page = self.fake.get_records(**kwargs)
+        self.records_returned += len(page["Records"])
+        return page
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+def test_the_tail_of_a_busy_shard_is_found_reading_its_last_seconds_only() -> None:
+    # GIVEN a shard with 500 records an hour old and 3 just now
+    counting: list[Counting] = []
+    world = World(shard_count=1, client=lambda fake: counting.append(Counting(fake)) or counting[0])
+    world.put(*(f"old-{i}" for i in range(500)))
+    world.kinesis.advance(3_600_000)
+    world.put("new-0", "new-1", "new-2")
+    offset = world.planner.initial()
+    # WHEN the first batch's end is fixed
+    end = world.planner.latest(offset, None)
+    # THEN it is the last record, found by reading the last seconds, not the shard
+    assert end.progress("shardId-000000000000").after == world.kinesis.visible()[-1].sequence_number
+    assert counting[0].records_returned <= 3
+
+
+def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
+    world = World(shard_count=1)
+    world.put(*(f"k{i}" for i in range(5)))
+    world.kinesis.advance(5 * 3_600_000)  # quiet for 5 hours
+    batches, _ = world.run()
+    assert len(keys(batches)) == 5
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+
+class Flaky:
+    """Every third GetRecords is throttled, every fifth finds its iterator expired."""
+
+    def __init__(self, fake: FakeKinesisClient) -> None:
+        self.fake = fake
+        self.calls = 0
+
+    def get_records(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        for every, code in (
+            (3, "ProvisionedThroughputExceededException"),
+            (5, "ExpiredIteratorException"),
+        ):
+            if self.calls % every == 0:
+                raise botocore.exceptions.ClientError(
+                    {"Error": {"Code": code, "Message": code}}, "GetRecords"
+                )
+        return self.fake.get_records(**{**kwargs, "Limit": 2})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+def test_throttled_reads_and_expired_iterators_lose_and_repeat_nothing() -> None:
+    world = World(client=Flaky)
+    world.put(*(f"k{i:02d}" for i in range(25)))
+    world.put_aggregate("agg-0", "agg-1", hash_key=5)
+    batches, _ = world.run(budget=Budget(6, None))
+    assert sorted(keys(batches)) == sorted([*(f"k{i:02d}" for i in range(25)), "agg-0", "agg-1"])
+    assert_in_shard_order(batches)
+
+
+def test_a_position_past_the_trim_horizon_fails_naming_the_shard_and_since_when() -> None:
+    # GIVEN a query that read a shard, then stopped for longer than the retention (24 h)
+    world = World(shard_count=1)
+    world.put("k0", "k1")
+    _, offset = world.run()
+    world.put("unread-0")  # written after the last batch, trimmed before the next
+    world.kinesis.advance(25 * 3_600_000)
+    world.put("k2")
+    end = world.planner.latest(offset, None)
+    # WHEN its next batch is read
+    with pytest.raises(ShardPositionLostError) as lost:
+        world.read(offset, end)
+    # THEN it fails naming the shard, the position and the first record still held
+    error = lost.value
+    assert error.shard_id == "shardId-000000000000"
+    assert error.sequence_number == offset.progress("shardId-000000000000").after
+    assert error.first_sequence_number == world.kinesis.visible()[-1].sequence_number
+    assert "fail_on_data_loss=false" in "".join(getattr(error, "__notes__", []))
+
+
+def test_with_fail_on_data_loss_off_the_read_goes_on_from_the_oldest_record_kept() -> None:
+    world = World(shard_count=1, fail_on_data_loss=False)
+    world.put("k0", "k1")
+    _, offset = world.run()
+    world.put("unread-0")
+    world.kinesis.advance(25 * 3_600_000)
+    world.put("k2")
+    batches, _ = world.run(offset, Budget(5, None))
+    assert keys(batches) == ["k2"]
+
+
+def test_an_unfinished_shard_gone_from_the_stream_is_reported() -> None:
+    world = World(shard_count=1)
+    offset = StreamOffset(STREAM, {"shardId-999": ShardProgress("5", 1)})
+    with pytest.raises(ShardPositionLostError, match="shardId-999"):
+        world.planner.latest(offset, None)
+
+
+def test_an_unknown_stream_fails_the_query_at_its_start_saying_so() -> None:
+    world = World()
+    planner = StreamPlanner(
+        KinesisReader(world.kinesis, "no-such-stream"),
+        world.clock,
+        starting_position=TRIM_HORIZON,
+        fail_on_data_loss=True,
+        margin_ms=500,
+    )
+    with pytest.raises(StreamNotFoundError, match="'no-such-stream' does not exist"):
+        planner.initial()
