@@ -61,6 +61,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
@@ -70,12 +71,21 @@ from pyspark.sql.types import StringType, StructType
 
 from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import Shard, visible_to_kcl
+from kinesis_store.shards import Shard
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
 from producer.wiring import kinesis_client
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
-from spark_jobs.options import FORMAT, OptionsError, ReadOptions, WriteOptions, flag
+from spark_jobs.options import (
+    FORMAT,
+    OptionsError,
+    ReadOptions,
+    StreamReadOptions,
+    WriteOptions,
+    flag,
+)
+from spark_jobs.read_rows import read_schema, rows_of
+from spark_jobs.stream_reader import KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
     BatchReport,
@@ -99,12 +109,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Row
 
 log = logging.getLogger(__name__)
-
-READ_SCHEMA = (
-    "key string, data binary, shard_id string, sequence_number string, "
-    "sub_sequence_number long, approximate_arrival_timestamp timestamp"
-)
-UNFILTERED_READ_SCHEMA = f"{READ_SCHEMA}, visible_to_kcl boolean"
 
 # Spark sets these local properties on a streaming query's tasks.
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -461,13 +465,8 @@ class KeoReader(DataSourceReader):
         settings = producer_settings(self.options.settings)
         reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
         shard = partition.shard
-        for record in self._records(reader, shard.shard_id):
-            visible = visible_to_kcl(record, shard)
-            if self.options.kcl_filter:
-                if visible:
-                    yield _row(record)
-            else:
-                yield (*_row(record), visible)
+        records = self._records(reader, shard.shard_id)
+        yield from rows_of(records, shard, kcl_filter=self.options.kcl_filter)
 
     def _records(self, reader: KinesisReader, shard_id: str) -> Iterator[UserRecord]:
         starting, ending = self.options.starting_ms, self.options.ending_ms
@@ -479,17 +478,6 @@ class KeoReader(DataSourceReader):
             return end_ms + 1  # a read of what has arrived: never wait for late arrivals
 
         return reader.read_window(shard_id, starting or 0, end_ms, now_ms=window_closed)
-
-
-def _row(record: UserRecord) -> tuple[Any, ...]:
-    return (
-        record.partition_key,
-        record.data,
-        record.shard_id,
-        record.sequence_number,
-        record.sub_sequence_number,
-        datetime.fromtimestamp(record.arrival_ms / 1000, tz=UTC),
-    )
 
 
 # --- the format ------------------------------------------------------------------------------
@@ -510,11 +498,16 @@ class KeoDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        kcl_filter = flag("kcl_filter", self.options.get("kcl_filter", "true"))
-        return READ_SCHEMA if kcl_filter else UNFILTERED_READ_SCHEMA
+        return read_schema(flag("kcl_filter", self.options.get("kcl_filter", "true")))
 
     def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - fixed schema
         return KeoReader(ReadOptions.parse(dict(self.options)))
+
+    def streamReader(  # noqa: N802 - Spark's name
+        self,
+        schema: StructType,  # noqa: ARG002 - fixed schema
+    ) -> DataSourceStreamReader:
+        return KeoStreamReader(StreamReadOptions.parse(dict(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)

@@ -26,7 +26,7 @@ from producer.protocol import Message
 from producer.row_audit import ExpectedRow
 from producer.wiring import Stack
 from spark_jobs import audit as spark_audit
-from spark_jobs.datasource import READ_SCHEMA
+from spark_jobs.read_rows import READ_SCHEMA
 
 pytestmark = pytest.mark.spark
 

@@ -1,0 +1,135 @@
+"""``spark.readStream.format("keo")``: a stream read as a KCL consumer would, its offsets in
+Spark's checkpoint (nothing in DynamoDB), each batch's end fixed before it runs.
+
+::
+
+    driver (one Python process per query, for its life)   executors (one task per shard)
+    initialOffset()     a new query: shards at starting_position      read(ShardRangePartition)
+    latestOffset(start, limit)                                           ├─ AFTER start (checked:
+      ├─ the checkpoint's offset is this stream's?                      │   past the trim horizon?)
+      ├─ shards listed: new ones added, children after parents          ├─ up to the planned end,
+      └─ each shard's end: its tail, or counted to the limit            │   or a closed shard's end
+    partitions(start, end)  one range per shard that moved (pure)       └─ deaggregated, KCL filter
+    prepareForTriggerAvailableNow()  each shard's end now is the last
+
+The driver's decisions are :class:`spark_jobs.stream_planner.StreamPlanner`'s; the offsets'
+format and the plan are :mod:`spark_jobs.stream_offsets`. Spark pickles this reader to the
+executors with its ``read``: it holds options only, and builds its clients where it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from dedupe_store.clock import SystemClock
+from kinesis_store.reader import KinesisReader
+from producer.wiring import kinesis_client
+from spark_jobs.options import StreamReadOptions
+from spark_jobs.read_rows import rows_of
+from spark_jobs.stream_offsets import ShardRange
+from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
+from spark_jobs.writer import producer_settings
+
+__all__ = ["KeoStreamReader", "ShardRangePartition"]
+
+# ReadMaxRows for "no bound in all": only max_records_per_shard_per_trigger was given
+_NO_TOTAL = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ShardRangePartition(InputPartition):
+    """One shard's records in one batch: the unit of a streaming read."""
+
+    range: ShardRange
+
+
+class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: StreamReadOptions) -> None:
+        self.options = options
+        self._planner: StreamPlanner | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_planner": None}  # clients are built where the reader runs
+
+    def _kinesis(self) -> KinesisReader:
+        settings = producer_settings(self.options.settings)
+        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+
+    @property
+    def planner(self) -> StreamPlanner:
+        if self._planner is None:
+            settings = producer_settings(self.options.settings)
+            self._planner = StreamPlanner(
+                self._kinesis(),
+                SystemClock(),
+                starting_position=self.options.starting_position,
+                fail_on_data_loss=self.options.fail_on_data_loss,
+                margin_ms=round(settings.clock_skew_s * 1000),
+            )
+        return self._planner
+
+    # --- the driver --------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        return self.planner.initial().as_json()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        planner = self.planner
+        return planner.latest(planner.parse(start), self._budget(limit)).as_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
+        total = self.options.max_records_per_trigger
+        if total is not None:
+            return ReadMaxRows(total)
+        if self.options.max_records_per_shard_per_trigger is not None:
+            return ReadMaxRows(_NO_TOTAL)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
+        self.planner.freeze()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        planner = self.planner
+        ranges = planner.ranges(planner.parse(start), planner.parse(end))
+        return [ShardRangePartition(shard_range) for shard_range in ranges]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the offsets live in Spark's checkpoint, and Kinesis keeps records
+        for the stream's retention whatever is read."""
+
+    def _budget(self, limit: ReadLimit) -> Budget | None:
+        """Spark's limit for this batch: ReadAllAvailable (``Trigger.Once``, or no option)
+        reads everything, whatever the options say."""
+        per_shard = self.options.max_records_per_shard_per_trigger
+        if isinstance(limit, ReadMaxRows):
+            total = limit.max_rows if limit.max_rows < _NO_TOTAL else None
+            if total is None and per_shard is None:
+                return None
+            return Budget(total, per_shard)
+        return None
+
+    # --- the executors -----------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, ShardRangePartition):
+            if getattr(partition, "value", None) is None:
+                return  # Spark's placeholder for a batch that planned no range
+            raise TypeError(f"not a partition of format('keo'): {partition!r}")
+        shard_range = partition.range
+        records = self._kinesis().read_range(
+            shard_range.shard.shard_id,
+            shard_range.start,
+            shard_range.through,
+            on_lost=lost_records_policy(self.options.fail_on_data_loss),
+        )
+        yield from rows_of(records, shard_range.shard, kcl_filter=self.options.kcl_filter)

@@ -1,0 +1,197 @@
+"""``spark.readStream.format("keo")`` against kinesalite, on the session's local Spark.
+
+Each query runs with ``Trigger.AvailableNow`` (it stops by itself once it has read what the
+stream held when it started) into a ``foreachBatch`` that keeps each batch's rows, so a test
+sees batch boundaries and a replayed batch. Waits are on the query's state, never the clock.
+The oracle is ``streamcheck``'s plain boto3 reading of the stream.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import streamcheck
+
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
+from kinesis_store.kpl import Aggregate
+from kinesis_store.provisioning import wait_active
+from producer.wiring import Stack
+from spark_jobs import audit as spark_audit
+
+pytestmark = pytest.mark.spark
+
+QUARTER = 2**126  # shard 0 of 2 covers [0, 2**127): its split point
+OUTSIDE = "agg-outside"  # an aggregated user record outside its shard's range: KCL drops it
+Place = tuple[str, str, int]  # shard, sequence number, sub-sequence number (-1: not aggregated)
+
+
+class Batches:
+    """A ``foreachBatch`` function keeping each batch's rows, and a replayed batch's apart."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[tuple[Any, ...]]] = {}
+        self.replayed: dict[int, list[tuple[Any, ...]]] = {}
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        rows = [
+            (row.shard_id, row.sequence_number, row.sub_sequence_number, row.key, row.data)
+            for row in frame.collect()
+        ]
+        (self.replayed if batch_id in self.rows else self.rows)[batch_id] = rows
+
+    def places(self, batch_ids: Any = None) -> list[Place]:
+        chosen = sorted(self.rows) if batch_ids is None else batch_ids
+        return [_place(row) for batch_id in chosen for row in self.rows[batch_id]]
+
+    def batch_of(self) -> dict[Place, int]:
+        return {_place(row): batch_id for batch_id, rows in self.rows.items() for row in rows}
+
+
+def _place(row: tuple[Any, ...]) -> Place:
+    sub = row[2] if row[2] is not None else -1
+    return (row[0], row[1], sub)
+
+
+def run_query(
+    keo: Any, settings: dict[str, str], checkpoint: Path, sink: Batches, **options: str
+) -> None:
+    """One availableNow run of the streaming read, from the checkpoint, until it stops."""
+    query = (
+        keo.readStream.format("keo")
+        .options(**spark_audit.read_options(settings), **options)
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180), "the availableNow query did not stop"
+    assert query.exception() is None
+
+
+def put(kinesis: Any, stream: str, keys: list[str], hash_key: int | None = None) -> None:
+    entries = [
+        put_entry(key, f"data of {key}".encode(), None if hash_key is None else str(hash_key))
+        for key in keys
+    ]
+    kinesis.put_records(StreamName=stream, Records=entries)
+
+
+def visible_places(kinesis: Any, stream: str) -> list[Place]:
+    """Every user record a KCL consumer gets, read by the oracle."""
+    contents = streamcheck.read_stream(kinesis, stream)
+    return [
+        (r.shard_id, r.sequence_number, r.sub_sequence_number if r.aggregated else -1)
+        for r in contents.records
+        if r.partition_key != OUTSIDE
+    ]
+
+
+def assert_in_shard_order(sink: Batches) -> None:
+    """Within each shard, batch after batch, rows come in sequence order."""
+    last: dict[str, tuple[int, int]] = defaultdict(lambda: (-1, -1))
+    for shard, sequence_number, sub in sink.places():
+        place = (int(sequence_number), sub)
+        assert place > last[shard], (shard, place, last[shard])
+        last[shard] = place
+
+
+def test_a_streaming_read_gives_every_record_once_in_bounded_batches_and_replays_a_batch_as_it_was(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    stream = stack.settings.stream
+    checkpoint = tmp_path / "checkpoint"
+    # GIVEN plain records on both shards, and a KPL aggregate of three user records for
+    # shard 0 and one whose hash key is shard 1's (KCL drops it)
+    put(kinesis, stream, [f"k{i:02d}" for i in range(24)])
+    aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    for key in ("agg-0", "agg-1", "agg-2"):
+        assert aggregate.add(key, b"aggregated", "5")
+    assert aggregate.add(OUTSIDE, b"dropped by KCL", str(2**127 + 5))
+    kinesis.put_records(StreamName=stream, Records=[aggregate.entry()])
+
+    # WHEN the stream is read at most 8 records a batch
+    sink = Batches()
+    run_query(keo, settings, checkpoint, sink, max_records_per_trigger="8")
+
+    # THEN every user record KCL delivers came once, in order within its shard, in batches of
+    # 8 at most; the aggregate's user records with their sub-sequence numbers
+    assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
+    assert len(sink.places()) == 27
+    assert len(sink.rows) >= 4
+    assert max(len(rows) for rows in sink.rows.values()) <= 8
+    assert_in_shard_order(sink)
+    first_run = set(sink.rows)
+
+    # WHEN more records arrive and the query restarts from its checkpoint
+    put(kinesis, stream, [f"new-{i}" for i in range(6)])
+    run_query(keo, settings, checkpoint, sink, max_records_per_trigger="8")
+    # THEN it reads those, and only those
+    new_batches = sorted(set(sink.rows) - first_run)
+    assert sorted(row[3] for b in new_batches for row in sink.rows[b]) == [
+        f"new-{i}" for i in range(6)
+    ]
+
+    # WHEN the last batch's commit is lost (a driver died before writing it), more records
+    # arrive, and the query restarts: Spark replays that batch from its logged offsets
+    last = max(sink.rows)
+    for name in (str(last), f".{last}.crc"):
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    put(kinesis, stream, [f"later-{i}" for i in range(4)])
+    run_query(keo, settings, checkpoint, sink, max_records_per_trigger="8")
+    # THEN the replayed batch read exactly the records it read the first time, and the new
+    # records came in the batches after it
+    assert sink.replayed[last] == sink.rows[last]
+    assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
+    assert_in_shard_order(sink)
+
+
+def test_a_split_and_a_merge_between_batches_read_each_parent_to_its_end_before_its_children(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    stream = stack.settings.stream
+    checkpoint = tmp_path / "checkpoint"
+    sink = Batches()
+    # GIVEN a query that has read both shards
+    put(kinesis, stream, [f"first-{i}" for i in range(8)])
+    run_query(keo, settings, checkpoint, sink, max_records_per_trigger="5")
+    # WHEN shard 0 gets records, is split, and its children get records; then the children
+    # are merged and the merged shard gets records (shard 1 gets records all along)
+    put(kinesis, stream, [f"parent-{i}" for i in range(4)], hash_key=5)
+    put(kinesis, stream, [f"other-{i}" for i in range(3)], hash_key=2**127 + 5)
+    parent = "shardId-000000000000"
+    kinesis.split_shard(StreamName=stream, ShardToSplit=parent, NewStartingHashKey=str(QUARTER))
+    wait_active(kinesis, stream, timeout_s=30)
+    put(kinesis, stream, [f"low-{i}" for i in range(3)], hash_key=5)
+    put(kinesis, stream, [f"high-{i}" for i in range(3)], hash_key=QUARTER + 5)
+    children = sorted(
+        s["ShardId"]
+        for s in kinesis.list_shards(StreamName=stream)["Shards"]
+        if s.get("ParentShardId") == parent
+    )
+    kinesis.merge_shards(
+        StreamName=stream, ShardToMerge=children[0], AdjacentShardToMerge=children[1]
+    )
+    wait_active(kinesis, stream, timeout_s=30)
+    put(kinesis, stream, [f"merged-{i}" for i in range(3)], hash_key=5)
+    run_query(keo, settings, checkpoint, sink, max_records_per_trigger="5")
+
+    # THEN every record came once, in order within each shard
+    assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
+    assert_in_shard_order(sink)
+    # AND each parent was read to its end in batches before any of its children's records
+    merged = next(
+        s["ShardId"]
+        for s in kinesis.list_shards(StreamName=stream)["Shards"]
+        if s.get("AdjacentParentShardId")
+    )
+    batch_of = sink.batch_of()
+    by_shard: dict[str, list[int]] = defaultdict(list)
+    for place, batch_id in batch_of.items():
+        by_shard[place[0]].append(batch_id)
+    assert max(by_shard[parent]) < min(min(by_shard[c]) for c in children)
+    assert max(max(by_shard[c]) for c in children) < min(by_shard[merged])
+    assert len(by_shard[merged]) == 3
