@@ -148,21 +148,25 @@ class StreamOffset:
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, stream: str) -> StreamOffset:
         """An offset from the checkpoint, refused when it is not this stream's."""
-        version = raw.get("version")
+        version, found = raw.get("version"), raw.get("stream")
         if version != OFFSET_VERSION or not isinstance(raw.get("shards"), dict):
-            raise CheckpointMismatchError(
-                f"format('keo'): the checkpoint's offset for stream {stream!r} is not one this "
-                f"version reads (version {version!r}, expected {OFFSET_VERSION}): start the "
-                "query with a new checkpointLocation",
-                stream=stream,
-                found=None if version is None else str(version),
+            problem, found = (
+                f"the checkpoint's offset for stream {stream!r} is not one this version reads "
+                f"(version {version!r}, expected {OFFSET_VERSION}): start the query with a new "
+                "checkpointLocation",
+                version,
             )
-        found = raw.get("stream")
-        if found != stream:
+        elif found != stream:
+            problem = (
+                f"the checkpoint holds the offsets of stream {found!r}, and this query reads "
+                f"stream {stream!r}: give this query a checkpointLocation of its own (a "
+                "checkpoint belongs to one query and its source)"
+            )
+        else:
+            problem = None
+        if problem is not None:
             raise CheckpointMismatchError(
-                f"format('keo'): the checkpoint holds the offsets of stream {found!r}, and this "
-                f"query reads stream {stream!r}: give this query a checkpointLocation of its "
-                "own (a checkpoint belongs to one query and its source)",
+                f"format('keo'): {problem}",
                 stream=stream,
                 found=None if found is None else str(found),
             )
