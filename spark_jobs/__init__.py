@@ -1,6 +1,7 @@
-"""Spark: the ``keo`` data source (:mod:`spark_jobs.datasource`, registered by :func:`register`)
-and its driver metrics (:mod:`spark_jobs.driver_metrics`), the ``foreachBatch`` sink
-(:mod:`spark_jobs.sink`), the writer both run (:mod:`spark_jobs.writer`) and the runnable jobs
+"""Spark: the ``keo`` data source (:mod:`spark_jobs.datasource`, registered by :func:`register`;
+its streaming read is :mod:`spark_jobs.stream_reader`) and its driver metrics
+(:mod:`spark_jobs.driver_metrics`), the ``foreachBatch`` sink (:mod:`spark_jobs.sink`), the
+writer both run (:mod:`spark_jobs.writer`) and the runnable jobs
 (:mod:`spark_jobs.produce_stream`).
 
 The only package that imports pyspark, and only lazily: executors and the CLI import this
