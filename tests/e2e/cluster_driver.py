@@ -17,12 +17,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_support import SHARDS
+
+from kinesis_store.provisioning import create_stream
+from producer.wiring import kinesis_client
+from spark_jobs import audit as spark_audit
 from spark_jobs.session import worker_python_path
+from spark_jobs.writer import producer_settings
 
 JOB = Path(__file__).with_name("cluster_job.py")
 DRIVER_TIMEOUT_S = 360
@@ -106,6 +112,39 @@ def kill(pids: set[int]) -> None:
 
 
 # --- the driver program ----------------------------------------------------------------------
+
+
+def new_stream(emulators: Any, table: str, name: str, timing: Mapping[str, str]) -> dict[str, str]:
+    """The ``KEO_*`` settings of a new stream of ``SHARDS`` shards on the emulators (``name``
+    and this process's id), created, with the ledger ``table`` and ``timing``."""
+    settings = {
+        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
+        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
+        "KEO_REGION": "us-east-1",
+        "KEO_STREAM": f"{name}-{os.getpid()}-stream",
+        "KEO_TABLE": table,
+        **timing,
+    }
+    parsed = producer_settings(settings)
+    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
+    return settings
+
+
+def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[str, Any]:
+    """A job for cluster_job.py: the streaming query ``query`` over the event files in
+    ``work_dir/in`` (its checkpoint in ``work_dir``), then nothing: no batch write, no read."""
+    return {
+        "run": "first",
+        "work_dir": str(work_dir),
+        "options": spark_audit.read_options(dict(settings)),
+        "stream": {
+            "source": str(work_dir / "in"),
+            "checkpoint": str(work_dir / "checkpoint"),
+            "query_name": query,
+        },
+        "batch_rows": None,
+        "read": False,
+    }
 
 
 def steps(stdout: Path) -> dict[str, Any]:

@@ -17,7 +17,6 @@ over both executors, the read, and no process left behind by the killed driver.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -30,7 +29,6 @@ import pytest
 from cluster_driver import DRIVER_TIMEOUT_S, EXIT_TIMEOUT_S
 from spark_support import (
     FAST_LEASES,
-    SHARDS,
     assert_exactly_these,
     events,
     streamcheck,
@@ -38,9 +36,7 @@ from spark_support import (
 )
 
 from dedupe_store.records import BatchRecord
-from kinesis_store.provisioning import create_stream
-from producer.wiring import Stack, build_stack, kinesis_client
-from spark_jobs import audit as spark_audit
+from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
 pytestmark = [
@@ -105,35 +101,15 @@ def cluster_run(
 ) -> Iterator[ClusterRun]:
     pytest.importorskip("pyspark.sql")
     work_dir = tmp_path_factory.mktemp("keo-cluster")
-    settings = {
-        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
-        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
-        "KEO_REGION": "us-east-1",
-        "KEO_STREAM": f"cluster-{os.getpid()}-stream",
-        "KEO_TABLE": spark_table,
-        **FAST_LEASES,
-    }
-    parsed = producer_settings(settings)
-    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
+    settings = cluster_driver.new_stream(emulators, spark_table, "cluster", FAST_LEASES)
     run = ClusterRun(
         stream_keys=write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE),
         batch_keys=[key for key, _ in events(BATCH_ROWS, prefix="cluster-batch")],
         work_dir=work_dir,
-        stack=build_stack(parsed),
+        stack=build_stack(producer_settings(settings)),
         kinesis=streamcheck.kinesis_client(emulators.kinesis),
     )
-    job: dict[str, Any] = {
-        "run": "first",
-        "work_dir": str(work_dir),
-        "options": spark_audit.read_options(settings),
-        "stream": {
-            "source": str(work_dir / "in"),
-            "checkpoint": str(work_dir / "checkpoint"),
-            "query_name": QUERY,
-        },
-        "batch_rows": None,
-        "read": False,
-    }
+    job = cluster_driver.stream_job(work_dir, settings, QUERY)
     drivers: list[subprocess.Popen[bytes]] = []
     try:
         drivers.append(
