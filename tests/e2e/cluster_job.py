@@ -128,8 +128,8 @@ class OnTasks:
 
     def _log_here(self) -> None:
         path = str(Path(self.logs, f"{os.getpid()}.log"))
-        root = logging.getLogger(LOGGED[0])
-        if any(getattr(handler, "baseFilename", None) == path for handler in root.handlers):
+        logged = logging.getLogger(LOGGED[0]).handlers
+        if any(getattr(handler, "baseFilename", None) == path for handler in logged):
             return
         handler = logging.FileHandler(path, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
