@@ -1,32 +1,37 @@
-"""Run by test_spark_cluster.py as the driver of a ``local-cluster[2,1,1024]`` session (two
-executor JVMs, each with its own Python workers), in a process of its own: a process has one
-SparkContext, and the test kills this one with SIGKILL.
+"""Run by test_spark_cluster.py and test_spark_cluster_replay.py as the driver of a
+``local-cluster[2,1,1024]`` session (two executor JVMs, each with its own Python workers), in a
+process of its own: a process has one SparkContext, and the tests kill this one with SIGKILL.
 
     python cluster_job.py '{"run": "first", "work_dir": ..., "options": {...}, "stream": {...},
-                            "batch_rows": [[key, data], ...] | null, "read": true | false}'
+                            "batch_rows": [[key, data], ...] | null, "read": true | false,
+                            "task_failpoints": [{...}, ...]}'
 
 In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, available
 now, one file per micro-batch, two partitions each), then the batch write of ``batch_rows``,
 then ``spark.read.format("keo")`` of the stream. ``KEO_FAILPOINTS`` arms the data source's
 hooks for all of them (``batch_before_complete=stop`` freezes the driver's commit of the first
-batch, after the executors' puts and before the batch is recorded). Each executor-side put
-leaves a file ``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so the test sees which
-executors did the work. Prints one JSON line per finished step, at once, with the seconds since the start.
+batch, after the executors' puts and before the batch is recorded); ``task_failpoints`` arm a
+step in one task attempt only (:class:`OnTasks`). Each executor-side put leaves a file
+``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so the test sees which executors did
+the work, and every Python process that reaches a hook logs the product's INFO lines to
+``<work_dir>/logs/<pid>.log``. Prints one JSON line per finished step, at once, with the
+seconds since the start.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import spark_jobs
-from devstack.failpoints import from_env
+from devstack.failpoints import Failpoints, from_env
 from producer.hooks import Hooks, Step
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import cluster_session
@@ -55,6 +60,85 @@ class WhereItRan:
         self.then.at(step, batch_id=batch_id)
 
 
+# the product's loggers, whose INFO lines say what each attempt did (its recovery step, a wait,
+# a put the fence refused, a lease lost)
+LOGGED = ("producer", "spark_jobs", "kinesis_store", "dedupe_store")
+
+
+@dataclass(frozen=True)
+class TaskFailpoint:
+    """``action`` (a failpoint action) the ``nth`` time one task attempt reaches ``step``: the
+    task of ``partition`` in micro-batch ``batch``, Spark's attempt ``attempt`` of it; once in
+    the scenario (the file it leaves says so), as a stage that Spark runs again numbers its
+    task attempts from 0 again."""
+
+    batch: int
+    partition: int
+    attempt: int
+    step: str
+    action: str
+    nth: int = 1
+
+
+@dataclass(frozen=True)
+class OnTasks:
+    """Hooks that act in chosen task attempts only (:class:`TaskFailpoint`, matched from the
+    task's ``TaskContext``), log the product's INFO lines of every Python process they run in to
+    ``<logs>/<pid>.log``, then pass the step on. Defined in ``__main__``: shipped by value.
+
+    A task attempt stopped here first leaves its executor's session (``setsid``): a process of
+    a frozen machine outlives what the cluster does meanwhile, and resumes when the test sends
+    SIGCONT. Without it, the death of its executor would orphan its process group, and the
+    kernel would resume it at once (SIGHUP, then SIGCONT, to a stopped orphaned group).
+    """
+
+    failpoints: tuple[TaskFailpoint, ...]
+    marks: str  # a file per failpoint reached: <action>-b<batch>-p<partition>-a<attempt>-pid<pid>
+    logs: str
+    then: Hooks
+    reached: Counter[tuple[int, str]] = field(default_factory=Counter, compare=False)
+
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:
+        self._log_here()
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None:
+            batch = context.getLocalProperty("streaming.sql.batchId")
+            self.reached[(context.taskAttemptId(), step.value)] += 1
+            for failpoint in self.failpoints:
+                if (
+                    failpoint.step == step.value
+                    and str(failpoint.batch) == batch
+                    and failpoint.partition == context.partitionId()
+                    and failpoint.attempt == context.attemptNumber()
+                    and failpoint.nth == self.reached[(context.taskAttemptId(), step.value)]
+                ):
+                    self._act(failpoint)
+        self.then.at(step, batch_id=batch_id)
+
+    def _act(self, failpoint: TaskFailpoint) -> None:
+        name = f"{failpoint.action}-b{failpoint.batch}-p{failpoint.partition}-a{failpoint.attempt}"
+        if any(Path(self.marks).glob(f"{name}-pid*")):
+            return  # acted once already: a stage run again numbers its task attempts from 0
+        Path(self.marks, f"{name}-pid{os.getpid()}").touch()
+        if failpoint.action == "stop":
+            os.setsid()
+        Failpoints(f"{failpoint.step}={failpoint.action}").at(Step(failpoint.step))
+
+    def _log_here(self) -> None:
+        path = str(Path(self.logs, f"{os.getpid()}.log"))
+        logged = logging.getLogger(LOGGED[0]).handlers
+        if any(getattr(handler, "baseFilename", None) == path for handler in logged):
+            return
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
+        for name in LOGGED:
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.addHandler(handler)
+
+
 STARTED = time.monotonic()
 
 
@@ -65,9 +149,13 @@ def report(step: str, **facts: Any) -> None:
 
 
 def register(spark: Any, job: dict[str, Any], step: str) -> None:
-    folder = Path(job["work_dir"], "where", f"{job['run']}-{step}")
-    folder.mkdir(parents=True, exist_ok=True)
-    spark_jobs.register(spark, hooks=WhereItRan(str(folder), from_env()))
+    work_dir = Path(job["work_dir"])
+    folders = [work_dir / "where" / f"{job['run']}-{step}", work_dir / "marks", work_dir / "logs"]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    failpoints = tuple(TaskFailpoint(**spec) for spec in job.get("task_failpoints", []))
+    on_tasks = OnTasks(failpoints, str(folders[1]), str(folders[2]), from_env())
+    spark_jobs.register(spark, hooks=WhereItRan(str(folders[0]), on_tasks))
 
 
 def run_stream(spark: Any, job: dict[str, Any]) -> None:

@@ -17,23 +17,18 @@ over both executors, the read, and no process left behind by the killed driver.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cluster_driver
 import pytest
+from cluster_driver import DRIVER_TIMEOUT_S, EXIT_TIMEOUT_S
 from spark_support import (
     FAST_LEASES,
-    SHARDS,
     assert_exactly_these,
     events,
     streamcheck,
@@ -41,10 +36,7 @@ from spark_support import (
 )
 
 from dedupe_store.records import BatchRecord
-from kinesis_store.provisioning import create_stream
-from producer.wiring import Stack, build_stack, kinesis_client
-from spark_jobs import audit as spark_audit
-from spark_jobs.session import worker_python_path
+from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
 pytestmark = [
@@ -54,82 +46,8 @@ pytestmark = [
     pytest.mark.timeout(1200),  # beyond the deadlines below, which say what they waited for
 ]
 
-JOB = Path(__file__).with_name("cluster_job.py")
 QUERY = "cluster-orders"
 FILES, PER_FILE, BATCH_ROWS = 2, 60, 80
-DRIVER_TIMEOUT_S = 360
-EXIT_TIMEOUT_S = 120
-POLL_S = 0.2
-
-
-# --- processes, as /proc shows them ----------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[int, str] | None:
-    """``(parent pid, state)`` of a live process; None once it is gone or a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    state, parent = text[text.rindex(")") + 2 :].split()[:2]  # the name may hold spaces
-    return (int(parent), state) if state not in {"Z", "X"} else None
-
-
-def _live() -> dict[int, tuple[int, str]]:
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            table[int(entry.name)] = stat
-    return table
-
-
-def _tree(root: int) -> dict[int, str]:
-    """``root`` and its live descendants, each with its state (``T`` when stopped)."""
-    table = _live()
-    found = {root: table[root][1]} if root in table else {}
-    grew = True
-    while grew:
-        more = {pid: st for pid, (parent, st) in table.items() if parent in found}
-        grew = bool(more.keys() - found.keys())
-        found.update(more)
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _under(folder: Path) -> set[int]:
-    """Live processes working in ``folder``: a standalone executor and its Python workers
-    run in ``<SPARK_HOME>/work/<app>/<executor>``."""
-    inside = set()
-    for pid in _live():
-        try:
-            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-        except OSError:
-            continue
-        if cwd.is_relative_to(folder.resolve()):
-            inside.add(pid)
-    return inside
-
-
-def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
-    """The ``pids`` still alive after waiting up to ``timeout_s`` for them to end."""
-    deadline = time.monotonic() + timeout_s
-    alive = {pid for pid in pids if _stat(pid) is not None}
-    while alive and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        alive = {pid for pid in alive if _stat(pid) is not None}
-    return alive
-
-
-def _kill(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 # --- the scenario ----------------------------------------------------------------------------
@@ -157,60 +75,18 @@ class ClusterRun:
         return {name.split("-")[1] for name in names}
 
 
-def _steps(stdout: Path) -> dict[str, Any]:
-    lines = stdout.read_text(encoding="utf-8").splitlines()
-    return {line["step"]: line for line in map(json.loads, lines)}
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-
-def _driver(job: dict[str, Any], logs: Path, **env: str) -> subprocess.Popen[bytes]:
-    """cluster_job.py, working in the scenario's folder: every process it starts (its JVM,
-    the Python workers, the executors) works under that folder, which tells them apart."""
-    environment = {**os.environ, "PYTHONPATH": worker_python_path()}
-    for inherited in ("SPARK_HOME", "KEO_FAILPOINTS"):
-        environment.pop(inherited, None)
-    environment.update(env)
-    with (logs.with_suffix(".out")).open("wb") as out, logs.with_suffix(".err").open("wb") as err:
-        return subprocess.Popen(
-            [sys.executable, str(JOB), json.dumps(job)],
-            env=environment,
-            stdout=out,
-            stderr=err,
-            cwd=job["work_dir"],
-        )
-
-
 def _kill_the_driver_when_frozen(driver: subprocess.Popen[bytes], run: ClusterRun) -> None:
     """Waits for the failpoint to freeze the commit, then SIGKILLs the driver's Python
-    process, its JVM (which holds the standalone master and workers) and the frozen worker:
-    the executors are left to notice on their own."""
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while driver.poll() is None and time.monotonic() < deadline:
-        tree = _tree(driver.pid)
-        frozen = [pid for pid, state in tree.items() if state == "T"]
-        if frozen:
-            break
-        time.sleep(POLL_S)
-    else:
-        raise AssertionError(
-            f"the driver never reached the failpoint (exit {driver.returncode}): "
-            + _tail(run.work_dir / "first.err")
-        )
-    run.frozen = [_cmdline(pid) for pid in frozen]
-    run.killed_tree = [_cmdline(pid) for pid in tree]
+    process, its JVM and the frozen worker: the executors are left to notice on their own."""
+    frozen = cluster_driver.wait_frozen(driver, run.work_dir / "first")
+    run.frozen = frozen.commands(frozen.frozen)
+    run.killed_tree = frozen.commands()
     # the point of the kill: the executors have put batch 0, the batch is not recorded
     run.records_at_kill = len(
         streamcheck.read_stream(run.kinesis, run.stack.settings.stream).records
     )
     run.recorded_at_kill = _completed(run.stack, 0)
-    jvm = [pid for pid in tree if Path(_cmdline(pid).split(" ")[0]).name == "java"]
-    executors = [pid for pid in tree if "CoarseGrainedExecutorBackend" in _cmdline(pid)]
-    driver_jvm = set(jvm) - set(executors)
-    _kill({driver.pid, *driver_jvm, *frozen})
-    driver.wait()
+    cluster_driver.kill_driver(driver, frozen)
 
 
 def _completed(stack: Stack, batch_id: int) -> BatchRecord | None:
@@ -225,56 +101,38 @@ def cluster_run(
 ) -> Iterator[ClusterRun]:
     pytest.importorskip("pyspark.sql")
     work_dir = tmp_path_factory.mktemp("keo-cluster")
-    settings = {
-        "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
-        "KEO_DYNAMODB_ENDPOINT_URL": emulators.dynamodb,
-        "KEO_REGION": "us-east-1",
-        "KEO_STREAM": f"cluster-{os.getpid()}-stream",
-        "KEO_TABLE": spark_table,
-        **FAST_LEASES,
-    }
-    parsed = producer_settings(settings)
-    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
+    settings = cluster_driver.new_stream(emulators, spark_table, "cluster", FAST_LEASES)
     run = ClusterRun(
         stream_keys=write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE),
         batch_keys=[key for key, _ in events(BATCH_ROWS, prefix="cluster-batch")],
         work_dir=work_dir,
-        stack=build_stack(parsed),
+        stack=build_stack(producer_settings(settings)),
         kinesis=streamcheck.kinesis_client(emulators.kinesis),
     )
-    job: dict[str, Any] = {
-        "run": "first",
-        "work_dir": str(work_dir),
-        "options": spark_audit.read_options(settings),
-        "stream": {
-            "source": str(work_dir / "in"),
-            "checkpoint": str(work_dir / "checkpoint"),
-            "query_name": QUERY,
-        },
-        "batch_rows": None,
-        "read": False,
-    }
+    job = cluster_driver.stream_job(work_dir, settings, QUERY)
     drivers: list[subprocess.Popen[bytes]] = []
     try:
         drivers.append(
-            _driver(job, work_dir / "first", KEO_FAILPOINTS="batch_before_complete=stop")
+            cluster_driver.start_driver(
+                job, work_dir / "first", KEO_FAILPOINTS="batch_before_complete=stop"
+            )
         )
         _kill_the_driver_when_frozen(drivers[0], run)
-        run.first_steps = _steps(work_dir / "first.out")
-        left = _wait_gone(_under(work_dir), EXIT_TIMEOUT_S)
-        run.orphans = [f"{pid} {_cmdline(pid)}" for pid in left]
+        run.first_steps = cluster_driver.steps(work_dir / "first.out")
+        left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
+        run.orphans = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
 
         batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
         job.update(run="second", batch_rows=batch_rows, read=True)
-        drivers.append(_driver(job, work_dir / "second"))
-        assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, _tail(work_dir / "second.err")
-        run.second_steps = _steps(work_dir / "second.out")
-        left = _wait_gone(_under(work_dir), EXIT_TIMEOUT_S)
-        run.left_by_restart = [f"{pid} {_cmdline(pid)}" for pid in left]
+        drivers.append(cluster_driver.start_driver(job, work_dir / "second"))
+        assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(work_dir / "second.err")
+        run.second_steps = cluster_driver.steps(work_dir / "second.out")
+        left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
+        run.left_by_restart = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
         yield run
     finally:
         # whatever a failed run left
-        _kill(_under(work_dir))
+        cluster_driver.kill(cluster_driver.under(work_dir))
         for driver in drivers:
             driver.wait()
 

@@ -3,8 +3,9 @@ local Spark against the real emulators: the stream holds exactly the rows of a r
 failures, as a multiset of ``(key, data)``, read back with plain boto3 (streamcheck).
 
 The faults of a cluster (a driver killed -9, a Python worker killed, a task stopped past its
-lease) are in ``test_spark_cluster.py``; here: a replayed micro-batch, a batch write re-run
-with another partitioning and more rows, identical rows, and the options replay mode needs.
+lease) are in ``test_spark_cluster_replay.py``; here: a replayed micro-batch, a batch write
+re-run with another partitioning and more rows, identical rows, and the options replay mode
+needs.
 """
 
 from __future__ import annotations
