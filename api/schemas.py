@@ -335,7 +335,13 @@ class RunAttemptState(BaseModel):
         description="the driver execution it belongs to: another one is a replay of the run"
     )
     task: str = Field(description="the Spark partition it writes (a CLI run: its process)")
-    task_attempt: int = Field(ge=0, description="Spark's attempt number of that task")
+    task_attempt: int = Field(
+        ge=0,
+        description=(
+            "the attempt's order among its task's attempts in one execution (Spark's task "
+            "attempt id, which grows with every attempt, stage retries included; 0 for a CLI run)"
+        ),
+    )
     started_at: dt.datetime = Field(description="when it registered on the run")
     lease_expires_at: dt.datetime = Field(
         description="after this, none of its puts can land (it renews while it runs)"

@@ -240,8 +240,9 @@ class BatchRecord:
 @dataclass(frozen=True, slots=True)
 class RunAttempt:
     """One attempt at a replay-mode run: a Spark task attempt (``task`` its partition,
-    ``task_attempt`` Spark's attempt number) of one driver execution, or a CLI process. It
-    puts under its own lease; once ``superseded`` by a later attempt it can no longer renew."""
+    ``task_attempt`` its order among the task's attempts: Spark's task attempt id) of one
+    driver execution, or a CLI process. It puts under its own lease; once ``superseded`` by a
+    later attempt it can no longer renew."""
 
     attempt_id: str
     execution_id: str

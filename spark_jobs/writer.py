@@ -253,9 +253,9 @@ class PartitionWriter:
 @dataclass(frozen=True)
 class ReplayPartitionWriter:
     """Sends one partition's rows ``(key, data, routing_key)`` in replay mode as one attempt
-    at ``run`` (:mod:`producer.replay`); picklable, runs on executors. ``task_attempt`` is
-    Spark's attempt number of the task: a retry of the task recovers what the attempts before
-    it put; a sibling task's rows are never compared with these. A row left unresolved fails
+    at ``run`` (:mod:`producer.replay`); picklable, runs on executors. ``task_attempt`` orders
+    the task's attempts (:func:`task_attempt_of`): a retry of the task recovers what the
+    attempts before it put; a sibling task's rows are never compared with these. A row left unresolved fails
     the task (:class:`UnresolvedKeysError`), so Spark retries it alone.
 
     Within one execution a retried task holds the rows its first attempt held: Spark recomputes
