@@ -1,0 +1,98 @@
+"""What a replay-mode run's ledger item costs as its task count grows, priced by the billing
+meter on the local stack.
+
+    python -m devstack.run_item_cost [--tasks 10,50,100,200] [--rows-per-task 500]
+
+Each task attempt of a run registers in the run's one item and ends its lease there when it
+finishes (two writes), and the driver completes the run (one). A write to an item is billed by
+the larger of its images, 1 KB a unit, and the item holds every attempt: so the k-th task's
+writes cost about k times an attempt's size, and a run of N tasks costs about N² / 2 of them.
+This prints each task count's billed write units, requests, and units per row at the given
+rows per task: the figure docs/performance.md quotes for replay mode's scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dedupe_store.records import RunAttempt
+from devstack import emulators
+from devstack.cost_meter import BillingMeter, ledger_table_spec
+from producer.settings import ProducerSettings
+from producer.wiring import ledger_from
+
+_STREAM = "run-item-cost"
+_LEASE_MS = 360_000
+
+
+def price_run(settings: ProducerSettings, tasks: int, rows_per_task: int) -> dict[str, Any]:
+    """One run of ``tasks`` attempts (register, end the lease), then its completion."""
+    ledger = ledger_from(settings)
+    unwatched = ledger_from(settings).client  # the meter's own reads, never priced
+
+    def read_item(table: str, key: Mapping[str, Any]) -> Any:
+        return unwatched.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+
+    meter = BillingMeter({settings.table: ledger_table_spec()}, read_item=read_item)
+    meter.attach(ledger.client)
+    run, execution, now_ms = f"cost/{uuid.uuid4().hex[:8]}", uuid.uuid4().hex, 1_800_000_000_000
+    try:
+        for task in range(tasks):
+            attempt = RunAttempt(
+                uuid.uuid4().hex, execution, str(task), task, now_ms, now_ms + _LEASE_MS
+            )
+            ledger.register_attempt(_STREAM, run, attempt)
+            ledger.renew_attempt(
+                _STREAM, run, attempt.attempt_id, now_ms=now_ms + 1, lease_ms=0, skew_ms=5_000
+            )
+        ledger.complete_run(_STREAM, run, counts={"sent": tasks * rows_per_task}, now_ms=now_ms)
+    finally:
+        meter.detach(ledger.client)
+    bill = meter.snapshot()
+    rows = tasks * rows_per_task
+    return {
+        "tasks": tasks,
+        "rows": rows,
+        "billed_write_units": bill.total_write_units,
+        "dynamodb_requests": bill.requests,
+        "billed_write_units_per_row": round(bill.total_write_units / rows, 4),
+        "dynamodb_requests_per_row": round(bill.requests / rows, 4),
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m devstack.run_item_cost", description=__doc__)
+    parser.add_argument("--tasks", default="10,50,100,200", help="task counts, comma-separated")
+    parser.add_argument("--rows-per-task", type=int, default=500)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="keo-run-cost-") as state:
+        endpoints = emulators.up(Path(state))
+        try:
+            settings = ProducerSettings(
+                stream=_STREAM,
+                table="run-item-cost",
+                kinesis_endpoint_url=endpoints.kinesis,
+                dynamodb_endpoint_url=endpoints.dynamodb,
+                region=emulators.REGION,
+            )
+            ledger_from(settings).create_table(wait=True)
+            for tasks in (int(n) for n in args.tasks.split(",")):
+                sys.stdout.write(json.dumps(price_run(settings, tasks, args.rows_per_task)) + "\n")
+        finally:
+            emulators.down(Path(state))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
