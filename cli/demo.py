@@ -1,4 +1,5 @@
-"""``keo demo``: at-least-once vs exactly-once, under the same faults, on the local stack."""
+"""``keo demo``: at-least-once, ``dedupe=key`` and ``dedupe=replay`` side by side, under the same
+faults, on the local stack: what each stream holds, and what DynamoDB bills for each."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final, TypeAlias
+from urllib.parse import quote
 
 import typer
 
 from cli.exit_codes import ExitCode
 from cli.options import exit_on_errors, exit_without_spark, load_settings, use_local_stack
+from producer.settings import Dedupe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,44 +52,54 @@ def demo(
         bool,
         typer.Option(
             "--spark/--no-spark",
-            help="run through two Spark streaming queries (default): a plain foreachBatch "
-            "sink and format('keo'); or, with --no-spark, through two producers in this "
-            "process (faster, no JVM)",
+            help="run through three Spark streaming queries (default): a plain foreachBatch "
+            "sink and format('keo') with dedupe=key and with dedupe=replay; or, with "
+            "--no-spark, through three producers in this process (faster, no JVM)",
         ),
     ] = True,
     seed: Annotated[int, typer.Option(help="seed of the fault schedule (Spark demo)")] = 7,
     lose_every: Annotated[
-        int, typer.Option(min=2, help="--no-spark: lose the response of every N-th PutRecords")
+        int,
+        typer.Option(
+            min=2, help="--no-spark: lose the response of every N-th PutRecords, the first on"
+        ),
     ] = 2,
     state_dir: Annotated[
         Path,
         typer.Option(help="where the local stack keeps its state and the demo its files"),
     ] = Path(".keo"),
 ) -> None:
-    """Send the same events through a plain at-least-once Kinesis sink and the
-    exactly-once sink, under the same injected faults, then audit both streams.
+    """Send the same events three ways, under the same injected faults: through a plain
+    at-least-once Kinesis sink, exactly once per key (dedupe=key) and exactly once per
+    run (dedupe=replay); then audit each stream, and show what DynamoDB billed for each.
 
     The Spark demo writes a sample data set of JSON event files and streams it
-    (local[2], one file per micro-batch) twice: into a plain put_records sink in
-    foreachBatch (at least once), and with writeStream.format("keo") (exactly
-    once). Both meet, through a seeded fault proxy on 127.0.0.1, PutRecords
-    responses lost after the write and throttled records; the driver killed
-    after one batch's puts, before its commit, and restarted from its checkpoint
-    (Spark replays the batch); and one shard split between two batches. The
-    exactly-once stream is then reconciled, both streams are audited, and the
-    results are printed side by side.
+    (local[2], one file per micro-batch) three times: into a plain put_records
+    sink in foreachBatch (at least once), and with writeStream.format("keo") in
+    key mode and in replay mode. All three meet, through a seeded fault proxy on
+    127.0.0.1, PutRecords responses lost after the write and throttled records;
+    the driver killed after one batch's puts, before its commit, and restarted
+    from its checkpoint (Spark replays the batch); and one shard split between
+    two batches.
 
-    With --no-spark, two producers in this process meet lost responses, a replayed
-    batch, and a producer stalled past its lease right before its put while another
-    one sends its keys; Kinesis is reached through a proxy that enforces a 10 s
-    signature window, as AWS enforces 5 minutes, and the signature fence refuses
-    the stalled put.
+    With --no-spark, three producers in this process meet lost responses, a
+    replayed micro-batch (in replay mode, a run whose first attempt died before
+    its commit), and a writer stalled past its lease right before its put while
+    another one sends the same messages; Kinesis is reached through a proxy that
+    enforces a 10 s signature window, as AWS enforces 5 minutes, and the
+    signature fence refuses the stalled put.
+
+    Every DynamoDB call goes through a proxy that bills it by AWS's rules: the
+    table shows each column's requests, writes and billed write units, in all
+    and per message. The key-mode stream is audited per key (each key once), the
+    replay-mode stream against the rows sent (each row as often as it was sent).
 
     The local stack (kinesalite, dynalite) is started under --state-dir, unless
     KEO_KINESIS_ENDPOINT_URL and KEO_DYNAMODB_ENDPOINT_URL are set: then those
     endpoints are used.
 
-    Exit 0 when the exactly-once stream holds every event exactly once, else 1.
+    Exit 0 when both exactly-once streams (dedupe=key, dedupe=replay) audit
+    exactly once, else 1.
     """
     from rich.console import Console
 
@@ -94,14 +107,16 @@ def demo(
     started_stack = _use_local_stack(console, state_dir)
     settings = load_settings(table=DEMO_TABLE, **DEMO_LEASES)
     started = time.monotonic()
+    workdir = (state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     with exit_on_errors():
         if spark:
-            results, workdir = _run_spark(console, settings, messages, seed, state_dir)
+            results = _run_spark(console, settings, messages, seed, workdir)
         else:
             from devstack.demo import run_demo
 
-            workdir = None
-            results = run_demo(settings, count=messages, lose_every=lose_every, say=console.print)
+            results = run_demo(
+                settings, count=messages, lose_every=lose_every, say=console.print, workdir=workdir
+            )
     console.print(demo_table(results))
     console.print(f"demo finished in {time.monotonic() - started:.0f} s")
     _next_steps(console, results, settings, state_dir if started_stack else None, workdir)
@@ -123,8 +138,8 @@ def _use_local_stack(console: Console, state_dir: Path) -> bool:
 
 
 def _run_spark(
-    console: Console, settings: ProducerSettings, messages: int, seed: int, state_dir: Path
-) -> tuple[list[DemoResult], Path]:
+    console: Console, settings: ProducerSettings, messages: int, seed: int, workdir: Path
+) -> list[DemoResult]:
     # The CLI is an entry point: it may wire the Spark job. Only here does producer reach into
     # spark_jobs, lazily, so `producer` itself never imports it (nor pyspark).
     try:
@@ -132,7 +147,6 @@ def _run_spark(
     except ImportError as exc:
         exit_without_spark("demo", exc)
 
-    workdir = (state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     if not logging.getLogger().isEnabledFor(logging.INFO):
         # the driver's deaths are staged: py4j's tracebacks of them are noise, not news
         logging.getLogger("py4j").setLevel(logging.CRITICAL)
@@ -149,36 +163,69 @@ def _run_spark(
         )
     finally:
         session.stop()
-    return results, workdir
+    return results
 
 
-_ROWS: Final[Sequence[tuple[str, Callable[[DemoResult], object]]]] = (
-    ("messages in", lambda r: r.messages_in),
-    ("records in the stream", lambda r: r.report.user_records),
-    ("distinct keys in the stream", lambda r: r.report.distinct_keys),
-    ("duplicated keys", lambda r: r.duplicated),
-    ("extra records (duplicates)", lambda r: r.report.user_records - r.report.distinct_keys),
-    ("missing keys", lambda r: r.missing),
-    ("batches replayed", lambda r: r.batches_replayed),
-    ("stale claims reconciled", lambda r: r.reconciled.scanned if r.reconciled else "-"),
-    ("claims still in flight", lambda r: r.in_flight if r.table else "-"),
-    ("seconds", lambda r: f"{r.seconds:.1f}"),
+def _reconciled(result: DemoResult) -> object:
+    """What the reconciler found after the run (the Spark demo runs it): in key mode the
+    stale claims it settled, in replay mode the runs OPEN past their leases (it has no rows to
+    resend: a replay of the run ends it)."""
+    report = result.reconciled
+    if report is None:
+        return "-"
+    return len(report.open_runs) if result.column.dedupe is Dedupe.REPLAY else report.scanned
+
+
+def _per_message(count: float, result: DemoResult) -> str:
+    return f"{count / max(result.messages_in, 1):.4f}" if count else "0"
+
+
+Row: TypeAlias = "tuple[str, Callable[[DemoResult], object]]"
+
+# the table's sections: the audit, what DynamoDB billed for the writing, the time it took
+_SECTIONS: Final[Sequence[Sequence[Row]]] = (
+    (
+        ("audited as", lambda r: "rows as sent" if r.audit.unit == "rows" else "each key once"),
+        ("messages in", lambda r: r.messages_in),
+        ("records in the stream", lambda r: r.audit.records),
+        ("duplicated keys / rows", lambda r: r.audit.duplicated),
+        ("extra records", lambda r: r.audit.extra),
+        ("missing keys / rows", lambda r: r.audit.missing),
+        ("batches replayed", lambda r: r.batches_replayed),
+        (
+            "claims still in flight",
+            lambda r: r.audit.in_flight if r.column.dedupe is Dedupe.KEY else "-",
+        ),
+        ("left to the reconciler", _reconciled),
+    ),
+    (
+        ("DynamoDB requests", lambda r: r.bill.requests),
+        ("  per message", lambda r: _per_message(r.bill.requests, r)),
+        ("DynamoDB writes", lambda r: r.bill.write_requests),
+        ("billed write units", lambda r: r.bill.total_write_units),
+        ("  per message", lambda r: _per_message(r.bill.total_write_units, r)),
+    ),
+    (("seconds", lambda r: f"{r.seconds:.1f}"),),
 )
 
 
 def demo_table(results: Sequence[DemoResult]) -> Table:
-    """The results side by side: one column per sink, faults injected listed after the audit."""
+    """The results side by side: one column per writer; the audit, the bill, the time, then
+    the faults injected and the verdict."""
     from rich.table import Table
 
     table = Table(title="the same events, the same faults")
     table.add_column("")
     for result in results:
         table.add_column(result.name, justify="right")
-    for label, value in _ROWS:
-        table.add_row(label, *(str(value(r)) for r in results))
+    for section in _SECTIONS:
+        for label, value in section:
+            table.add_row(label, *(str(value(r)) for r in results))
+        table.add_section()
     labels = list(dict.fromkeys(label for r in results for label in r.faults))
     for label in labels:
         table.add_row(f"injected: {label}", *(str(r.faults.get(label, 0)) for r in results))
+    table.add_section()
     table.add_row(
         "verdict",
         *(
@@ -190,8 +237,9 @@ def demo_table(results: Sequence[DemoResult]) -> Table:
 
 
 def demo_passed(results: Sequence[DemoResult]) -> bool:
-    """The exactly-once side (the last) audits with no duplicate and no missing key."""
-    return bool(results) and results[-1].exactly_once
+    """Every exactly-once column (dedupe=key, dedupe=replay) audits exactly once."""
+    guaranteed = [r for r in results if r.column.dedupe is not None]
+    return bool(guaranteed) and all(r.exactly_once for r in guaranteed)
 
 
 def _next_steps(
@@ -199,21 +247,25 @@ def _next_steps(
     results: Sequence[DemoResult],
     settings: ProducerSettings,
     state_dir: Path | None,
-    workdir: Path | None,
+    workdir: Path,
 ) -> None:
     """How to check it: ``state_dir`` is the local stack's, None when the environment's
     endpoints were used (they are already set where the user runs the commands)."""
-    exactly_once = results[-1]
-    stream = exactly_once.report.stream
-    expected = f" --expected {workdir / 'expected-keys.txt'}" if workdir is not None else ""
+    from devstack.demo import EXPECTED_ROWS
+
+    expected = workdir / EXPECTED_ROWS
     token = secrets.token_urlsafe(18)
-    key = "order-000001"
     env = f"source {state_dir}/endpoints.env && " if state_dir is not None else ""
     lines = ["", "[bold]see for yourself[/bold]"]
     for result in results:
+        how = (
+            "--dedupe replay --strict"
+            if result.column.dedupe is Dedupe.REPLAY
+            else f"--table {settings.table}"
+        )
         lines.append(
-            f"audit {result.name}:  {env}.venv/bin/keo audit --stream {result.report.stream} "
-            f"--table {settings.table}{expected}"
+            f"audit {result.name}:  {env}.venv/bin/keo audit --stream {result.stream} {how} "
+            f"--expected {expected}"
         )
     lines.append(
         "  (the at-least-once stream was written without the ledger: its records are "
@@ -222,9 +274,14 @@ def _next_steps(
     lines += [
         f"serve the API:  {env}KEO_API_TOKEN={token} .venv/bin/keo serve "
         f"--table {settings.table} --port 8080",
-        f"query a key:    curl -H 'Authorization: Bearer {token}' "
-        f"http://127.0.0.1:8080/v1/streams/{stream}/messages/{key}",
     ]
+    api = f"curl -H 'Authorization: Bearer {token}' http://127.0.0.1:8080/v1/streams"
+    for result in results:
+        if result.column.dedupe is Dedupe.KEY:
+            lines.append(f"query a key:    {api}/{result.stream}/messages/order-000001")
+        if result.replayed_run is not None:
+            run = quote(result.replayed_run, safe="")
+            lines.append(f"query a run:    {api}/{result.stream}/runs/{run}")
     if state_dir is not None:
         lines.append(f"stop the stack: .venv/bin/keo emulators down --state-dir {state_dir}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)

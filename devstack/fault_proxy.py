@@ -199,6 +199,9 @@ class FaultProxy:
 class _Handler(BaseHTTPRequestHandler):
     proxy: FaultProxy
     protocol_version = "HTTP/1.1"
+    # an answer leaves in two writes (headers, body): with Nagle's algorithm the body waits for
+    # the client's delayed ACK, 40 ms a call, which serial callers (a read-back) pay every time
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("fault proxy request %s", format % args)

@@ -1,12 +1,15 @@
-"""The Spark demo: the same events, the same faults, two streaming queries, two audits.
+"""The Spark demo: the same events, the same faults, three streaming queries, three audits.
 
 ::
 
     events/part-*.json ──readStream (one file per micro-batch)──┬─ foreachBatch(AtLeastOnceSink)
-                                                                 └─ format("keo")
-         FaultProxy on 127.0.0.1 (one per query, the same seeded schedule) <── both write through
+                                                                 ├─ format("keo"), dedupe=key
+                                                                 └─ format("keo"), dedupe=replay
+         FaultProxy on 127.0.0.1 (one per query, the same seeded schedule) <── all write through
            PutRecords: response dropped after the write; some records throttled
          ── kinesalite
+         MeteringProxy on 127.0.0.1 (one per query) <── every DynamoDB call, executors' and
+         ── dynalite                                     commits' alike, billed
 
     DriverFaults, a producer.hooks.Hooks, at the driver's batch steps; format("keo")'s commit
     calls them (the data source is registered with them), FaultyDriver calls them after the
@@ -21,9 +24,11 @@
 
 The plain sink is what users have today: ``put_records`` from the executors, the whole request
 resent when its response is lost (as the SDK's retries do), records with a per-record error
-resent. Then the exactly-once stream is reconciled, and both streams are audited as a consumer
-would read them. One SparkSession serves the whole demo; the caller owns it, and gets it back
-with ``format("keo")`` registered without hooks.
+resent. In key mode the replayed batch's keys are found claimed; in replay mode (runs
+``<query_name>/<batch id>``) its rows are found in the stream by the replay's recovery. Then the
+exactly-once streams are reconciled, and each stream is audited as its guarantee is defined
+(:func:`devstack.demo.audited`). One SparkSession serves the whole demo; the caller owns it, and
+gets it back with ``format("keo")`` registered without hooks.
 """
 
 from __future__ import annotations
@@ -39,20 +44,26 @@ from typing import Any, Final
 
 from dedupe_store.settings import ENV_PREFIX
 from devstack.demo import (
+    AT_LEAST_ONCE,
+    COLUMNS,
     DRIVER_KILLS,
     LOST_RESPONSES,
     SHARD_SPLITS,
     THROTTLED_PUTS,
+    Column,
     DemoResult,
+    audited,
+    local_endpoints,
     put_at_least_once,
+    write_expected,
 )
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from devstack.metering_proxy import MeteringProxy
 from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream, wait_active
-from producer.audit import audit_stream
-from producer.errors import ConfigurationError
 from producer.hooks import Step
 from producer.producer import default_owner
+from producer.protocol import Message
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, kinesis_client, ledger_from
 from spark_jobs import register
@@ -62,8 +73,6 @@ from spark_jobs.writer import per_worker, producer_settings
 
 log = logging.getLogger(__name__)
 
-AT_LEAST_ONCE: Final = "at-least-once"
-EXACTLY_ONCE: Final = "exactly-once"
 DEFAULT_SHARDS: Final = 2
 DEFAULT_EVENT_FILES: Final = 5
 QUERY_TIMEOUT_S: Final = 600
@@ -121,25 +130,26 @@ class DemoFaults:
 # --- the sample data ---------------------------------------------------------------------------
 
 
-def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) -> list[str]:
-    """``count`` order events as JSON lines in ``files`` files (one micro-batch each)."""
+def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) -> list[Message]:
+    """``count`` order events as JSON lines in ``files`` files (one micro-batch each); the
+    events as the sinks send them (``data`` as UTF-8)."""
     directory.mkdir(parents=True, exist_ok=True)
     files = max(1, min(files, count))
-    keys: list[str] = []
+    events: list[Message] = []
     per_file = -(-count // files)
     for number in range(files):
         lines = []
         for i in range(number * per_file, min(count, (number + 1) * per_file)):
             key = f"order-{i:06d}"
-            keys.append(key)
             data = json.dumps({"order": i, "amount_cents": (i * 7919) % 100_000, "currency": "EUR"})
+            events.append(Message(key, data.encode("utf-8")))
             lines.append(json.dumps({"key": key, "data": data, "routing_key": None}))
         path = directory / f"events-{number:03d}.json"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         # the file source orders files by modification time: keep the numbering's order
         stamp = time.time() - (files - number)
         os.utime(path, (stamp, stamp))
-    return keys
+    return events
 
 
 # --- the plain at-least-once sink --------------------------------------------------------------
@@ -330,32 +340,33 @@ def run_spark_demo(
     shards: int = DEFAULT_SHARDS,
     files: int = DEFAULT_EVENT_FILES,
 ) -> list[DemoResult]:
-    """Both queries over the same events and faults; ``settings`` names the table and endpoints.
-
-    ``workdir`` receives the events, the checkpoints, and ``expected-keys.txt``.
+    """The three queries over the same events and faults; ``settings`` names the table and
+    endpoints. ``workdir`` receives the events, the checkpoints, and ``expected-rows.jsonl``.
     """
     faults = faults or DemoFaults()
     suffix = time.strftime("%Y%m%d-%H%M%S")
-    events = workdir / "events"
-    keys = write_events(events, messages, files)
-    (workdir / "expected-keys.txt").write_text("\n".join(keys) + "\n", encoding="utf-8")
+    source = workdir / "events"
+    events = write_events(source, messages, files)
+    write_expected(workdir, events)
     say(
-        f"{messages} events in {len(list(events.glob('*.json')))} files under {events} "
+        f"{messages} events in {len(list(source.glob('*.json')))} files under {source} "
         "(one micro-batch each)"
     )
     ledger_from(settings).create_table(wait=True)
     results = []
     try:
-        for name in (AT_LEAST_ONCE, EXACTLY_ONCE):
-            stream_settings = settings.model_copy(update={"stream": f"demo-{name}-{suffix}"})
+        for column in COLUMNS:
+            update: dict[str, Any] = {"stream": column.stream(suffix)}
+            if column.dedupe is not None:
+                update["dedupe"] = column.dedupe
             results.append(
                 _run_side(
                     spark,
-                    name,
-                    stream_settings,
-                    keys=keys,
-                    source=events,
-                    checkpoint=workdir / f"checkpoint-{name}",
+                    column,
+                    settings.model_copy(update=update),
+                    events=events,
+                    source=source,
+                    checkpoint=workdir / f"checkpoint-{column.slug}",
                     faults=faults,
                     shards=shards,
                     say=say,
@@ -372,10 +383,10 @@ Start = Callable[[DriverFaults], Any]
 
 def _run_side(
     spark: Any,
-    name: str,
+    column: Column,
     settings: ProducerSettings,
     *,
-    keys: list[str],
+    events: list[Message],
     source: Path,
     checkpoint: Path,
     faults: DemoFaults,
@@ -384,54 +395,53 @@ def _run_side(
 ) -> DemoResult:
     admin = kinesis_client(settings, for_put=False)
     create_stream(admin, settings.stream, shards, timeout_s=_ACTIVE_TIMEOUT_S)
-    upstream = settings.kinesis_endpoint_url
-    if upstream is None:
-        raise ConfigurationError(
-            "the demo needs a local Kinesis endpoint (KEO_KINESIS_ENDPOINT_URL)",
-            setting="KEO_KINESIS_ENDPOINT_URL",
-        )
+    kinesis_url, dynamodb_url = local_endpoints(settings)
     on_the_driver = faults.on_the_driver(sink_values(settings))
     started = time.monotonic()
     # the proxy stands for Kinesis: it enforces the signature window the fence relies on
     window_s = settings.signature_window_s if settings.fenced else None
-    with FaultProxy(upstream, faults.schedule(), signature_window_s=window_s) as proxy:
-        through_proxy = {"kinesis_endpoint_url": proxy.endpoint}
-        if name == AT_LEAST_ONCE:
+    with (
+        FaultProxy(kinesis_url, faults.schedule(), signature_window_s=window_s) as proxy,
+        MeteringProxy(dynamodb_url, settings.table) as metered,
+    ):
+        through = {
+            "kinesis_endpoint_url": proxy.endpoint,
+            "dynamodb_endpoint_url": metered.endpoint,
+        }
+        if column is AT_LEAST_ONCE:
             how = "foreachBatch, put_records with the usual retries"
-            start = _plain_query(spark, source, checkpoint, sink_values(settings, **through_proxy))
+            start = _plain_query(spark, source, checkpoint, sink_values(settings, **through))
         else:
-            how = 'writeStream.format("keo")'
-            options = keo_options(settings, **through_proxy, query_name=settings.stream)
+            how = f'writeStream.format("keo"), {column.name}'
+            options = keo_options(settings, **through, query_name=settings.stream)
             start = _keo_query(spark, source, checkpoint, options)
         say(
-            f"[bold]{name}[/bold] ({how}): streaming into {settings.stream} through the fault "
-            f"proxy at {proxy.endpoint}"
+            f"[bold]{column.name}[/bold] ({how}): streaming into {settings.stream} through the "
+            f"fault proxy at {proxy.endpoint}"
         )
         restarts, kills = _run_until_done(start, on_the_driver, say=say)
         injected = dict(proxy.schedule.injected)
     seconds = time.monotonic() - started
 
-    stack = build_stack(settings)
     reconciled = None
-    ledger = None
-    if name == EXACTLY_ONCE:
-        ledger = stack.ledger
+    if column.dedupe is not None:
+        stack = build_stack(settings)
         reconciled = stack.reconciler(owner=f"demo-reconciler:{default_owner()}").run_once()
-    report = audit_stream(stack.reader, ledger, expected=keys)
-    return DemoResult(
-        name,
-        len(keys),
-        report,
-        seconds,
+    return audited(
+        column,
+        settings,
+        events,
+        seconds=seconds,
         batches_replayed=restarts,
+        bill=metered.meter.snapshot(),
         faults={
             LOST_RESPONSES: injected.get("PutRecords:drop_response", 0),
             THROTTLED_PUTS: injected.get("PutRecords:partial", 0),
             DRIVER_KILLS: kills,
             SHARD_SPLITS: closed_shards(admin, settings.stream),
         },
-        table=settings.table if ledger is not None else None,
         reconciled=reconciled,
+        replayed_run=f"{settings.stream}/{faults.crash_batch}",
     )
 
 

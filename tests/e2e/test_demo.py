@@ -1,4 +1,4 @@
-"""The demo end to end on the session's local stack.
+"""The demo end to end on the session's local stack: at-least-once, dedupe=key, dedupe=replay.
 
 The Spark demo runs in this process on the session's SparkSession (tests/e2e/conftest.py):
 ``keo demo`` would start a second JVM. The CLI itself is run with ``--no-spark``, against the
@@ -17,6 +17,9 @@ from typer.testing import CliRunner
 
 from cli.demo import DEMO_LEASES, demo, demo_passed, demo_table
 from cli.exit_codes import ExitCode
+from devstack.demo import EXPECTED_ROWS
+from producer.audit import AuditReport
+from producer.row_audit import RowAuditReport
 from producer.settings import ProducerSettings
 
 
@@ -27,7 +30,7 @@ def _cells(text: str, label: str) -> list[str]:
 
 
 @pytest.mark.spark
-def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once(
+def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once_in_both_modes(
     spark: Any, emulators: Any, names: Any, tmp_path: Path
 ) -> None:
     from devstack.spark_demo import run_spark_demo
@@ -42,28 +45,41 @@ def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once(
     )
     console = Console(record=True, width=160, force_terminal=False)
 
-    # WHEN 600 events go through both queries under the same faults
-    results = run_spark_demo(spark, settings, messages=600, workdir=tmp_path, say=console.print)
+    # WHEN 600 events go through the three queries under the same faults, in four micro-batches
+    # (the fewest that meet every fault: a batch replayed, a split before the last)
+    results = run_spark_demo(
+        spark, settings, messages=600, workdir=tmp_path, say=console.print, files=4
+    )
     console.print(demo_table(results))
     text = console.export_text()
 
-    # THEN the plain foreachBatch sink duplicated keys and format("keo") did not, none missing
-    assert 'exactly-once (writeStream.format("keo"))' in text, text
+    # THEN the plain foreachBatch sink duplicated keys; neither mode of format("keo") did
+    assert 'dedupe=replay (writeStream.format("keo"), dedupe=replay)' in text, text
     assert demo_passed(results), text
-    assert _cells(text, "duplicated keys")[1] != "0", text
-    assert _cells(text, "duplicated keys")[2] == "0", text
-    assert _cells(text, "missing keys")[1:] == ["0", "0"], text
-    at_least_once, exactly_once = results
-    assert at_least_once.report.user_records > 600
-    assert exactly_once.report.clean, exactly_once.report.as_json()
-    assert exactly_once.report.user_records == 600
+    assert _cells(text, "duplicated keys / rows")[1] != "0", text
+    assert _cells(text, "duplicated keys / rows")[2:] == ["0", "0"], text
+    assert _cells(text, "missing keys / rows")[1:] == ["0", "0", "0"], text
+    at_least_once, key, replay = results
+    assert at_least_once.audit.records > 600
+    assert isinstance(key.report, AuditReport)
+    assert key.report.clean, key.report.as_json()
+    assert isinstance(replay.report, RowAuditReport)
+    assert replay.report.strict
+    assert replay.report.clean, replay.report.as_json()
+    assert key.audit.records == replay.audit.records == 600
 
-    # AND both met every fault: a replayed batch, a split shard, faults at the proxy
+    # AND each met every fault: a replayed batch, a split shard, faults at the proxy
     for result in results:
         assert result.batches_replayed >= 1, text
         assert result.report.shards == 4, text  # two shards, one closed by its split in two
         assert result.faults_injected > 2, text
-    assert (tmp_path / "expected-keys.txt").read_text(encoding="utf-8").count("\n") == 600
+
+    # AND DynamoDB billed key mode a write unit a message or more, replay mode a few per batch
+    assert _cells(text, "DynamoDB requests")[1] == "0", text
+    assert key.bill.total_write_units >= 600, text
+    assert 0 < replay.bill.total_write_units < 100, text
+    assert replay.bill.requests < key.bill.requests / 10, text
+    assert (tmp_path / EXPECTED_ROWS).read_text(encoding="utf-8").count("\n") == 600
 
 
 def test_keo_demo_without_spark_uses_the_endpoints_it_is_given(
@@ -80,11 +96,18 @@ def test_keo_demo_without_spark_uses_the_endpoints_it_is_given(
         app, ["--no-spark", "--messages", "300", "--state-dir", str(tmp_path / "state")]
     )
 
-    # THEN it used those endpoints (started nothing), audited clean, and says how to look
+    # THEN it used those endpoints (started nothing), both modes audited clean, and it says
+    # what DynamoDB billed for each and how to look
     assert result.exit_code == ExitCode.OK, result.output
     assert "using the endpoints from the environment" in result.output
     assert not (tmp_path / "state" / "emulators.json").exists()
-    assert int(_cells(result.output, "duplicated keys")[1]) > 0
-    assert _cells(result.output, "duplicated keys")[2] == "0"
-    assert "keo audit --stream demo-exactly-once-" in result.output
+    assert int(_cells(result.output, "duplicated keys / rows")[1]) > 0
+    assert _cells(result.output, "duplicated keys / rows")[2:] == ["0", "0"]
+    assert _cells(result.output, "verdict")[2:] == ["exactly once", "exactly once"]
+    assert all(int(n) > 0 for n in _cells(result.output, "injected: lost responses")[1:])
+    requests = [int(cell) for cell in _cells(result.output, "DynamoDB requests")[1:]]
+    assert requests[0] == 0
+    assert 0 < requests[2] < requests[1] / 10
+    assert "keo audit --stream demo-key-" in result.output
+    assert "--dedupe replay --strict --expected " in result.output
     assert "Authorization: Bearer " in result.output
