@@ -109,6 +109,11 @@ class RecordResult:
             # resending a written or possibly written record is the duplicate we prevent
             raise ValueError(f"a {self.kind} result cannot be retriable")
 
+    @property
+    def failure_reason(self) -> str:
+        """What an outcome says of a record given up: ``not written: <code>: <message>``."""
+        return f"not written: {self.error_code}: {self.error_message or ''}".rstrip(": ")
+
 
 def not_written(code: str, message: str | None = None) -> RecordResult:
     """Definitely not written; retriable when ``code`` is one the same record may pass next time."""

@@ -157,7 +157,7 @@ class ChunkDelivery:
 
     def give_up(self, message: ClaimedMessage, result: RecordResult) -> None:
         """Definitely not written and not worth resending: release the claim for a later send."""
-        reason = f"not written: {result.error_code}: {result.error_message or ''}".rstrip(": ")
+        reason = result.failure_reason
         try:
             released = self._context.ledger.release(message.claim).applied
         except LedgerError as exc:

@@ -437,8 +437,7 @@ class ReplayAttempt:
                 return
             report = self._puts.put(items)
             for item, result in self._given_up:
-                reason = f"not written: {result.error_code}: {result.error_message or ''}"
-                decided[item.index] = _unresolved(item, OutcomeStatus.FAILED, reason.rstrip(": "))
+                decided[item.index] = _unresolved(item, OutcomeStatus.FAILED, result.failure_reason)
             self._given_up.clear()
             for item, position in report.written:
                 decided[item.index] = Outcome(
