@@ -58,7 +58,7 @@ from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
 from producer.findings import in_stream_order
 from producer.row_audit import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
 from producer.wiring import kinesis_client, ledger_from
-from spark_jobs.options import SETTING_OPTIONS
+from spark_jobs.options import setting_options
 from spark_jobs.writer import producer_settings, settings_from_env
 
 if TYPE_CHECKING:
@@ -178,12 +178,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def read_options(values: dict[str, str]) -> dict[str, str]:
-    """The ``format("keo")`` options of a set of ``KEO_*`` values (settings only)."""
-    options = {name[len("KEO_") :].lower(): value for name, value in values.items()}
-    return {name: value for name, value in options.items() if name in SETTING_OPTIONS}
-
-
 # --- the evidence, one row per fact about a key ----------------------------------------------
 
 
@@ -206,7 +200,7 @@ def stream_frame(spark: Any, values: dict[str, str]) -> Any:
     kept and marked (``visible_to_kcl``)."""
     return (
         spark.read.format("keo")
-        .options(**read_options(values))
+        .options(**setting_options(values))
         .option("kcl_filter", "false")
         .load()
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
 
+from dedupe_store.settings import ENV_PREFIX
 from producer.errors import ConfigurationError
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import warn_if_unfenced
@@ -90,6 +91,13 @@ def settings_values(options: Mapping[str, str]) -> dict[str, str]:
     except ValueError as exc:  # pydantic's ValidationError names the field and the rule
         raise OptionsError(f"format('keo'): {exc}", options=_named_in(str(exc))) from exc
     return values
+
+
+def setting_options(values: Mapping[str, str]) -> dict[str, str]:
+    """The ``format("keo")`` options of a set of ``KEO_*`` values, settings only
+    (``KEO_LEASE_S`` -> ``lease_s``; a ``KEO_*`` variable that is no setting is left out)."""
+    options = {name.removeprefix(ENV_PREFIX).lower(): value for name, value in values.items()}
+    return {name: value for name, value in options.items() if name in SETTING_OPTIONS}
 
 
 def _named_in(message: str) -> list[str]:

@@ -30,14 +30,10 @@ from typing import Any
 import spark_jobs
 from producer.settings import Dedupe
 from spark_jobs.job_runner import add_job_arguments, run_query_job, trigger_options
+from spark_jobs.options import setting_options
 from spark_jobs.writer import settings_from_env
 
 Transform = Callable[[Any], Any]
-
-
-def _options(settings: Mapping[str, str]) -> dict[str, str]:
-    """``KEO_*`` values as ``format("keo")`` options (``KEO_LEASE_S`` -> ``lease_s``)."""
-    return {name.removeprefix("KEO_").lower(): value for name, value in settings.items()}
 
 
 def start_relay(
@@ -56,7 +52,7 @@ def start_relay(
 ) -> Any:
     """Start the relay query: ``source`` read, ``transform``-ed, written to ``target``. The
     ``keo`` format must be registered on ``spark`` (:func:`spark_jobs.register`)."""
-    options = _options(settings)
+    options = setting_options(settings)
     read = {**options, "stream": source, "starting_position": starting_position}
     if max_records_per_trigger is not None:
         read["max_records_per_trigger"] = str(max_records_per_trigger)

@@ -26,7 +26,7 @@ from spark_support import SHARDS
 
 from kinesis_store.provisioning import create_stream
 from producer.wiring import kinesis_client
-from spark_jobs import audit as spark_audit
+from spark_jobs.options import setting_options
 from spark_jobs.session import worker_python_path
 from spark_jobs.writer import producer_settings
 
@@ -136,7 +136,7 @@ def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[
     return {
         "run": "first",
         "work_dir": str(work_dir),
-        "options": spark_audit.read_options(dict(settings)),
+        "options": setting_options(dict(settings)),
         "stream": {
             "source": str(work_dir / "in"),
             "checkpoint": str(work_dir / "checkpoint"),

@@ -18,7 +18,7 @@ import pytest
 from spark_support import events, streamcheck
 
 from producer.wiring import Stack
-from spark_jobs import audit as spark_audit
+from spark_jobs.options import setting_options
 from spark_jobs.session import worker_python_path
 
 pytestmark = pytest.mark.spark
@@ -36,7 +36,7 @@ def test_batch_writes_on_spark_connect_deliver_each_key_once_and_a_replay_run_on
     rows = events(40, prefix="connect")
     replay_rows = events(20, prefix="replayed")
     job = {
-        "options": spark_audit.read_options(settings),
+        "options": setting_options(settings),
         "settings": settings,
         "rows": rows,
         "replay_rows": replay_rows,

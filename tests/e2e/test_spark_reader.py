@@ -26,6 +26,7 @@ from producer.protocol import Message
 from producer.row_audit import ExpectedRow
 from producer.wiring import Stack
 from spark_jobs import audit as spark_audit
+from spark_jobs.options import setting_options
 from spark_jobs.read_rows import READ_SCHEMA
 
 pytestmark = pytest.mark.spark
@@ -51,7 +52,7 @@ def planted(stack: Stack, kinesis: Any) -> list[str]:
 
 
 def _options(settings: dict[str, str], **more: str) -> dict[str, str]:
-    return {**spark_audit.read_options(settings), **more}
+    return {**setting_options(settings), **more}
 
 
 def test_a_read_yields_each_user_record_as_a_consumer_sees_it(

@@ -22,7 +22,7 @@ from dedupe_store.states import RunState
 from devstack.failpoints import Failpoints
 from producer.hooks import NO_HOOKS, Step
 from producer.wiring import Stack
-from spark_jobs.options import OptionsError
+from spark_jobs.options import OptionsError, setting_options
 from spark_jobs.sink import ExactlyOnceSink
 
 pytestmark = pytest.mark.spark
@@ -31,8 +31,7 @@ QUERY_TIMEOUT_S = 180
 
 
 def replay_options(settings: dict[str, str], **more: str) -> dict[str, str]:
-    options = {name.removeprefix("KEO_").lower(): value for name, value in settings.items()}
-    return {**options, "dedupe": "replay", **more}
+    return {**setting_options(settings), "dedupe": "replay", **more}
 
 
 def in_stream(kinesis: Any, stack: Stack) -> Counter[tuple[str, bytes]]:
@@ -129,7 +128,7 @@ def test_run_id_belongs_to_replay_mode(settings: dict[str, str]) -> None:
     """GIVEN key mode WHEN a write names a run_id THEN the options are refused by name."""
     from spark_jobs.options import WriteOptions
 
-    options = {name.removeprefix("KEO_").lower(): value for name, value in settings.items()}
+    options = setting_options(settings)
     with pytest.raises(OptionsError, match="run_id") as refused:
         WriteOptions.parse({**options, "run_id": "r"}, streaming=False)
     assert refused.value.options == ["run_id"]

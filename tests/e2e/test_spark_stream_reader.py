@@ -19,7 +19,7 @@ from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
 from kinesis_store.provisioning import wait_active
 from producer.wiring import Stack
-from spark_jobs import audit as spark_audit
+from spark_jobs.options import setting_options
 
 pytestmark = pytest.mark.spark
 
@@ -61,7 +61,7 @@ def run_query(
     """One availableNow run of the streaming read, from the checkpoint, until it stops."""
     query = (
         keo.readStream.format("keo")
-        .options(**spark_audit.read_options(settings), **options)
+        .options(**setting_options(settings), **options)
         .load()
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
