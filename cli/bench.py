@@ -49,6 +49,39 @@ def bench(
             "concurrency; the medians are reported (rates swing on a shared machine)",
         ),
     ] = 3,
+    replay_messages: Annotated[
+        int,
+        typer.Option(
+            min=100,
+            help="replay mode: messages per run of the replay producer, keo send --dedupe "
+            "replay and plain put_records, side by side in --repeat rounds",
+        ),
+    ] = 20_000,
+    rows_per_task: Annotated[
+        int, typer.Option(min=1, help="replay mode: rows per task of the metered batches")
+    ] = 500,
+    replay_tasks: Annotated[
+        str,
+        typer.Option(
+            help="replay mode: tasks per metered batch, comma-separated (the run item lists "
+            "every attempt: its writes grow with the tasks)"
+        ),
+    ] = "10,40,200",
+    recovery_rows: Annotated[
+        int,
+        typer.Option(
+            min=2,
+            help="replay mode: rows of the replayed run, once all put before, once half",
+        ),
+    ] = 100_000,
+    recovery_lease_s: Annotated[
+        float,
+        typer.Option(
+            min=4.0,
+            help="replay mode: the lease of the first attempt the recoveries replay (fence "
+            "off): how long the replay of a half-put run may wait",
+        ),
+    ] = 10.0,
     output: Annotated[
         Path | None, typer.Option(help="JSON results (default bench/results/<date>.json)")
     ] = None,
@@ -75,13 +108,18 @@ def bench(
 ) -> None:
     """Run the benchmark on the embedded local stack (started if needed): the plain
     put_records baseline, the exactly-once producer at several concurrencies next to the
-    ledger's own ceiling, aggregation on and off, and the reconciler. Writes the figures to
-    bench/results/<date>.json and the table in docs/performance.md.
+    ledger's own ceiling, aggregation on and off, and the reconciler. Then replay mode
+    (dedupe=replay): the replay producer and keo send --dedupe replay against plain
+    put_records, metered; batches of --replay-tasks tasks of --rows-per-task rows, metered;
+    the recovery of a replayed run of --recovery-rows rows, all of them put before, then
+    half. Writes the figures to bench/results/<date>.json and the tables in
+    docs/performance.md.
 
     Then, unless --no-spark, the Spark data source in a local[2] session:
     format('keo') with its Arrow and its row writer, keo send (a subprocess)
     and a plain foreachBatch put_records sink each write the same --spark-rows
     rows (200 bytes) into a stream of their own, new then again (DUPLICATE);
+    format('keo') with dedupe=replay, metered, in rounds with the plain sink;
     and each writer's interface is timed by itself. Writes
     bench/results/spark-writers-<date>.json and the Spark table in
     docs/performance.md.
@@ -100,6 +138,11 @@ def bench(
             concurrencies=concurrencies,
             reconcile_sizes=reconcile_sizes,
             repeat=repeat,
+            replay_messages=replay_messages,
+            rows_per_task=rows_per_task,
+            replay_tasks=_ints(replay_tasks),
+            recovery_rows=recovery_rows,
+            recovery_lease_s=recovery_lease_s,
             say=_say,
         )
     target = output or Path("bench/results") / f"{time.strftime('%Y-%m-%d')}.json"
@@ -184,9 +227,9 @@ def render_table(results: dict[str, Any]) -> str:
         "| | per million messages | per day at 2 billion messages |",
         "|---|---|---|",
         f"| on-demand | ${cost['on_demand_per_million_messages_usd']} "
-        f"| ${cost['on_demand_per_day_at_2_billion_usd']:,.0f} |",
+        f"| {_usd(cost['on_demand_per_day_at_2_billion_usd'])} |",
         f"| provisioned (full utilisation) | ${cost['provisioned_per_million_messages_usd']} "
-        f"| ${cost['provisioned_per_day_at_2_billion_usd']:,.0f} |",
+        f"| {_usd(cost['provisioned_per_day_at_2_billion_usd'])} |",
     ]
     on = results["aggregation"]["on"]
     lines += [
@@ -210,12 +253,114 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {rec['get_records_calls']} | {rec['get_records_calls_per_claim']} "
             f"| {rec['get_records_calls_per_shard']} |"
         )
+    if "replay" in results:
+        lines += ["", *render_replay(results)]
     return "\n".join(lines)
+
+
+def render_replay(results: dict[str, Any]) -> list[str]:
+    """Replay mode next to key mode: the bill, the rates, the cost, then its recoveries."""
+    key, replay = results["best"], results["replay"]
+    producer, command = replay["producer"], replay["keo_send"]
+    rounds = len(replay["rounds"])
+    lines = [
+        f"Key mode at concurrency {key['concurrency']} (above) and replay mode "
+        f"(`dedupe=replay`), {replay['messages']:,} messages a run, in the same run; rates "
+        f"against plain put_records in {rounds} rounds side by side (the median round; the "
+        "median of each ratio over the rounds in brackets). Cost: DynamoDB on-demand.",
+        "",
+        "| mode | rows per attempt | msg/s | vs plain put_records | DynamoDB requests/msg "
+        "| billed WU/msg | billed RU/msg | per million msg | per day at 2 billion |",
+        "|---|---|---|---|---|---|---|---|---|",
+        _mode_row(
+            "key: the producer",
+            "-",
+            key["messages_per_second"],
+            f"{key['ratio_to_baseline']:.2f}",
+            key,
+            key["cost"],
+        ),
+    ]
+    medians = replay["median_ratios"]
+    lines += [
+        _mode_row(
+            "replay: the producer (`send_run`)",
+            f"{producer['rows_per_attempt']:,}",
+            producer["messages_per_second"],
+            f"{replay['producer_vs_baseline']:.2f} ({medians['producer_vs_baseline']:.2f})",
+            producer,
+            producer["cost"],
+        ),
+        _mode_row(
+            "replay: `keo send --dedupe replay`, its start included",
+            f"{command['messages']:,}",
+            command["messages_per_second"],
+            f"{replay['keo_send_vs_baseline']:.2f} ({medians['keo_send_vs_baseline']:.2f})",
+            command,
+            command["cost"],
+        ),
+        _mode_row(
+            f"replay: `keo send`, its {command['startup_s']} s start left out",
+            f"{command['messages']:,}",
+            command["messages_per_second_after_start"],
+            f"{replay['keo_send_after_start_vs_baseline']:.2f} "
+            f"({medians['keo_send_after_start_vs_baseline']:.2f})",
+            command,
+            command["cost"],
+        ),
+        *(
+            _mode_row(
+                f"replay: a batch in {batch['attempts']} tasks",
+                f"{batch['rows_per_attempt']:,}",
+                batch["messages_per_second"],
+                "-",
+                batch,
+                batch["cost"],
+            )
+            for batch in replay["batches"]
+        ),
+        "",
+        "| replay: recovery of | rows put before | rows found | rows sent | seconds "
+        "| the first read | waiting | without the wait | GetRecords calls |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rec in replay["recovery"]:
+        lines.append(
+            f"| {rec['rows']:,} rows | {rec['landed_before']:,} | {rec['rows_found']:,} "
+            f"| {rec['rows_sent']:,} | {rec['seconds']} | {rec['first_read_s']} "
+            f"| {rec['wait_s']} (lease {rec['lease_s']:g} s) | {rec['seconds_without_wait']} "
+            f"| {rec['get_records_calls']} |"
+        )
+    return lines
+
+
+def _mode_row(
+    label: str,
+    rows: str,
+    rate: float,
+    ratio: str,
+    figures: dict[str, Any],
+    cost: dict[str, Any],
+) -> str:
+    return (
+        f"| {label} | {rows} | {rate:,.0f} | {ratio} "
+        f"| {figures['dynamodb_requests_per_message']} "
+        f"| {figures['billed_write_units_per_message']} "
+        f"| {figures['billed_read_units_per_message']} "
+        f"| ${cost['on_demand_per_million_messages_usd']} "
+        f"| {_usd(cost['on_demand_per_day_at_2_billion_usd'])} |"
+    )
+
+
+def _usd(dollars: float) -> str:
+    """Dollars as the tables show them: whole above $100, cents below."""
+    return f"${dollars:,.0f}" if dollars >= 100 else f"${dollars:,.2f}"
 
 
 _SPARK_SINKS: Final = (
     ("arrow", 'format("keo"), Arrow record batches (default)'),
     ("rows", 'format("keo"), Spark rows (`arrow=false`)'),
+    ("replay", 'format("keo"), `dedupe=replay` (Arrow)'),
     ("keo_send", "`keo send`, the same producer in one process"),
     ("plain_foreach_batch", "plain `foreachBatch` put_records, at least once"),
 )
@@ -246,6 +391,22 @@ def render_spark_table(results: dict[str, Any]) -> str:
             f"| {_or_dash(ratio['duplicate_vs_keo_send'], '{:.2f}')} "
             f"| {ratio['new_vs_plain_foreach_batch']:.2f} |"
         )
+    replay = end_to_end.get("replay")
+    if replay is not None:
+        rounds = results["replay_vs_plain"]
+        new, again = replay["new"], replay["duplicate"]
+        lines += [
+            "",
+            f"`dedupe=replay` against the plain sink in {rounds['rounds']} rounds side by side: "
+            f"{', '.join(f'{r:.2f}' for r in rounds['ratio_per_round'])} (median "
+            f"**{rounds['median_ratio']:.2f}**). Its bill, metered through a proxy in front "
+            f"of DynamoDB ({replay['rows_per_partition']:,} rows per task): new, "
+            f"{new['dynamodb_requests_per_message']} DynamoDB requests and "
+            f"{new['billed_write_units_per_message']} billed WU per row "
+            f"({_operations(new)}); again (COMPLETE, nothing sent), "
+            f"{again['dynamodb_requests_per_message']} and "
+            f"{again['billed_write_units_per_message']} ({_operations(again)}).",
+        ]
     interface = results["interface"]
     counts = list(interface["arrow"])
     repeats = len(interface["arrow"][counts[0]]["seconds"])
@@ -263,6 +424,11 @@ def render_spark_table(results: dict[str, Any]) -> str:
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _operations(figures: dict[str, Any]) -> str:
+    calls = figures["dynamodb_requests_by_operation"]
+    return ", ".join(f"{n} {operation}" for operation, n in sorted(calls.items()))
 
 
 def _or_dash(value: float | None, form: str) -> str:

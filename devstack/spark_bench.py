@@ -1,5 +1,6 @@
-"""The ``keo`` data source's overhead: its Arrow and row writers, against the same producer
-driven by ``keo send`` and against a plain ``foreachBatch`` sink, on the same rows.
+"""The ``keo`` data source's overhead: its Arrow and row writers, in key mode and in replay mode,
+against the same producer driven by ``keo send`` and against a plain ``foreachBatch`` sink, on
+the same rows.
 
 ::
 
@@ -30,10 +31,16 @@ folder unless both ``KEO_*_ENDPOINT_URL`` are set), every row ``PAYLOAD_BYTES`` 
     ledger (``devstack.spark_demo.AtLeastOnceSink``, the demo's). It is called on the same
     batch DataFrame, as ``foreachBatch`` would call it, so none of the Spark measures pays
     for a streaming query's bookkeeping. Putting again is not a DUPLICATE path (it would
-    only write every row twice), so it is timed once.
+    only write every row twice);
+  - ``df.write.format("keo")`` in replay mode (``dedupe=replay``, Arrow writer, a ``run_id``
+    per write), in ``--repeats`` rounds with the plain sink (the plain sink, then a new
+    replay-mode run: ``replay_vs_plain`` has each round's ratio and their median), then the
+    last run again (COMPLETE: every row DUPLICATE, nothing sent). Its DynamoDB calls, the
+    tasks' and the driver's, go through a metering proxy (:mod:`devstack.metering_proxy`):
+    the bill per row, ``--rows / PARTITIONS`` rows per task.
 
   ``ratios`` divides each sink's rate by ``keo send``'s (new and DUPLICATE) and by the
-  plain sink's (new).
+  plain sink's (new; the median of its rounds).
 
 On the emulators the ledger bounds the exactly-once rates (dynalite is a single Node process
 sharing 2 cores with Spark), so the figures show what Spark adds to the protocol, not what
@@ -47,10 +54,7 @@ import argparse
 import json
 import logging
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,7 +64,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from devstack import emulators
-from devstack.bench import load_average
+from devstack.bench import (
+    load_average,
+    metered_dynamodb,
+    per_message,
+    timed_keo_send,
+    write_lines,
+)
 from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.provisioning import create_stream
 from producer.wiring import kinesis_client, ledger_from
@@ -78,6 +88,7 @@ log = logging.getLogger(__name__)
 
 INTERFACES: Final = {"arrow": "true", "rows": "false"}
 CLI_SEND: Final = "keo_send"
+REPLAY: Final = "replay"  # format("keo"), Arrow writer, dedupe=replay
 PLAIN_SINK: Final = "plain_foreach_batch"
 PARTITIONS: Final = 2
 PAYLOAD_BYTES: Final = 200
@@ -85,10 +96,6 @@ DEFAULT_ROWS: Final = 20_000
 DEFAULT_INTERFACE_ROWS: Final = (400_000,)
 DEFAULT_REPEATS: Final = 3
 INTERFACE_FORMAT: Final = "keo_interface_bench"
-# what the `keo` console script runs: the same entry point whatever the install layout
-_KEO: Final = (sys.executable, "-c", "import sys; from cli import main; sys.exit(main())")
-_SEND_TIMEOUT_S: Final = 1800
-_SUMMARY: Final = re.compile(r"^keo send: (\d+) messages: (.*)$", re.MULTILINE)
 
 Say = Callable[[str], None]
 
@@ -123,31 +130,11 @@ class InterfaceBenchSource(KeoDataSource):
         return INTERFACE_FORMAT
 
 
-class SendFailedError(RuntimeError):
-    """``keo send`` did not settle every row as the measure expects: its time means nothing."""
-
-    def __init__(self, expected: str, returncode: int, stderr: str) -> None:
-        super().__init__(
-            f"keo send exited {returncode}, expected {expected}; its stderr ends: {stderr[-2000:]}"
-        )
-        self.expected = expected
-        self.returncode = returncode
-
-
 def _frame(spark: Any, rows: int, prefix: str) -> Any:
     return spark.range(rows, numPartitions=PARTITIONS).selectExpr(
         f"concat('{prefix}-', cast(id as string)) as key",
         f"repeat('x', {PAYLOAD_BYTES}) as data",
     )
-
-
-def _write_lines(path: Path, rows: int, prefix: str) -> Path:
-    """The rows of :func:`_frame` as ``keo send``'s input, JSON lines."""
-    data = "x" * PAYLOAD_BYTES
-    with path.open("w", encoding="utf-8") as out:
-        for i in range(rows):
-            out.write(json.dumps({"key": f"{prefix}-{i}", "data": data}) + "\n")
-    return path
 
 
 def _timed_write(frame: Any, data_format: str, options: dict[str, str]) -> float:
@@ -160,25 +147,6 @@ def _timed_sink(frame: Any, sink: Callable[[Any, int], object]) -> float:
     started = time.perf_counter()
     sink(frame, 0)
     return time.perf_counter() - started
-
-
-def _timed_send(env: Mapping[str, str], lines: Path, expected: str) -> float:
-    """``keo send --input lines``; ``expected`` is its summary, e.g. ``SENT 20000``."""
-    started = time.perf_counter()
-    done = subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
-        [*_KEO, "send", "--input", str(lines), "--no-progress"],
-        env=dict(env),
-        stdout=subprocess.DEVNULL,  # one outcome per row: written, as a user's run writes them
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-        timeout=_SEND_TIMEOUT_S,
-    )
-    seconds = time.perf_counter() - started
-    summary = _SUMMARY.search(done.stderr)
-    if done.returncode != 0 or summary is None or summary.group(2) != expected:
-        raise SendFailedError(expected, done.returncode, done.stderr)
-    return seconds
 
 
 def _figures(rows: int, seconds: list[float]) -> dict[str, Any]:
@@ -244,7 +212,7 @@ def run(
     register(spark)
     spark.dataSource.register(InterfaceBenchSource)
     say("spark: a stream and a ledger table for each measure")
-    streams = _fresh_streams(settings, ["interface", CLI_SEND, *INTERFACES, PLAIN_SINK])
+    streams = _fresh_streams(settings, ["interface", CLI_SEND, *INTERFACES, REPLAY, PLAIN_SINK])
     interface = _interface(
         spark,
         streams["interface"],
@@ -263,11 +231,9 @@ def run(
         for run_name in ("new", "duplicate"):
             say(f"spark: format('keo'), {name} writer, {rows} rows ({run_name})")
             end_to_end[name][run_name] = _figures(rows, [_timed_write(frame, "keo", options)])
-    say(f"spark: plain foreachBatch put_records sink, {rows} rows")
-    sink = AtLeastOnceSink(_as_env(streams[PLAIN_SINK]))
-    end_to_end[PLAIN_SINK] = {
-        "new": _figures(rows, [_timed_sink(_frame(spark, rows, PLAIN_SINK), sink)])
-    }
+    rounds = _replay_and_plain(spark, streams, rows=rows, repeats=repeats, say=say)
+    end_to_end[REPLAY] = rounds.pop(REPLAY)
+    end_to_end[PLAIN_SINK] = rounds.pop(PLAIN_SINK)
     return {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
@@ -275,6 +241,7 @@ def run(
         "interface": interface,
         "end_to_end": end_to_end,
         "ratios": _ratios(end_to_end),
+        "replay_vs_plain": rounds,
     }
 
 
@@ -312,14 +279,68 @@ def _keo_send(options: dict[str, str], folder: Path, rows: int, say: Say) -> dic
         "PYTHONPATH": worker_python_path(),
     }
     say("spark: keo send's start (an empty input)")
-    startup_s = _timed_send(env, _write_lines(folder / "empty.jsonl", 0, CLI_SEND), "none")
-    lines = _write_lines(folder / "rows.jsonl", rows, CLI_SEND)
+    empty = write_lines(folder / "empty.jsonl", 0, PAYLOAD_BYTES, CLI_SEND)
+    startup_s = timed_keo_send(env, empty, "none")
+    lines = write_lines(folder / "rows.jsonl", rows, PAYLOAD_BYTES, CLI_SEND)
     figures: dict[str, Any] = {"startup_s": round(startup_s, 3)}
     for run_name, expected in (("new", "SENT"), ("duplicate", "DUPLICATE")):
         say(f"spark: keo send, {rows} rows ({run_name})")
-        seconds = _timed_send(env, lines, f"{expected} {rows}")
+        seconds = timed_keo_send(env, lines, f"{expected} {rows}")
         figures[run_name] = _figures(rows, [seconds])
     return figures
+
+
+def _replay_and_plain(
+    spark: Any, streams: Mapping[str, dict[str, str]], *, rows: int, repeats: int, say: Say
+) -> dict[str, Any]:
+    """The plain ``foreachBatch`` sink and ``format("keo")`` in replay mode, in ``repeats``
+    rounds, each the plain sink then a new replay-mode write (Arrow writer, ``dedupe=replay``,
+    a ``run_id`` of its own); then the last write again (its run COMPLETE: every row
+    DUPLICATE, nothing sent). The ratio of the two is taken within each round, where the
+    machine's drift is shared, then its median.
+
+    Both are warmed up first, untimed, as a streaming query's batches after its first one:
+    the Python workers keep their clients (``format("keo")`` one client set per worker and
+    settings, so every replay-mode write goes through the same metering proxy: a proxy of
+    its own per write would be new settings, new clients, each write). Every replay-mode
+    write's DynamoDB calls, the tasks' and the driver's, are priced by that proxy's meter:
+    the bill per row, with ``rows / PARTITIONS`` rows per task."""
+    sink = AtLeastOnceSink(_as_env(streams[PLAIN_SINK]))
+    plain_frame, replay_frame = _frame(spark, rows, PLAIN_SINK), _frame(spark, rows, REPLAY)
+    plain_s: list[float] = []
+    replay_s: list[float] = []
+    bills: list[dict[str, Any]] = []
+    with metered_dynamodb(producer_settings(_as_env(streams[REPLAY]))) as (endpoint, meter):
+        options = {**streams[REPLAY], "dynamodb_endpoint_url": endpoint, "dedupe": "replay"}
+
+        def replay_write(run_id: str) -> float:
+            before = meter.snapshot()
+            seconds = _timed_write(replay_frame, "keo", {**options, "run_id": run_id})
+            bills.append(per_message(meter.snapshot(), rows, since=before))
+            return seconds
+
+        say("spark: warming up the plain sink and format('keo') in replay mode")
+        _timed_sink(_frame(spark, 1000, "warm"), sink)
+        _timed_write(_frame(spark, 1000, "warm"), "keo", {**options, "run_id": "warm-up"})
+        for number in range(1, repeats + 1):
+            say(f"spark: plain foreachBatch put_records sink, {rows} rows ({number}/{repeats})")
+            plain_s.append(_timed_sink(plain_frame, sink))
+            say(f"spark: format('keo'), dedupe=replay, {rows} rows ({number}/{repeats})")
+            replay_s.append(replay_write(f"bench-{number}"))
+        say(f"spark: format('keo'), dedupe=replay, {rows} rows again (DUPLICATE)")
+        again_s = replay_write(f"bench-{repeats}")
+    per_round = [round(p / r, 3) for p, r in zip(plain_s, replay_s, strict=True)]
+    return {
+        PLAIN_SINK: {"new": _figures(rows, plain_s)},
+        REPLAY: {
+            "rows_per_partition": -(-rows // PARTITIONS),
+            "new": {**_figures(rows, replay_s), **bills[0]},
+            "duplicate": {**_figures(rows, [again_s]), **bills[-1]},
+        },
+        "rounds": repeats,
+        "ratio_per_round": per_round,
+        "median_ratio": round(statistics.median(per_round), 3),
+    }
 
 
 def _machine(spark: Any, load_at_start: list[float]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +172,11 @@ class Stack:
             hooks=self.hooks if hooks is None else hooks,
         )
 
-    def replay_producer(self, *, hooks: Hooks | None = None) -> ReplayProducer:
+    def replay_producer(
+        self, *, hooks: Hooks | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> ReplayProducer:
+        """``sleep`` is how the producer waits (for an earlier attempt's lease, between
+        resends): a benchmark times its waits through it."""
         return ReplayProducer(
             stream=self.settings.stream,
             ledger=self.ledger,
@@ -182,6 +187,7 @@ class Stack:
             max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
             shard_map=self.reader.shards if self.settings.aggregate else None,
             hooks=self.hooks if hooks is None else hooks,
+            sleep=sleep,
         )
 
 

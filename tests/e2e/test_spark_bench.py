@@ -10,7 +10,7 @@ from cli.bench import render_spark_table
 from devstack import emulators as local_stack
 from devstack import spark_bench
 
-SINKS = ("arrow", "rows", "keo_send", "plain_foreach_batch")
+SINKS = ("arrow", "rows", "replay", "keo_send", "plain_foreach_batch")
 RATIOS = ("new_vs_keo_send", "duplicate_vs_keo_send", "new_vs_plain_foreach_batch")
 
 
@@ -49,11 +49,21 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
         assert all(isinstance(results["ratios"][name][r], float) for r in RATIOS)
     assert results["ratios"]["keo_send"]["new_vs_keo_send"] == 1.0
     assert results["ratios"]["plain_foreach_batch"]["duplicate_vs_keo_send"] is None
+    # AND replay mode's bill, metered per row, and its ratio to the plain sink, per round
+    replay = end_to_end["replay"]
+    assert replay["rows_per_partition"] == 100
+    assert replay["new"]["billed_write_units_per_message"] > 0
+    assert replay["new"]["dynamodb_requests_by_operation"]["UpdateItem"] >= 3
+    assert replay["duplicate"]["billed_write_units_per_message"] > 0
+    assert isinstance(results["ratios"]["replay"]["new_vs_plain_foreach_batch"], float)
+    assert len(results["replay_vs_plain"]["ratio_per_round"]) == 1
     # AND the load average at the start and at the end, for reading noisy figures
     load = results["machine"]["load_average"]
     assert len(load["start"]) == len(load["end"]) == 3
     # AND it is JSON, and keo bench renders a row per sink from it
     table = render_spark_table(json.loads(json.dumps(results)))
-    assert table.count("\n| format(") == 4  # two writers, end to end and interface alone
+    # two writers and replay mode end to end, two writers' interface alone
+    assert table.count("\n| format(") == 5
+    assert "`dedupe=replay` against the plain sink in 1 rounds" in table
     assert "\n| `keo send`" in table
     assert "\n| plain `foreachBatch`" in table

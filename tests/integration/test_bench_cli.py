@@ -25,6 +25,13 @@ PER_MESSAGE = (
     "ratio_to_baseline",
 )
 
+REPLAY_BILL = (
+    "messages_per_second",
+    "dynamodb_requests_per_message",
+    "billed_write_units_per_message",
+    "billed_read_units_per_message",
+)
+
 
 def test_keo_bench_writes_every_figure_and_the_docs_table(
     emulators: local_stack.Endpoints, tmp_path: Path
@@ -39,6 +46,9 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     env = {**os.environ, **emulators.as_env()}
     # WHEN a tiny benchmark runs, two ceiling/producer pairs at one concurrency
     tiny = ["--messages", "100", "--concurrency", "4", "--reconcile", "10", "--repeat", "2"]
+    # AND replay mode's runs, its batch in tasks and its two recoveries, as small
+    tiny += ["--replay-messages", "600", "--rows-per-task", "200", "--replay-tasks", "3"]
+    tiny += ["--recovery-rows", "400", "--recovery-lease-s", "4"]
     tiny.append("--no-spark")  # the Spark part has its own test, on the session's Spark
     done = subprocess.run(
         [KEO, "bench", *tiny, "--output", str(output), "--docs", str(docs)],
@@ -66,6 +76,27 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
         "provisioned_per_day_at_2_billion_usd",
     }
     assert run["delivered"] == 100
+    # AND replay mode's figures next to key mode's: every row delivered, and a bill
+    replay = results["replay"]
+    assert replay["producer"]["delivered"] == 600
+    assert replay["producer"]["duplicate_path"]["kinesis_requests"] == 0  # COMPLETE: nothing sent
+    assert len(replay["rounds"]) == 2
+    (batch,) = replay["batches"]
+    for figures in (replay["producer"], replay["keo_send"], batch):
+        missing = [name for name in REPLAY_BILL if not isinstance(figures.get(name), int | float)]
+        assert missing == []
+        assert figures["billed_write_units_per_message"] > 0
+        assert figures["cost"]["on_demand_per_day_at_2_billion_usd"] >= 0
+    assert (batch["attempts"], batch["delivered"]) == (3, 600)
+    assert set(results["modes"]) == {"key", "replay"}
+    # AND the recoveries: all found, nothing sent, no wait; then half found, the rest sent
+    landed, halfway = replay["recovery"]
+    assert (landed["rows_found"], landed["rows_sent"], landed["wait_s"]) == (400, 0, 0)
+    assert (halfway["rows_found"], halfway["rows_sent"]) == (200, 200)
+    for recovery in (landed, halfway):
+        assert recovery["records_in_stream"] == recovery["delivered"] == 400  # each row once
+        assert recovery["get_records_calls"] > 0
+    assert b"| replay: recovery of |" in done.stdout
     # AND the docs table was replaced between the markers, the rest of the page kept
     page = docs.read_text(encoding="utf-8")
     assert "old" not in page
