@@ -38,7 +38,7 @@ than that may be delivered again. `GET /v1/streams/{stream}/summary` reports it.
 
 Replay mode (`dedupe=replay`) writes no per-key item: `GET /v1/streams/{stream}/runs/{run}`
 answers per run (a Spark micro-batch `<query>/<batch id>`, or a CLI `--run-id`): committed or
-not, its attempts, its counts.
+not, its executions (a first run and its replays), its counts.
 
 Errors are RFC 9457 problem details (`application/problem+json`): 401 without the right token,
 404 for an unknown key or run, 422 with every reason for an invalid key, run, stream, limit or
@@ -51,7 +51,7 @@ TAGS: list[dict[str, Any]] = [
     {"name": "summary", "description": "a stream at a glance"},
     {
         "name": "runs",
-        "description": "replay-mode runs (dedupe=replay): committed or not, their attempts",
+        "description": "replay-mode runs (dedupe=replay): committed or not, their executions",
     },
     {"name": "operations", "description": "liveness, readiness and metrics"},
 ]

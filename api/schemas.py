@@ -19,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord, ReplayRun, RunAttempt
+from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord, ReplayRun, RunExecution
 from dedupe_store.states import LedgerState, RunState
 
 MAX_LOOKUP_KEYS = 100
@@ -303,14 +303,13 @@ class ReplayState(StrEnum):
     COMPLETE = "COMPLETE"
 
 
-_ATTEMPT_EXAMPLE: dict[str, JsonValue] = {
-    "id": "3f2c9a1e-0",
-    "execution_id": "7d41c2b0",
-    "task": "3",
-    "task_attempt": 0,
+_EXECUTION_EXAMPLE: dict[str, JsonValue] = {
+    "id": "7d41c2b0",
     "started_at": "2024-05-01T12:00:00.120000Z",
     "lease_expires_at": "2024-05-01T12:06:00.120000Z",
     "lease_expired": True,
+    "attempts": 8,
+    "finished": True,
     "superseded": False,
 }
 
@@ -319,50 +318,53 @@ _RUN_EXAMPLE: dict[str, JsonValue] = {
     "run": "orders-to-kinesis/42",
     "state": "COMPLETE",
     "left_open": False,
-    "attempts": [_ATTEMPT_EXAMPLE],
+    "attempts": 8,
+    "executions": [_EXECUTION_EXAMPLE],
     "counts": {"rows": 1200, "sent": 1180, "found_on_recovery": 20},
     "completed_at": "2024-05-01T12:00:03.480000Z",
 }
 
 
-class RunAttemptState(BaseModel):
-    """One attempt at a run: a Spark task attempt of one driver execution, or a CLI process."""
+class RunExecutionState(BaseModel):
+    """One execution of a run: a driver run of a Spark query or batch write (all of its task
+    attempts), or one CLI process. Another execution of the same run is a replay of it."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [_ATTEMPT_EXAMPLE]})
+    model_config = ConfigDict(json_schema_extra={"examples": [_EXECUTION_EXAMPLE]})
 
-    id: str = Field(description="the attempt's id, unique in its run")
-    execution_id: str = Field(
-        description="the driver execution it belongs to: another one is a replay of the run"
-    )
-    task: str = Field(description="the Spark partition it writes (a CLI run: its process)")
-    task_attempt: int = Field(
-        ge=0,
-        description=(
-            "the attempt's order among its task's attempts in one execution (Spark's task "
-            "attempt id, which grows with every attempt, stage retries included; 0 for a CLI run)"
-        ),
-    )
-    started_at: dt.datetime = Field(description="when it registered on the run")
+    id: str = Field(description="the execution's id, chosen by its driver (or CLI process)")
+    started_at: dt.datetime = Field(description="when its first attempt registered on the run")
     lease_expires_at: dt.datetime = Field(
-        description="after this, none of its puts can land (it renews while it runs)"
+        description="after this, none of its attempts' puts can land (renewed while they run)"
     )
     lease_expired: bool = Field(description="its lease had ended at the time of the answer")
+    attempts: int = Field(
+        ge=0,
+        description=(
+            "task attempts registered (Spark tasks and their retries; 1 for a CLI run); a "
+            "request the SDK repeated may count twice"
+        ),
+    )
+    finished: bool = Field(
+        description="every attempt that registered finished with every put definite"
+    )
     superseded: bool = Field(
-        description="a later attempt recovered its rows: its lease can no longer be renewed"
+        description=(
+            "a replay of the run recovered its rows: its lease can no longer be renewed and "
+            "no attempt of it can register"
+        )
     )
 
     @classmethod
-    def from_attempt(cls, attempt: RunAttempt, *, now_ms: int) -> RunAttemptState:
+    def from_execution(cls, execution: RunExecution, *, now_ms: int) -> RunExecutionState:
         return cls(
-            id=attempt.attempt_id,
-            execution_id=attempt.execution_id,
-            task=attempt.task,
-            task_attempt=attempt.task_attempt,
-            started_at=from_epoch_ms(attempt.started_at_ms),
-            lease_expires_at=from_epoch_ms(attempt.lease_expires_at_ms),
+            id=execution.execution_id,
+            started_at=from_epoch_ms(execution.started_at_ms),
+            lease_expires_at=from_epoch_ms(execution.lease_expires_at_ms),
             # as the ledger's listing of runs left open compares them
-            lease_expired=attempt.lease_expires_at_ms < now_ms,
-            superseded=attempt.superseded,
+            lease_expired=execution.lease_expires_at_ms < now_ms,
+            attempts=execution.attempts,
+            finished=execution.finished,
+            superseded=execution.superseded,
         )
 
 
@@ -382,12 +384,15 @@ class ReplayRunState(BaseModel):
     )
     left_open: bool = Field(
         description=(
-            "OPEN with every attempt's lease ended: its driver did not commit it. Nothing "
-            "to resend (the ledger holds no rows of it): a replay of the run recovers and "
+            "OPEN with every execution's lease ended (or every attempt finished): its driver "
+            "did not commit it. Nothing to resend (the ledger holds no rows of it): a replay of the run recovers and "
             "commits it. The reconciler reports such runs"
         )
     )
-    attempts: list[RunAttemptState] = Field(description="every attempt, in the order they started")
+    attempts: int = Field(ge=0, description="task attempts registered, over every execution")
+    executions: list[RunExecutionState] = Field(
+        description="every execution (a first run, then its replays), in the order they started"
+    )
     counts: dict[str, int] = Field(
         description="what the commit recorded (rows delivered and the like); empty while OPEN"
     )
@@ -400,7 +405,8 @@ class ReplayRunState(BaseModel):
             run=run.run,
             state=ReplayState(run.state.value),
             left_open=run.state is RunState.OPEN and run.leases_ended_before(now_ms),
-            attempts=[RunAttemptState.from_attempt(a, now_ms=now_ms) for a in run.attempts],
+            attempts=run.attempts,
+            executions=[RunExecutionState.from_execution(e, now_ms=now_ms) for e in run.executions],
             counts=dict(run.counts),
             completed_at=from_epoch_ms(run.completed_at_ms),
         )

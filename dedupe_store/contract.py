@@ -72,6 +72,12 @@ class LedgerReader(Protocol):
         """The run, read consistently; None when it has no item."""
         ...
 
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        """One task's attempts in one execution, read consistently (empty when none)."""
+        ...
+
     def open_runs(
         self,
         stream: str,
@@ -84,8 +90,8 @@ class LedgerReader(Protocol):
         consistently, bucket after bucket (``buckets``: a share of the index; all when None);
         within a page, by run name.
 
-        ``now_ms``: only the runs left OPEN past their leases, every attempt's lease ended
-        before ``now_ms`` (a reconciler passes its clock less the skew); None: every OPEN run.
+        ``now_ms``: only the runs left OPEN past their leases, every execution's lease ended
+        (or every attempt finished) before ``now_ms`` (a reconciler passes its clock less the skew); None: every OPEN run.
         A run completed since the index was read is left out.
         """
         ...
@@ -185,26 +191,48 @@ class Ledger(LedgerReader, Protocol):
         self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
     ) -> None: ...
 
-    # --- replay-mode runs: an item per run, its attempts on it ---------------------------------
+    # --- replay-mode runs: an item per run (its executions), one per task (its attempts) -----
 
     def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
-        """Add ``attempt`` to ``run`` (opening it, in the in-flight index), unless the run is
-        COMPLETE. The run comes back with every attempt registered so far: the earlier ones are
-        what recovery reads."""
+        """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
+        index), unless the run is COMPLETE or the execution superseded; then add it to its
+        task's attempts. The run comes back with every execution so far, and the task's
+        attempts with it: the earlier ones are what recovery reads."""
+        ...
+
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        """Mark earlier executions superseded: none of their leases can grow any more and
+        none of them can register another attempt, so the bounds the run now shows are
+        final. None when the run is gone."""
         ...
 
     def supersede_attempts(
-        self, stream: str, run: str, attempt_ids: Sequence[str]
-    ) -> ReplayRun | None:
-        """Mark earlier attempts superseded: none of them can renew its lease any more, so the
-        leases the run now shows are final. None when the run is gone."""
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        """Mark earlier attempts of ``me``'s task (in ``me``'s execution) superseded: none of
+        them can renew its lease any more. The task's attempts as the write left them."""
         ...
 
     def renew_attempt(
-        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
     ) -> AttemptRenewal:
-        """A new lease from ``now_ms`` for an attempt of an OPEN run, not superseded, whose
-        lease is still valid by more than ``skew_ms``."""
+        """A new lease from ``now_ms`` for an attempt not superseded, whose lease is still
+        valid by more than ``skew_ms``, bounded by its execution's lease (extended first, the
+        run OPEN and the execution not superseded)."""
+        ...
+
+    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
+        """The attempt puts nothing more and every put it made is definite: once every
+        attempt of its execution finished, a replay waits for none of them."""
         ...
 
     def complete_run(

@@ -12,9 +12,11 @@ The timeline the conditions guard::
     group renew:      OPEN and epoch = held and lease > now + skew ─────────> epoch + 1
     group take over:  OPEN and epoch = seen and lease + skew <= now ────────> epoch + 1
     group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
-    run register:     absent or OPEN, and no attempt of that id ─────────────> OPEN, + attempt,
-                                                                             in the index
-    attempt renew:    run OPEN, attempt not superseded, lease > now + skew ──> lease from now
+    run register:     absent or OPEN, the execution not superseded ─────────> OPEN, in the
+                                                                             index, + attempt
+    execution extend: run OPEN, not superseded, lease > now + skew ─────────> lease from now
+    task register:    no attempt of that id ─────────────────────────────────> + attempt
+    attempt renew:    attempt not superseded, lease > now + skew ────────────> lease from now
     run complete:     absent, OPEN or COMPLETE ──────────────────────────────> COMPLETE (once),
                                                                              out of the index
 """
@@ -80,20 +82,41 @@ TAKE_OVER_GROUP = "SET #epoch = :next_epoch, #owner = :owner, #lease = :lease, #
 RECORD = "SET #positions = :positions, #recorded = :now, #token = :token"
 SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 
-# replay-mode runs: each attempt is a map attribute of the run item, named "attempt:<id>"
-# (#me below), so that registering one never rewrites the others
-RUN_REGISTRABLE = f"({ITEM_ABSENT} OR #state = :open) AND attribute_not_exists(#me)"
+# replay-mode runs. The run item holds each execution as five flat attributes
+# "exec:<id>:started|lease|superseded|attempts|open" (#x... below, named per call), never its
+# attempts: a task's attempts are on an item of their own, so every write costs the same
+# small item whatever the number of tasks.
+RUN_OPEN_OR_NEW = f"({ITEM_ABSENT} OR #state = :open)"
+EXECUTION_REGISTRABLE = f"{RUN_OPEN_OR_NEW} AND attribute_not_exists(#xsuperseded)"
 # An OPEN run is in the in-flight index (partitions of its own, :bucket), sorted by the lease
 # its first attempt registered with. Written once: renewals and later registrations never move
 # the entry (no index write). Leases only grow, so the run's latest lease is never earlier than
 # that first one: "sort value < now" finds every run whose leases have all ended (and some still
-# running, which a reader drops after reading each attempt's lease).
-REGISTER_ATTEMPT = (
-    "SET #state = if_not_exists(#state, :open), #stream = :stream, #me = :attempt, "
-    "#bucket = :bucket, #lease = if_not_exists(#lease, :first_lease), "
-    "#expires = if_not_exists(#expires, :expires), #token = :token"
+# running, which a reader drops after reading each execution's lease).
+# An execution's lease is its first attempt's; later attempts take it as their bound, and
+# extend it (EXTEND_EXECUTION) when it runs short. "open" sums the tags of attempts not
+# finished: ADD is not idempotent, and a repeated request only leaves it off zero.
+REGISTER_EXECUTION = (
+    "SET #state = if_not_exists(#state, :open), #stream = :stream, #bucket = :bucket, "
+    "#lease = if_not_exists(#lease, :first_lease), #expires = if_not_exists(#expires, :expires), "
+    "#xstarted = if_not_exists(#xstarted, :now), #xlease = if_not_exists(#xlease, :first_lease), "
+    "#token = :token ADD #xattempts :one, #xopen :tag"
 )
-ATTEMPT_RENEWABLE = "#state = :open AND #me.#superseded = :false AND #me.#lease > :now_plus_skew"
+EXECUTION_EXTENDABLE = (
+    "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease > :now_plus_skew "
+    "AND #xlease < :lease"
+)
+EXTEND_EXECUTION = "SET #xlease = :lease, #token = :token"
+FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
+EXECUTION_EXISTS = "attribute_exists(#xopen)"
+# a task item "__keo__/task/...": the attempts of one task in one execution, a map each
+# ("attempt:<id>", #me), so that registering one never rewrites the others
+TASK_REGISTRABLE = "attribute_not_exists(#me)"
+REGISTER_TASK_ATTEMPT = (
+    "SET #stream = :stream, #me = :attempt, #expires = if_not_exists(#expires, :expires), "
+    "#token = :token"
+)
+ATTEMPT_RENEWABLE = "#me.#superseded = :false AND #me.#lease > :now_plus_skew"
 RENEW_ATTEMPT = "SET #me.#lease = :lease, #token = :token"
 RUN_COMPLETABLE = f"{ITEM_ABSENT} OR #state = :open OR #state = :complete"
 # COMPLETE leaves the in-flight index
@@ -142,7 +165,11 @@ def update_kwargs(
     returns: str = "ALL_NEW",
     names: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``names``: placeholders for attribute names known only at run time (a run's attempts)."""
+    """``names``: placeholders for attribute names known only at run time (a run's
+    executions, a task's attempts); those the expressions do not use are left out."""
+    if names:
+        used = _tokens(f"{update} {condition}")
+        names = {alias: name for alias, name in names.items() if alias in used}
     return {
         "TableName": table,
         "Key": {"pk": s(pk)},

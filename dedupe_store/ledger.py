@@ -5,9 +5,13 @@ The kinds of item the table holds::
     key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing, TTL
     group item  pk "__keo__/group/<stream>/<id>"     state, epoch, owner, lease, members,
                                                       positions; in the in-flight index while OPEN
-    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run: state, its attempts (a
-                                                      map each), counts; in the in-flight index
-                                                      while OPEN, in partitions of its own
+    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run: state, counts, each
+                                                      execution's bounds (five attributes); in
+                                                      the in-flight index while OPEN, in
+                                                      partitions of its own
+    task item   pk "__keo__/task/<stream>/<execution>/<task>/<run>"
+                                                      one task's attempts in one execution (a
+                                                      map each): small, whatever the run's size
     and the schema stamp, the reconciler's last run, Spark's batch records ("__keo__/...")
 
 A claim is one conditional write of a key item (no index attribute: 1 write unit under 1 KB).
@@ -35,6 +39,7 @@ vendor error is kept as the cause.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import secrets
@@ -85,6 +90,7 @@ from dedupe_store.records import (
     Position,
     ReplayRun,
     RunAttempt,
+    RunExecution,
     RunRecord,
     RunRegistration,
 )
@@ -145,6 +151,11 @@ def _batch_pk(stream: str, query: str, batch_id: int) -> str:
 
 def replay_run_pk(stream: str, run: str) -> str:
     return f"__keo__/run/{check_stream_name(stream)}/{run}"
+
+
+def replay_task_pk(stream: str, run: str, execution_id: str, task: str) -> str:
+    """The item of one task's attempts in one execution (the run last: it may hold "/")."""
+    return f"__keo__/task/{check_stream_name(stream)}/{execution_id}/{task}/{run}"
 
 
 def ledger_pk(stream: str, key: str) -> str:
@@ -648,70 +659,190 @@ class DynamoDBLedger:
         with self._translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
 
-    # --- replay-mode runs: (stream, run) -> OPEN | COMPLETE, its attempts ----------------------
+    # --- replay-mode runs: (stream, run) -> OPEN | COMPLETE, its executions ------------------
 
     def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+        """Two small writes: the run item (its execution: opened, or counted), then the task
+        item (the attempt). The run is not COMPLETE and the execution not superseded, or
+        nothing is written to the task item."""
         next_run_state(None, RunTransition.REGISTER)
         values = {
             ":open": x.s(RunState.OPEN.value),
             ":stream": x.s(stream),
-            ":attempt": _attempt_value(attempt),
             ":bucket": x.s(self._run_bucket(stream, run)),
             ":first_lease": x.n(attempt.lease_expires_at_ms),
             ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
+            ":now": x.n(attempt.started_at_ms),
+            ":one": x.n(1),
+            ":tag": x.n(attempt.tag),
         }
         applied, item = self._update(
             replay_run_pk(stream, run),
             None,
-            x.REGISTER_ATTEMPT,
-            x.RUN_REGISTRABLE,
+            x.REGISTER_EXECUTION,
+            x.EXECUTION_REGISTRABLE,
             values,
-            names={"#me": _attempt_name(attempt.attempt_id)},
+            names=_execution_names(attempt.execution_id),
         )
         if item is None:  # pragma: no cover - a lost condition always has an item
             raise LedgerUnavailableError(
                 f"run {run!r} vanished while registering", table=self.table_name
             )
         current = _run_of(stream, run, item)
-        return RunRegistration(applied or current.attempt(attempt.attempt_id) == attempt, current)
+        if not applied:
+            return RunRegistration(False, current)
+        execution = current.execution(attempt.execution_id)
+        bound = attempt.lease_expires_at_ms
+        if execution is not None:
+            bound = min(bound, execution.lease_expires_at_ms)
+        me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
+        _, task_item = self._update(
+            replay_task_pk(stream, run, attempt.execution_id, attempt.task),
+            None,
+            x.REGISTER_TASK_ATTEMPT,
+            x.TASK_REGISTRABLE,
+            {
+                ":stream": x.s(stream),
+                ":attempt": _attempt_value(me),
+                ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
+            },
+            names={"#me": _attempt_name(attempt.attempt_id)},
+        )
+        task_attempts = _attempts_of(task_item or {})
+        return RunRegistration(True, current, task_attempts, bound)
 
-    def supersede_attempts(
-        self, stream: str, run: str, attempt_ids: Sequence[str]
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
     ) -> ReplayRun | None:
-        if not attempt_ids:
+        if not execution_ids:
             return self.get_run(stream, run)
-        names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
-        update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
-        condition = " AND ".join(f"attribute_exists({n})" for n in names)
+        names: dict[str, str] = {}
+        sets: list[str] = []
+        conditions: list[str] = []
+        for i, execution_id in enumerate(execution_ids):
+            field_names = _execution_names(execution_id)
+            names[f"#s{i}"] = field_names["#xsuperseded"]
+            names[f"#o{i}"] = field_names["#xopen"]
+            sets.append(f"#s{i} = :true")
+            conditions.append(f"attribute_exists(#o{i})")
         _, item = self._update(
             replay_run_pk(stream, run),
             None,
-            update,
-            condition,
+            "SET " + ", ".join(sets) + ", #token = :token",
+            " AND ".join(conditions),
             {":true": {"BOOL": True}},
             names=names,
         )
         return None if item is None else _run_of(stream, run, item)
 
+    def supersede_attempts(
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        pk = replay_task_pk(stream, run, me.execution_id, me.task)
+        if not attempt_ids:
+            item = self._get_item(pk, None, "read a task's attempts", consistent=True)
+            return _attempts_of(item or {})
+        names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
+        update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
+        condition = " AND ".join(f"attribute_exists({n})" for n in names)
+        _, item = self._update(pk, None, update, condition, {":true": {"BOOL": True}}, names=names)
+        return _attempts_of(item or {})
+
     def renew_attempt(
-        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
     ) -> AttemptRenewal:
+        """Up to two writes: the execution's lease first, when the new lease would outgrow it
+        (an attempt never puts past its execution's lease: what a replay reads up to), then the
+        attempt's own."""
         next_run_state(RunState.OPEN, RunTransition.RENEW)
-        values = {
-            ":open": x.s(RunState.OPEN.value),
-            ":false": {"BOOL": False},
-            ":now_plus_skew": x.n(now_ms + skew_ms),
-            ":lease": x.n(now_ms + lease_ms),
-        }
+        wanted = now_ms + lease_ms
+        bound, superseded = self._extend_execution(
+            stream, run, attempt.execution_id, now_ms=now_ms, wanted=wanted, skew_ms=skew_ms
+        )
+        if bound is None:
+            return AttemptRenewal(False, superseded=superseded)
+        lease = min(wanted, bound)
         applied, item = self._update(
-            replay_run_pk(stream, run),
+            replay_task_pk(stream, run, attempt.execution_id, attempt.task),
             None,
             x.RENEW_ATTEMPT,
             x.ATTEMPT_RENEWABLE,
-            values,
-            names={"#me": _attempt_name(attempt_id)},
+            {
+                ":false": {"BOOL": False},
+                ":now_plus_skew": x.n(now_ms + skew_ms),
+                ":lease": x.n(lease),
+            },
+            names={"#me": _attempt_name(attempt.attempt_id)},
         )
-        return AttemptRenewal(applied, None if item is None else _run_of(stream, run, item))
+        if applied:
+            return AttemptRenewal(True, lease)
+        mine = next(
+            (a for a in _attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
+        )
+        return AttemptRenewal(False, superseded=mine is not None and mine.superseded)
+
+    def _extend_execution(
+        self, stream: str, run: str, execution_id: str, *, now_ms: int, wanted: int, skew_ms: int
+    ) -> tuple[int | None, bool]:
+        """The execution's lease once it reaches ``wanted`` (extended, or already there),
+        or None when it can no longer grow: the run is not OPEN, the execution superseded, or
+        its lease over; and whether it was superseded."""
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":now_plus_skew": x.n(now_ms + skew_ms),
+            ":lease": x.n(wanted),
+        }
+        names = _execution_names(execution_id)
+        applied, item = self._update(
+            replay_run_pk(stream, run),
+            None,
+            x.EXTEND_EXECUTION,
+            x.EXECUTION_EXTENDABLE,
+            values,
+            names=names,
+        )
+        if applied:
+            return wanted, False
+        execution = None if item is None else _run_of(stream, run, item).execution(execution_id)
+        if execution is None or execution.superseded:
+            return None, execution is not None
+        if (
+            item is None
+            or item.get("state", {}).get("S") != RunState.OPEN.value
+            or execution.lease_expires_at_ms <= now_ms + skew_ms
+        ):
+            return None, False
+        return execution.lease_expires_at_ms, False  # extended as far or further by another
+
+    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
+        """Take the attempt's tag off its execution's open sum (one write): once every attempt
+        of the execution has, a replay waits for none of them."""
+        self._update(
+            replay_run_pk(stream, run),
+            None,
+            x.FINISH_ATTEMPT,
+            x.EXECUTION_EXISTS,
+            {":minus_tag": x.n(-attempt.tag)},
+            names=_execution_names(attempt.execution_id),
+        )
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        item = self._get_item(
+            replay_task_pk(stream, run, execution_id, task),
+            None,
+            "read a task's attempts",
+            consistent=True,
+        )
+        return _attempts_of(item or {})
 
     def complete_run(
         self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
@@ -748,7 +879,7 @@ class DynamoDBLedger:
         page_size: int = 100,
     ) -> Iterator[ReplayRun]:
         """:meth:`dedupe_store.contract.LedgerReader.open_runs`: with ``now_ms``, the index
-        narrows the query to runs whose first lease ended before it, and each attempt's own
+        narrows the query to runs whose first lease ended before it, and each execution's own
         lease is read from the run's item."""
         prefix = replay_run_pk(stream, "")
 
@@ -1159,10 +1290,17 @@ def _group_of(item: Mapping[str, Any]) -> Group:
 
 
 _ATTEMPT_PREFIX = "attempt:"
+_EXECUTION_PREFIX = "exec:"
+_EXECUTION_FIELDS = ("started", "lease", "superseded", "attempts", "open")
 
 
 def _attempt_name(attempt_id: str) -> str:
     return f"{_ATTEMPT_PREFIX}{attempt_id}"
+
+
+def _execution_names(execution_id: str) -> dict[str, str]:
+    """The placeholders of an execution's attributes on the run item: ``#xstarted`` and so on."""
+    return {f"#x{f}": f"{_EXECUTION_PREFIX}{execution_id}:{f}" for f in _EXECUTION_FIELDS}
 
 
 def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
@@ -1178,15 +1316,7 @@ def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
     }
 
 
-def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
-    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
-    attempt's lease ended before it."""
-    for run in runs:
-        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
-            yield run
-
-
-def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
+def _attempts_of(item: Mapping[str, Any]) -> tuple[RunAttempt, ...]:
     attempts = []
     for name, value in item.items():
         if not name.startswith(_ATTEMPT_PREFIX):
@@ -1203,14 +1333,45 @@ def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
                 superseded=bool(fields["superseded"]["BOOL"]),
             )
         )
-    attempts.sort(key=lambda a: (a.started_at_ms, a.attempt_id))
+    return tuple(sorted(attempts, key=lambda a: (a.task_attempt, a.started_at_ms, a.attempt_id)))
+
+
+def _executions_of(item: Mapping[str, Any]) -> tuple[RunExecution, ...]:
+    fields: dict[str, dict[str, Any]] = {}
+    for name, value in item.items():
+        if name.startswith(_EXECUTION_PREFIX):
+            execution_id, _, field_name = name.removeprefix(_EXECUTION_PREFIX).rpartition(":")
+            fields.setdefault(execution_id, {})[field_name] = value
+    executions = [
+        RunExecution(
+            execution_id=execution_id,
+            started_at_ms=int(f["started"]["N"]),
+            lease_expires_at_ms=int(f["lease"]["N"]),
+            superseded=bool(f.get("superseded", {}).get("BOOL", False)),
+            attempts=int(f["attempts"]["N"]),
+            open_tags=int(f["open"]["N"]),
+        )
+        for execution_id, f in fields.items()
+    ]
+    return tuple(sorted(executions, key=lambda e: (e.started_at_ms, e.execution_id)))
+
+
+def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
+    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
+    attempt's lease ended before it."""
+    for run in runs:
+        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
+            yield run
+
+
+def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
     completed = item.get("completed_at_ms", {}).get("N")
     counts = item.get("counts", {}).get("S")
     return ReplayRun(
         stream=stream,
         run=run,
         state=RunState(item["state"]["S"]),
-        attempts=tuple(attempts),
+        executions=_executions_of(item),
         completed_at_ms=int(completed) if completed is not None else None,
         counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
     )

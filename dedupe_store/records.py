@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -234,15 +235,15 @@ class BatchRecord:
     counts: dict[str, int]
 
 
-# --- replay mode: a run and its attempts --------------------------------------------------------
+# --- replay mode: a run, its executions, their attempts -----------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class RunAttempt:
     """One attempt at a replay-mode run: a Spark task attempt (``task`` its partition,
     ``task_attempt`` its order among the task's attempts: Spark's task attempt id) of one
-    driver execution, or a CLI process. It puts under its own lease; once ``superseded`` by a
-    later attempt it can no longer renew."""
+    driver execution, or a CLI process. It puts under its own lease, never past its
+    execution's; once ``superseded`` by a later attempt of its task it can no longer renew."""
 
     attempt_id: str
     execution_id: str
@@ -252,49 +253,101 @@ class RunAttempt:
     lease_expires_at_ms: int
     superseded: bool = False
 
+    @property
+    def tag(self) -> int:
+        """A 60-bit number drawn from the id: added to its execution's ``open_tags`` when it
+        registers, taken off when it finishes (:class:`RunExecution`)."""
+        digest = hashlib.blake2b(self.attempt_id.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 4
+
+
+@dataclass(frozen=True, slots=True)
+class RunExecution:
+    """One execution of a run: a driver run of a Spark query or batch write (every task
+    attempt of it), or one CLI process. The run item holds its bounds, never its attempts, so
+    a write to the run costs the same at 2 tasks or 2,000.
+
+    ``started_at_ms``: when its first attempt registered; ``lease_expires_at_ms``: no attempt
+    of it puts past this (an attempt's lease never outgrows it; it only grows, until a replay
+    supersedes the execution). ``attempts``: registrations counted. ``open_tags``: the sum of
+    the tags of its attempts not finished: 0 when every attempt that registered finished with
+    every put definite. A repeated request can only leave it off zero (a replay then waits
+    for the lease, never sends a row twice)."""
+
+    execution_id: str
+    started_at_ms: int
+    lease_expires_at_ms: int
+    superseded: bool = False
+    attempts: int = 0
+    open_tags: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """Every attempt that registered finished: none of them puts any more."""
+        return self.open_tags == 0
+
+    def puts_ended_before(self, now_ms: int) -> bool:
+        """No attempt of it can put at ``now_ms``: all finished, or its lease ended before."""
+        return self.finished or self.lease_expires_at_ms < now_ms
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayRun:
     """A replay-mode run (``run``: ``<query>/<batch id>``, or a named CLI run): OPEN while its
-    attempts put, COMPLETE once its driver committed it. ``attempts`` in the order they
+    attempts put, COMPLETE once its driver committed it. ``executions`` in the order they
     started."""
 
     stream: str
     run: str
     state: RunState
-    attempts: tuple[RunAttempt, ...] = ()
+    executions: tuple[RunExecution, ...] = ()
     completed_at_ms: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
-    def attempt(self, attempt_id: str) -> RunAttempt | None:
-        return next((a for a in self.attempts if a.attempt_id == attempt_id), None)
+    def execution(self, execution_id: str) -> RunExecution | None:
+        return next((e for e in self.executions if e.execution_id == execution_id), None)
+
+    @property
+    def attempts(self) -> int:
+        """Attempts registered, over every execution."""
+        return sum(e.attempts for e in self.executions)
 
     @property
     def last_lease_expires_at_ms(self) -> int | None:
-        """When the last lease of its attempts ends (None without attempts)."""
-        return max((a.lease_expires_at_ms for a in self.attempts), default=None)
+        """When the last lease of its executions ends (None without one)."""
+        return max((e.lease_expires_at_ms for e in self.executions), default=None)
 
     def leases_ended_before(self, now_ms: int) -> bool:
-        """True when every attempt's lease ended before ``now_ms``: an OPEN run is then left
-        open past its leases (its driver did not commit it), with no attempt left to put."""
-        last = self.last_lease_expires_at_ms
-        return last is None or last < now_ms
+        """True when no execution can put at ``now_ms``: an OPEN run is then left open past
+        its leases (its driver did not commit it), with no attempt left to put."""
+        return all(e.puts_ended_before(now_ms) for e in self.executions)
 
 
 @dataclass(frozen=True, slots=True)
 class RunRegistration:
     """An attempt's registration: ``registered`` False when the run is already COMPLETE (a
-    replay of a committed batch sends nothing); ``run`` as the registration left it, every
-    attempt before this one included."""
+    replay of a committed batch sends nothing) or the attempt's execution was superseded by a
+    replay (this one must not put). ``run`` as the registration left it, every execution
+    before this one's included; ``task_attempts`` every attempt of its task in its execution
+    (itself included); ``lease_expires_at_ms`` the attempt's lease: its own, or its
+    execution's when that ends first."""
 
     registered: bool
     run: ReplayRun
+    task_attempts: tuple[RunAttempt, ...] = ()
+    lease_expires_at_ms: int = 0
+
+    @property
+    def superseded(self) -> bool:
+        return self.run.state is RunState.OPEN and not self.registered
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptRenewal:
-    """A renewal of an attempt's lease: applied (``run`` shows the new lease), or refused
-    because the attempt was superseded, its lease ran out, or the run is COMPLETE."""
+    """A renewal of an attempt's lease: applied (``lease_expires_at_ms`` the new lease), or
+    refused because the attempt or its execution was superseded (``superseded``), its lease
+    ran out, or the run is COMPLETE."""
 
     applied: bool
-    run: ReplayRun | None
+    lease_expires_at_ms: int | None = None
+    superseded: bool = False

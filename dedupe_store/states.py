@@ -10,9 +10,10 @@ known, the key's position::
            OPEN(e) --renew (lease still valid) / take_over (lease expired)--> OPEN(e + 1)
            OPEN(e) --record (positions so far)--> OPEN(e)    OPEN(e) --settle--> SETTLED
 
-A replay-mode run (a Spark micro-batch, a batch write, a named CLI run) is one item: its
-attempts register on it, renew their own lease until a later attempt supersedes them, and the
-run ends COMPLETE::
+A replay-mode run (a Spark micro-batch, a batch write, a named CLI run) is one item: each
+execution of it (a driver run, a CLI process) is counted on it with its bounds, each task's
+attempts are on an item of their own; attempts renew their lease within their execution's
+until a replay supersedes the execution, and the run ends COMPLETE::
 
     run:   (none) --register--> OPEN    OPEN --register / renew / supersede--> OPEN
            OPEN --complete--> COMPLETE  COMPLETE --complete--> COMPLETE (every writer agrees)

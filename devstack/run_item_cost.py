@@ -3,12 +3,13 @@ meter on the local stack.
 
     python -m devstack.run_item_cost [--tasks 10,50,100,200] [--rows-per-task 500]
 
-Each task attempt of a run registers in the run's one item and ends its lease there when it
-finishes (two writes), and the driver completes the run (one). A write to an item is billed by
-the larger of its images, 1 KB a unit, and the item holds every attempt: so the k-th task's
-writes cost about k times an attempt's size, and a run of N tasks costs about N² / 2 of them.
-This prints each task count's billed write units, requests, and units per row at the given
-rows per task: the figure docs/performance.md quotes for replay mode's scaling.
+Each task attempt of a run registers with the run (its execution counted on the run's item)
+and with its task's own item, and says it finished on the run's item (three writes); the driver
+completes the run (one). A write is billed by the larger of the item's images, 1 KB a unit: the
+run item holds its executions' bounds, never their attempts, so each write costs one unit
+whatever the task count. This prints each task count's billed write units, requests, and units
+per row at the given rows per task: the figure docs/performance.md quotes for replay mode's
+scaling.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _LEASE_MS = 360_000
 
 
 def price_run(settings: ProducerSettings, tasks: int, rows_per_task: int) -> dict[str, Any]:
-    """One run of ``tasks`` attempts (register, end the lease), then its completion."""
+    """One run of ``tasks`` attempts (register, finish), then its completion."""
     ledger = ledger_from(settings)
     unwatched = ledger_from(settings).client  # the meter's own reads, never priced
 
@@ -49,9 +50,7 @@ def price_run(settings: ProducerSettings, tasks: int, rows_per_task: int) -> dic
                 uuid.uuid4().hex, execution, str(task), task, now_ms, now_ms + _LEASE_MS
             )
             ledger.register_attempt(_STREAM, run, attempt)
-            ledger.renew_attempt(
-                _STREAM, run, attempt.attempt_id, now_ms=now_ms + 1, lease_ms=0, skew_ms=5_000
-            )
+            ledger.finish_attempt(_STREAM, run, attempt)
         ledger.complete_run(_STREAM, run, counts={"sent": tasks * rows_per_task}, now_ms=now_ms)
     finally:
         meter.detach(ledger.client)

@@ -228,7 +228,7 @@ class Reconciler:
             "replay run left open stream=%s run=%s attempts=%d last_lease_expires_at_ms=%d",
             self.stream,
             run.run,
-            len(run.attempts),
+            run.attempts,
             run.last_lease_expires_at_ms or 0,
             extra={**self._where(), "event": "replay_run_open", "run": run.run},
         )

@@ -9,11 +9,15 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
 
 ::
 
-    ReplayProducer.attempt(task)                 one ledger write: register (the run not COMPLETE)
+    ReplayProducer.attempt(task)                 two small ledger writes: register with the run
+      │                                          (its execution counted; the run not COMPLETE)
+      │                                          and with the task's own item
       └─ ReplayAttempt ── recovery_step:
            ├─ DONE ────── the run is COMPLETE: every row DUPLICATE, nothing sent
-           ├─ FAST_PATH ─ no earlier attempt: plain puts
-           └─ RECOVER, WAIT: supersede the earlier attempts (their leases stop growing), then
+           ├─ SUPERSEDED  a replay superseded this execution: every row FAILED, nothing sent
+           ├─ FAST_PATH ─ nothing earlier: plain puts
+           └─ RECOVER, WAIT: supersede the earlier executions and my task's earlier attempts
+              (their leases stop growing), then
               per call, EarlierPuts.match(rows): a row found is DUPLICATE (not sent again);
               rows not found while an earlier lease runs: wait for it, read again, then send
          send(messages) ── puts: full requests, SDK retries off, the fence against the attempt's
@@ -23,8 +27,8 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
          │                 │                SENT; not found once the lease it left under is
          │                 │                over: sent again; else IN_FLIGHT
          │                 └─ not written ─ FAILED (the lease lost, or not retriable)
-         finish() ──────── every put has a definite result: the lease ends now (one write), so
-                           a replay of the run waits for nothing
+         finish() ──────── every put has a definite result: the attempt is finished (one
+                           write); once all of its execution's are, a replay waits for none
     ReplayProducer.complete(run)                 one write: COMPLETE; a replay sends nothing
 
 Outcomes are key mode's: SENT, DUPLICATE (found from an earlier attempt, or the run is
@@ -34,6 +38,7 @@ attempt reads it back). A run is complete only when every row is SENT, DUPLICATE
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -47,7 +52,7 @@ from typing import TYPE_CHECKING
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import Position, ReplayRun, RunAttempt
+from dedupe_store.records import Position, ReplayRun, RunAttempt, RunRegistration
 from dedupe_store.states import RunState
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.reader import KinesisReader
@@ -60,8 +65,10 @@ from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare
 from producer.put_loop import PutLoop
 from producer.replay_plan import (
+    Earlier,
+    EarlierKind,
     RecoveryStep,
-    earlier_attempts,
+    earlier_of,
     read_windows,
     recovery_step,
     still_running,
@@ -169,8 +176,9 @@ class ReplayProducer:
         self._context.interrupted.set()
 
     def attempt(self, task: ReplayTask) -> ReplayAttempt:
-        """Register an attempt at ``task.run`` (one conditional write) and decide its first
-        step. Raises :class:`dedupe_store.errors.LedgerError` when the ledger cannot say."""
+        """Register an attempt at ``task.run`` (two small conditional writes) and decide its
+        first step. Raises :class:`dedupe_store.errors.LedgerError` when the ledger cannot
+        say."""
         context = self._context
         now_ms = context.clock.now_ms()
         me = RunAttempt(
@@ -183,9 +191,7 @@ class ReplayProducer:
         )
         registration = context.ledger.register_attempt(self.stream, task.run, me)
         context.hooks.at(Step.REPLAY_AFTER_REGISTER)
-        return ReplayAttempt(
-            context, task, me, registration.run, registered=registration.registered
-        )
+        return ReplayAttempt(context, task, me, registration)
 
     def send(self, task: ReplayTask, messages: Sequence[Message]) -> list[Outcome]:
         """Deliver ``messages`` as one attempt at ``task.run``; one outcome per message, in
@@ -226,7 +232,7 @@ class ReplayProducer:
             "replay run complete stream=%s run=%s attempts=%d counts=%s",
             self.stream,
             run,
-            len(completed.attempts),
+            completed.attempts,
             counts,
         )
         return completed
@@ -245,35 +251,36 @@ class ReplayAttempt:
         context: _Context,
         task: ReplayTask,
         me: RunAttempt,
-        run: ReplayRun,
-        *,
-        registered: bool,
+        registration: RunRegistration,
     ) -> None:
         self._context = context
         self.task = task
-        self.me = me
+        # the lease registered: the attempt's own, or its execution's when that ends first
+        self.me = me = dataclasses.replace(
+            me, lease_expires_at_ms=registration.lease_expires_at_ms or me.lease_expires_at_ms
+        )
         self.counts: Counter[str] = Counter()
         self._lease_end_ms = me.lease_expires_at_ms
         self._lease_lost = False
         self._finished = False
-        self._unresolved = 0  # puts that may still land: the lease must not end early
+        self._unresolved = 0  # puts that may still land: the attempt must not finish
         self._written: set[Position] = set()  # where this attempt's records are, all calls
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
         self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
-        now_ms = context.clock.now_ms()
-        complete = not registered or run.state is RunState.COMPLETE
-        earlier = earlier_attempts(run.attempts, me)
-        if earlier and not complete:
-            # fence their renewals first: the leases the run shows then are final
-            superseded = context.ledger.supersede_attempts(
-                context.stream, task.run, to_supersede(earlier)
-            )
-            if superseded is not None:
-                earlier = earlier_attempts(superseded.attempts, me)
+        run = registration.run
+        complete = run.state is RunState.COMPLETE
+        earlier = earlier_of(run, registration.task_attempts, me)
+        if earlier and registration.registered and not complete:
+            earlier = self._supersede(run, registration.task_attempts, earlier)
+        now_ms = context.clock.now_ms()  # after the reads: what they showed finished, had
         self.step = recovery_step(
-            run_complete=complete, earlier=earlier, now_ms=now_ms, lease=context.lease
+            run_complete=complete,
+            superseded=registration.superseded,
+            earlier=earlier,
+            now_ms=now_ms,
+            lease=context.lease,
         )
         metrics.REPLAY_ATTEMPTS.labels(context.stream, self.step.value).inc()
         if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
@@ -281,10 +288,12 @@ class ReplayAttempt:
             self._earlier = EarlierPuts(
                 context.reader,
                 context.clock,
-                read_windows(earlier, context.lease),
+                read_windows(earlier, context.lease, now_ms),
                 final=self.step is RecoveryStep.RECOVER,
+                keep_alive=self._keep_lease,
             )
-            self._earlier_end_ms = max(a.lease_expires_at_ms for a in earlier)
+            running = still_running(earlier, now_ms, context.lease)
+            self._earlier_end_ms = max((e.lease_expires_at_ms for e in running), default=0)
         log.info(
             "replay attempt stream=%s run=%s attempt=%s execution=%s task=%s task_attempt=%d "
             "step=%s earlier=%d running=%d",
@@ -298,6 +307,21 @@ class ReplayAttempt:
             len(earlier),
             len(still_running(earlier, now_ms, context.lease)),
         )
+
+    def _supersede(
+        self, run: ReplayRun, task_attempts: tuple[RunAttempt, ...], earlier: list[Earlier]
+    ) -> list[Earlier]:
+        """Fence the earlier executions' and attempts' leases first: the bounds the ledger
+        shows then are final. What is earlier, as the fencing writes left it."""
+        ledger = self._context.ledger
+        stream, name = self._context.stream, self.task.run
+        executions = to_supersede(earlier, EarlierKind.EXECUTION)
+        if executions:
+            run = ledger.supersede_executions(stream, name, executions) or run
+        attempts = to_supersede(earlier, EarlierKind.ATTEMPT)
+        if attempts:
+            task_attempts = ledger.supersede_attempts(stream, name, self.me, attempts)
+        return earlier_of(run, task_attempts, self.me)
 
     def __enter__(self) -> ReplayAttempt:
         return self
@@ -336,6 +360,13 @@ class ReplayAttempt:
                     OutcomeStatus.DUPLICATE,
                     reason=f"run {self.task.run!r} is COMPLETE: a replay of it sends nothing",
                 )
+        elif self.step is RecoveryStep.SUPERSEDED:
+            reason = (
+                f"a replay of run {self.task.run!r} superseded this execution "
+                f"({self.task.execution_id}): not sent; the replay delivers the run"
+            )
+            for item in prepared:
+                decided[item.index] = _unresolved(item, OutcomeStatus.FAILED, reason)
         else:
             try:
                 left = prepared
@@ -354,24 +385,18 @@ class ReplayAttempt:
         return ordered
 
     def finish(self) -> None:
-        """End the attempt's lease now when every put it made has a definite result, so a
-        replay of the run waits for nothing (one write; best effort: a lease left running
-        costs a replay a wait, never a duplicate). Once: the attempt sends nothing after."""
+        """Say the attempt finished when every put it made has a definite result: once every
+        attempt of its execution has, a replay of the run waits for none of them (one write;
+        best effort: one left unfinished costs a replay a wait, never a duplicate). Once: the
+        attempt sends nothing after."""
         context = self._context
-        if self._finished or self._unresolved or self._lease_lost:
+        if self._finished or self._unresolved:
             return
         self._finished = True
-        if self.step is RecoveryStep.DONE:
+        if self.step in (RecoveryStep.DONE, RecoveryStep.SUPERSEDED):
             return
         try:
-            context.ledger.renew_attempt(
-                context.stream,
-                self.task.run,
-                self.me.attempt_id,
-                now_ms=context.clock.now_ms(),
-                lease_ms=0,
-                skew_ms=context.lease.skew_ms,
-            )
+            context.ledger.finish_attempt(context.stream, self.task.run, self.me)
         except LedgerError as exc:
             log.warning(
                 "replay attempt lease left running stream=%s run=%s attempt=%s error=%s",
@@ -541,7 +566,7 @@ class ReplayAttempt:
             renewal = context.ledger.renew_attempt(
                 context.stream,
                 self.task.run,
-                self.me.attempt_id,
+                self.me,
                 now_ms=now_ms,
                 lease_ms=lease.lease_ms,
                 skew_ms=lease.skew_ms,
@@ -554,18 +579,17 @@ class ReplayAttempt:
                 exc,
             )
             return False
-        mine = renewal.run.attempt(self.me.attempt_id) if renewal.run is not None else None
-        if not renewal.applied or mine is None:
+        if not renewal.applied or renewal.lease_expires_at_ms is None:
             self._lease_lost = True
             log.warning(
                 "replay attempt lease lost stream=%s run=%s attempt=%s superseded=%s",
                 context.stream,
                 self.task.run,
                 self.me.attempt_id,
-                mine.superseded if mine is not None else None,
+                renewal.superseded,
             )
             return False
-        self._lease_end_ms = mine.lease_expires_at_ms
+        self._lease_end_ms = renewal.lease_expires_at_ms
         return True
 
     # --- the put loop's party (producer.put_loop.PutParty) ---------------------------------------

@@ -1,21 +1,24 @@
 """Replay mode's decisions (``dedupe=replay``), as pure functions over what the run item holds.
 
-No I/O: each takes the attempts a task attempt got back when it registered with its run (the
-run item, DESIGN.md "Replay mode"), its own attempt, its rows, the records a read-back found,
+No I/O: each takes what a task attempt got back when it registered with its run (the run
+item's executions and its task's attempts, DESIGN.md "Replay mode"), its own attempt, its
+rows, the records a read-back found,
 the clock's reading and the lease policy, and returns what to do. Identity is the row,
 ``(key, data)``, counted as a multiset: Spark promises neither the partitioning nor the row
 order of a replay. ``tests/unit/test_replay_plan.py`` goes through every case.
 
 ::
 
-    the run's attempts ── earlier_attempts:  those whose puts mine must not repeat: another
-                                             execution's (a replay), my task's lower attempts
-                                             (a Spark task retry); never mine, never a sibling
-    earlier ──────────── to_supersede:       the ids whose renewals to fence before reading
-                         still_running:      the leases that may still put (not expired for all)
+    the run, my task ──── earlier_of:        what may hold my rows: another execution (a
+                                             replay), my task's lower attempts (a Spark task
+                                             retry); never mine, never a sibling
+    earlier ──────────── to_supersede:       the ids whose leases to fence before reading
+                         still_running:      those that may still put (not finished, a lease
+                                             not expired for all)
                          read_windows:       where their puts can be, merged, sorted
     a task attempt ───── recovery_step ─┬─ DONE       the run is COMPLETE: send nothing
-                                        ├─ FAST_PATH  no earlier attempt: plain puts
+                                        ├─ SUPERSEDED a replay superseded my execution
+                                        ├─ FAST_PATH  nothing earlier: plain puts
                                         ├─ WAIT       an earlier lease runs: wait, or fail the task
                                         └─ RECOVER    read the windows back, send the rest
     a read-back ──────── rows_left_to_send:  the rows no found record matches (multiset)
@@ -34,15 +37,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
-from dedupe_store.records import RunAttempt
+from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
 from producer.protocol import LeasePolicy
 
 __all__ = [
+    "Earlier",
+    "EarlierKind",
     "RecoveryStep",
     "can_finish_early",
-    "earlier_attempts",
+    "earlier_of",
     "read_windows",
     "recovery_step",
     "rows_left_to_send",
@@ -51,55 +57,100 @@ __all__ = [
 ]
 
 
-# --- which attempts count ---------------------------------------------------------------------
+# --- which puts count ---------------------------------------------------------------------------
 
 
-def _is_earlier(other: RunAttempt, me: RunAttempt) -> bool:
-    if other.attempt_id == me.attempt_id:
-        return False
-    if other.execution_id != me.execution_id:
-        # a replay of the batch by another driver run: its tasks held these rows, split
-        # however its partitioning split them
-        return True
-    # my execution: only my own task's retries held my rows; a sibling task's rows are others
-    return other.task == me.task and other.task_attempt < me.task_attempt
+class EarlierKind(StrEnum):
+    EXECUTION = "execution"  # another execution of the run: a replay; its bounds on the run item
+    ATTEMPT = "attempt"  # a lower attempt of my task in my execution: a Spark task retry
 
 
-def earlier_attempts(attempts: Iterable[RunAttempt], me: RunAttempt) -> list[RunAttempt]:
-    """The attempts whose puts ``me`` must not repeat, oldest first: every attempt of another
-    execution, and the lower attempts of my task in my execution. Never ``me`` itself, never
-    a sibling task of my execution, never a later attempt of my task."""
-    earlier = [other for other in attempts if _is_earlier(other, me)]
-    return sorted(earlier, key=lambda a: (a.started_at_ms, a.attempt_id))
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """What may have put my rows before me, with where its puts can be: from
+    ``started_at_ms`` until ``lease_expires_at_ms``, or until it ``finished`` (every put
+    definite: none can land after)."""
+
+    kind: EarlierKind
+    id: str
+    started_at_ms: int
+    lease_expires_at_ms: int
+    superseded: bool
+    finished: bool = False
+
+    @classmethod
+    def of_execution(cls, execution: RunExecution) -> Earlier:
+        return cls(
+            EarlierKind.EXECUTION,
+            execution.execution_id,
+            execution.started_at_ms,
+            execution.lease_expires_at_ms,
+            execution.superseded,
+            execution.finished,
+        )
+
+    @classmethod
+    def of_attempt(cls, attempt: RunAttempt) -> Earlier:
+        return cls(
+            EarlierKind.ATTEMPT,
+            attempt.attempt_id,
+            attempt.started_at_ms,
+            attempt.lease_expires_at_ms,
+            attempt.superseded,
+        )
 
 
-def to_supersede(earlier: Sequence[RunAttempt]) -> list[str]:
-    """The ids of the earlier attempts not superseded yet. Their renewals are fenced before
-    recovery reads them back: a lease that can no longer grow gives read-back an end."""
-    return [attempt.attempt_id for attempt in earlier if not attempt.superseded]
+def earlier_of(
+    run: ReplayRun, task_attempts: Iterable[RunAttempt], me: RunAttempt
+) -> list[Earlier]:
+    """What ``me`` must not repeat, oldest first: every other execution of the run (a replay
+    of it, split however its partitioning split the rows), and the lower attempts of my task in
+    my execution (``task_attempts``: my task's). Never ``me``, never a sibling task of my
+    execution, never a later attempt of my task."""
+    earlier = [Earlier.of_execution(e) for e in run.executions if e.execution_id != me.execution_id]
+    earlier += [
+        Earlier.of_attempt(a)
+        for a in task_attempts
+        if a.attempt_id != me.attempt_id
+        and a.execution_id == me.execution_id
+        and a.task == me.task
+        and a.task_attempt < me.task_attempt
+    ]
+    return sorted(earlier, key=lambda e: (e.started_at_ms, e.kind, e.id))
 
 
-def still_running(
-    earlier: Sequence[RunAttempt], now_ms: int, lease: LeasePolicy
-) -> list[RunAttempt]:
-    """The earlier attempts whose lease some clock within the skew still thinks runs: their
-    puts may still land, so a row not found while any of them runs cannot be decided."""
+def to_supersede(earlier: Sequence[Earlier], kind: EarlierKind) -> list[str]:
+    """The ids of the earlier ones of ``kind`` not superseded yet. Their leases are fenced
+    before recovery reads them back: a lease that can no longer grow gives read-back an end."""
+    return [e.id for e in earlier if e.kind is kind and not e.superseded]
+
+
+def still_running(earlier: Sequence[Earlier], now_ms: int, lease: LeasePolicy) -> list[Earlier]:
+    """The earlier ones that may still put: not finished, and a lease some clock within the
+    skew still thinks runs. A row not found while any of them runs cannot be decided."""
     return [
-        attempt
-        for attempt in earlier
-        if not lease.expired_for_everyone(attempt.lease_expires_at_ms, now_ms)
+        e
+        for e in earlier
+        if not e.finished and not lease.expired_for_everyone(e.lease_expires_at_ms, now_ms)
     ]
 
 
-def read_windows(earlier: Sequence[RunAttempt], lease: LeasePolicy) -> list[tuple[int, int]]:
-    """Where the earlier attempts' puts can be: each ``[started_at - skew, lease_expires_at +
-    skew]`` (both ends included, whole milliseconds), merged where they overlap or touch, sorted.
+def read_windows(
+    earlier: Sequence[Earlier], lease: LeasePolicy, now_ms: int
+) -> list[tuple[int, int]]:
+    """Where the earlier puts can be: each ``[started_at - skew, end + skew]`` (both ends
+    included, whole milliseconds), merged where they overlap or touch, sorted. ``end`` is the
+    lease's, or ``now_ms`` for a finished one whose lease runs on (its puts all landed before
+    the ledger said it finished, so before now).
 
     Windows that touch (the next starts at most one millisecond after the last ends) leave no
     millisecond between them, so they are one read: a shard is read once per merged window."""
     windows = sorted(
-        lease.read_back_window(attempt.started_at_ms, attempt.lease_expires_at_ms)
-        for attempt in earlier
+        lease.read_back_window(
+            e.started_at_ms,
+            min(e.lease_expires_at_ms, now_ms) if e.finished else e.lease_expires_at_ms,
+        )
+        for e in earlier
     )
     merged: list[tuple[int, int]] = []
     for start, end in windows:
@@ -147,21 +198,30 @@ def can_finish_early(rows_left: int) -> bool:
 
 
 class RecoveryStep(StrEnum):
-    FAST_PATH = "FAST_PATH"  # no earlier attempt: plain puts, the signature fence on each
-    WAIT = "WAIT"  # an earlier attempt's lease still runs: wait for it, or fail the task
+    FAST_PATH = "FAST_PATH"  # nothing earlier: plain puts, the signature fence on each
+    WAIT = "WAIT"  # an earlier lease still runs: wait for it, or fail the task
     RECOVER = "RECOVER"  # read the earlier windows back, send the rows not found
     DONE = "DONE"  # the run is COMPLETE: send nothing
+    SUPERSEDED = "SUPERSEDED"  # a replay superseded my execution: send nothing, fail
 
 
 def recovery_step(
-    *, run_complete: bool, earlier: Sequence[RunAttempt], now_ms: int, lease: LeasePolicy
+    *,
+    run_complete: bool,
+    superseded: bool = False,
+    earlier: Sequence[Earlier],
+    now_ms: int,
+    lease: LeasePolicy,
 ) -> RecoveryStep:
-    """What a task attempt does first. A COMPLETE run is done, whatever its attempts; with no
-    earlier attempt, nothing of these rows can be in the stream yet; an earlier lease still
+    """What a task attempt does first. A COMPLETE run is done, whatever its attempts; an
+    attempt of an execution a replay superseded must not put (the replay delivers the run);
+    with nothing earlier, none of these rows can be in the stream yet; an earlier one still
     running may still put (read what is there first, and finish early if everything is found:
     :func:`can_finish_early`); otherwise every earlier put has landed or never will."""
     if run_complete:
         return RecoveryStep.DONE
+    if superseded:
+        return RecoveryStep.SUPERSEDED
     if not earlier:
         return RecoveryStep.FAST_PATH
     if still_running(earlier, now_ms, lease):

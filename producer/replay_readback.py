@@ -82,10 +82,15 @@ def _read_shard(
     into: FoundRows,
     *,
     wanted: Callable[[RowId], bool] | None = None,
+    keep_alive: Callable[[], object] = lambda: None,
 ) -> None:
     """The shard's KCL-visible records that arrived in one of ``windows``, read up to
-    ``now_ms`` (never waiting for the future: the caller knows whether more may land)."""
+    ``now_ms`` (never waiting for the future: the caller knows whether more may land).
+    ``keep_alive`` is called before each window and each record (it must be cheap: a clock
+    reading and a comparison, but when a lease runs short): a read of a long window outlasts a
+    lease, and pages come as fast as GetRecords answers."""
     for start_ms, end_ms in windows:
+        keep_alive()
         if start_ms > now_ms:
             continue
         end = min(end_ms, now_ms)
@@ -94,6 +99,7 @@ def _read_shard(
             return end + 1  # a read of what has arrived: the caller knows what may still land
 
         for record in reader.read_window(shard.shard_id, start_ms, end, now_ms=closed):
+            keep_alive()
             if not start_ms <= record.arrival_ms <= end or not visible_to_kcl(record, shard):
                 continue
             row = row_id(record.partition_key, record.data)
@@ -110,7 +116,8 @@ class EarlierPuts:
     Each shard is read once, when the first row routed to it is matched, over every earlier
     window (merged: :func:`producer.replay_plan.read_windows`). ``final`` says whether the
     reads can still miss a put: False while an earlier lease runs (found rows are sure, rows
-    not found are not), True once every earlier lease is over for every clock."""
+    not found are not), True once every earlier lease is over for every clock.
+    ``keep_alive``: called while a read goes on (the attempt keeps its lease with it)."""
 
     def __init__(
         self,
@@ -119,8 +126,10 @@ class EarlierPuts:
         windows: Sequence[tuple[int, int]],
         *,
         final: bool,
+        keep_alive: Callable[[], object] = lambda: None,
     ) -> None:
         self._reader = reader
+        self._keep_alive = keep_alive
         self._clock = clock
         self._windows = list(windows)
         self.final = final
@@ -165,7 +174,12 @@ class EarlierPuts:
         by_id = {shard.shard_id: shard for shard in self._shard_map()}
         for shard_id in sorted(shard_ids):
             _read_shard(
-                self._reader, by_id[shard_id], self._windows, self._clock.now_ms(), self._found
+                self._reader,
+                by_id[shard_id],
+                self._windows,
+                self._clock.now_ms(),
+                self._found,
+                keep_alive=self._keep_alive,
             )
             self._read.add(shard_id)
 

@@ -8,6 +8,8 @@ lost on the wire). Imported with ``from ledger_contract import *`` so pytest col
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dedupe_store.contract import Ledger
@@ -21,6 +23,7 @@ from dedupe_store.records import (
     KeyClaim,
     Position,
     RunAttempt,
+    RunExecution,
 )
 from dedupe_store.states import GroupState, KeyState, LedgerState, RunState
 from producer.protocol import Message, explicit_hash_key, payload_digest
@@ -483,32 +486,66 @@ def attempt(
     )
 
 
-def test_attempts_register_on_their_run_each_seeing_those_before_it(ledger: Ledger) -> None:
+def execution(
+    execution_id: str, *attempts: RunAttempt, finished: int = 0, superseded: bool = False
+) -> RunExecution:
+    """The execution ``attempts`` registered (the first one's bounds), ``finished`` of them
+    finished."""
+    first = attempts[0]
+    return RunExecution(
+        execution_id,
+        first.started_at_ms,
+        first.lease_expires_at_ms,
+        superseded=superseded,
+        attempts=len(attempts),
+        open_tags=sum(a.tag for a in attempts[finished:]),
+    )
+
+
+def test_attempts_register_with_their_execution_and_their_task(ledger: Ledger) -> None:
     # GIVEN a task attempt registered on a run
     first = attempt("a1")
     registered = ledger.register_attempt(STREAM, RUN, first)
     assert registered.registered
-    assert (registered.run.state, registered.run.attempts) == (RunState.OPEN, (first,))
-    # WHEN its retry registers a second later
+    assert registered.run.state is RunState.OPEN
+    assert registered.run.executions == (execution("exec-1", first),)
+    assert (registered.task_attempts, registered.lease_expires_at_ms) == (
+        (first,),
+        first.lease_expires_at_ms,
+    )
+    # WHEN its retry registers a second later, and a sibling task
     retry = attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1_000)
     again = ledger.register_attempt(STREAM, RUN, retry)
-    # THEN the run shows both, in the order they started: the first is what the retry recovers
+    sibling = ledger.register_attempt(STREAM, RUN, attempt("s1", task="1"))
+    # THEN the retry sees its task's first attempt (what it recovers), and a lease bounded by
+    # its execution's; the sibling sees only itself
+    bounded = dataclasses.replace(retry, lease_expires_at_ms=first.lease_expires_at_ms)
     assert again.registered
-    assert again.run.attempts == (first, retry)
-    assert ledger.get_run(STREAM, RUN) == again.run
+    assert again.task_attempts == (first, bounded)
+    assert again.lease_expires_at_ms == first.lease_expires_at_ms
+    assert [a.attempt_id for a in sibling.task_attempts] == ["s1"]
+    # AND the run counts three attempts in one execution: the run item holds no attempt
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.executions == (execution("exec-1", first, retry, attempt("s1", task="1")),)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == (first, bounded)
 
 
-def test_registering_the_same_attempt_twice_is_one_registration(ledger: Ledger) -> None:
+def test_registering_the_same_attempt_twice_keeps_one_attempt(ledger: Ledger) -> None:
     ledger.register_attempt(STREAM, RUN, attempt("a1"))
     # an SDK retry of an applied registration, or the same process asking again
     again = ledger.register_attempt(STREAM, RUN, attempt("a1"))
     assert again.registered
-    assert len(again.run.attempts) == 1
+    assert len(again.task_attempts) == 1
+    # AND its execution never reads as finished: the tag was added twice
+    [counted] = again.run.executions
+    assert not counted.finished
 
 
 def test_a_complete_run_takes_no_attempt_and_stays_complete(ledger: Ledger) -> None:
     # GIVEN a run its driver committed
-    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    first = attempt("a1")
+    ledger.register_attempt(STREAM, RUN, first)
     completed = ledger.complete_run(STREAM, RUN, counts={"sent": 3}, now_ms=T0_MS + 5_000)
     assert (completed.state, completed.completed_at_ms, completed.counts) == (
         RunState.COMPLETE,
@@ -520,52 +557,96 @@ def test_a_complete_run_takes_no_attempt_and_stays_complete(ledger: Ledger) -> N
     # THEN it is refused: the replay sends nothing
     assert not replay.registered
     assert replay.run.state is RunState.COMPLETE
-    assert [a.attempt_id for a in replay.run.attempts] == ["a1"]
+    assert replay.run.executions == (execution("exec-1", first),)
+    assert ledger.task_attempts(STREAM, RUN, "exec-2", "0") == ()
     # AND completing it again keeps the first commit's time and counts
     assert ledger.complete_run(STREAM, RUN, counts={}, now_ms=T0_MS + 9_000) == completed
 
 
-def test_an_attempt_renews_its_lease_while_valid_and_not_superseded(ledger: Ledger) -> None:
-    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+def test_an_attempt_renews_its_lease_and_its_executions_while_valid(ledger: Ledger) -> None:
+    first = attempt("a1")
+    ledger.register_attempt(STREAM, RUN, first)
     # WHEN it renews with more than the skew left
     now_ms = T0_MS + LEASE_MS - SKEW_MS - 1
     renewed = ledger.renew_attempt(
-        STREAM, RUN, "a1", now_ms=now_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        STREAM, RUN, first, now_ms=now_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     )
-    # THEN its lease runs from now
-    assert renewed.applied
-    assert renewed.run is not None
-    found = renewed.run.attempt("a1")
-    assert found is not None
-    assert found.lease_expires_at_ms == now_ms + LEASE_MS
+    # THEN its lease runs from now, and its execution's with it
+    assert (renewed.applied, renewed.lease_expires_at_ms) == (True, now_ms + LEASE_MS)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == (
+        dataclasses.replace(first, lease_expires_at_ms=now_ms + LEASE_MS),
+    )
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.executions[0].lease_expires_at_ms == now_ms + LEASE_MS
     # AND once its lease is within the skew of its end, it cannot
     late_ms = now_ms + LEASE_MS - SKEW_MS
     late = ledger.renew_attempt(
-        STREAM, RUN, "a1", now_ms=late_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        STREAM, RUN, first, now_ms=late_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     )
     assert not late.applied
 
 
 def test_a_superseded_attempt_can_no_longer_renew(ledger: Ledger) -> None:
     # GIVEN a task attempt, and its retry that supersedes it
-    ledger.register_attempt(STREAM, RUN, attempt("a1"))
-    ledger.register_attempt(STREAM, RUN, attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1))
-    superseded = ledger.supersede_attempts(STREAM, RUN, ["a1"])
-    assert superseded is not None
-    first = superseded.attempt("a1")
-    assert first is not None
-    assert first.superseded
+    first, retry = attempt("a1"), attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1)
+    ledger.register_attempt(STREAM, RUN, first)
+    ledger.register_attempt(STREAM, RUN, retry)
+    superseded = ledger.supersede_attempts(STREAM, RUN, retry, ["a1"])
+    assert [(a.attempt_id, a.superseded) for a in superseded] == [("a1", True), ("a2", False)]
     # WHEN the first (a stalled process, waking) tries to renew
     renewal = ledger.renew_attempt(
-        STREAM, RUN, "a1", now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        STREAM, RUN, first, now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     )
     # THEN it is refused: the lease the retry read is final
     assert not renewal.applied
-    assert ledger.get_run(STREAM, RUN) == superseded
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == superseded
     # AND the retry itself still renews
     assert ledger.renew_attempt(
-        STREAM, RUN, "a2", now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+        STREAM, RUN, retry, now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     ).applied
+
+
+def test_a_superseded_execution_can_neither_grow_nor_register(ledger: Ledger) -> None:
+    # GIVEN an execution's attempt, and a replay (another execution) that supersedes it
+    first = attempt("a1")
+    ledger.register_attempt(STREAM, RUN, first)
+    replay = attempt("b1", execution="exec-2", started_at_ms=T0_MS + 2_000)
+    assert ledger.register_attempt(STREAM, RUN, replay).registered
+    superseded = ledger.supersede_executions(STREAM, RUN, ["exec-1"])
+    assert superseded is not None
+    assert superseded.executions == (
+        execution("exec-1", first, superseded=True),
+        execution("exec-2", replay),
+    )
+    # WHEN its attempt renews, and another task of it registers
+    renewal = ledger.renew_attempt(
+        STREAM, RUN, first, now_ms=T0_MS + 1_000, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+    )
+    late = ledger.register_attempt(STREAM, RUN, attempt("a3", task="1"))
+    # THEN both are refused: the bounds the replay read are final
+    assert not renewal.applied
+    assert (late.registered, late.superseded) == (False, True)
+    assert ledger.get_run(STREAM, RUN) == superseded
+
+
+def test_an_execution_is_finished_once_every_attempt_of_it_is(ledger: Ledger) -> None:
+    # GIVEN two tasks of one execution
+    task0, task1 = attempt("a1"), attempt("a2", task="1")
+    ledger.register_attempt(STREAM, RUN, task0)
+    ledger.register_attempt(STREAM, RUN, task1)
+    # WHEN one finishes, then the other
+    ledger.finish_attempt(STREAM, RUN, task0)
+    half = ledger.get_run(STREAM, RUN)
+    ledger.finish_attempt(STREAM, RUN, task1)
+    done = ledger.get_run(STREAM, RUN)
+    # THEN it is finished only after both: a replay waits for none of its leases then
+    assert half is not None
+    assert done is not None
+    assert half.executions == (execution("exec-1", task0, task1, finished=1),)
+    assert not half.executions[0].finished
+    assert done.executions[0].finished
+    assert done.leases_ended_before(T0_MS)
 
 
 def test_runs_are_per_stream_and_never_read_as_keys(ledger: Ledger) -> None:
@@ -578,37 +659,44 @@ def test_runs_are_per_stream_and_never_read_as_keys(ledger: Ledger) -> None:
 # --- OPEN runs in the in-flight index -------------------------------------------------------------
 
 
-def test_open_runs_lists_the_runs_left_open_once_every_attempt_lease_ended(
+def test_open_runs_lists_the_runs_left_open_once_every_execution_ended(
     ledger: Ledger,
 ) -> None:
-    # GIVEN four runs: "q/1" one attempt (lease ends T0+30s); "q/2" a first attempt (ends
-    # T0+30s) and its retry (ends T0+50s); "q/3" whose attempt renewed twice, to T0+75s; "q/4"
-    # committed
+    # GIVEN five runs: "q/1" one attempt (lease ends T0+30s); "q/2" a first execution (ends
+    # T0+30s) and a replay (ends T0+50s); "q/3" whose attempt renewed twice, to T0+75s; "q/4"
+    # committed; "q/5" whose one attempt finished (lease running to T0+30s)
     ledger.register_attempt(STREAM, "q/1", attempt("a1"))
     ledger.register_attempt(STREAM, "q/2", attempt("b1"))
     ledger.register_attempt(
-        STREAM, "q/2", attempt("b2", task_attempt=1, started_at_ms=T0_MS + 20_000)
+        STREAM, "q/2", attempt("b2", execution="exec-2", started_at_ms=T0_MS + 20_000)
     )
-    ledger.register_attempt(STREAM, "q/3", attempt("c1"))
+    c1 = attempt("c1")
+    ledger.register_attempt(STREAM, "q/3", c1)
     for renewed_at_ms in (T0_MS + 20_000, T0_MS + 45_000):
         assert ledger.renew_attempt(
-            STREAM, "q/3", "c1", now_ms=renewed_at_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
+            STREAM, "q/3", c1, now_ms=renewed_at_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
         ).applied
     ledger.register_attempt(STREAM, "q/4", attempt("d1"))
     ledger.complete_run(STREAM, "q/4", counts={"sent": 1}, now_ms=T0_MS + 1_000)
-    # WHEN the index is asked at T0+45s, T0+55s and T0+85s
+    e1 = attempt("e1")
+    ledger.register_attempt(STREAM, "q/5", e1)
+    ledger.finish_attempt(STREAM, "q/5", e1)
+    # WHEN the index is asked at T0+29s, T0+45s, T0+55s and T0+85s
+    at_29s = ledger.open_runs(STREAM, now_ms=T0_MS + 29_000)
     at_45s = ledger.open_runs(STREAM, now_ms=T0_MS + 45_000)
     at_55s = ledger.open_runs(STREAM, now_ms=T0_MS + 55_000)
     at_85s = ledger.open_runs(STREAM, now_ms=T0_MS + 85_000)
-    # THEN a run is listed once every lease of its attempts has ended, never a committed one
-    assert sorted(run.run for run in at_45s) == ["q/1"]
-    assert sorted(run.run for run in at_55s) == ["q/1", "q/2"]
+    # THEN a run is listed once every execution of it ended (its lease, or every attempt
+    # finished) and its first lease is past (the index's sort), never a committed one
+    assert list(at_29s) == []
+    assert sorted(run.run for run in at_45s) == ["q/1", "q/5"]
+    assert sorted(run.run for run in at_55s) == ["q/1", "q/2", "q/5"]
     left_open = {run.run: run for run in at_85s}
-    assert sorted(left_open) == ["q/1", "q/2", "q/3"]
-    # AND each comes back as a consistent read shows it: OPEN, with every attempt and lease
+    assert sorted(left_open) == ["q/1", "q/2", "q/3", "q/5"]
+    # AND each comes back as a consistent read shows it: OPEN, with every execution's lease
     assert left_open["q/2"] == ledger.get_run(STREAM, "q/2")
     assert left_open["q/2"].state is RunState.OPEN
-    assert [a.lease_expires_at_ms for a in left_open["q/2"].attempts] == [
+    assert [e.lease_expires_at_ms for e in left_open["q/2"].executions] == [
         T0_MS + LEASE_MS,
         T0_MS + 20_000 + LEASE_MS,
     ]
@@ -617,6 +705,7 @@ def test_open_runs_lists_the_runs_left_open_once_every_attempt_lease_ended(
         "q/1",
         "q/2",
         "q/3",
+        "q/5",
     ]
 
 

@@ -2,12 +2,13 @@
 
 Replay mode writes no per-key ledger item: the per-key routes know nothing of its rows. What
 the ledger holds is a run item per run (a Spark micro-batch ``<query>/<batch id>``, a batch
-write, or a CLI ``--run-id``): its state, its attempts and their leases, and the counts its
-commit recorded. Run names hold ``/``, so the route captures the rest of the path
+write, or a CLI ``--run-id``): its state, its executions (a first run and its replays: their
+leases, how many task attempts each), and the counts its commit recorded. Run names hold
+``/``, so the route captures the rest of the path
 (``{run:path}``); clients percent-encode the name, as for keys.
 
 Only OPEN runs are in the sparse in-flight index, so only they can be listed without a scan:
-``GET /runs?state=open`` (``stale=true``: those left open past every attempt's lease). They are
+``GET /runs?state=open`` (``stale=true``: those left open past every execution's lease). They are
 few: one per batch being written, and those whose driver died before its commit. A COMPLETE
 run is looked up by name.
 """
@@ -61,7 +62,7 @@ class OpenRunsQuery(BaseModel):
     stale: bool = Field(
         default=False,
         description=(
-            "true: only runs left open past every attempt's lease (their driver did not "
+            "true: only runs left open past every execution's lease (their driver did not "
             "commit them)"
         ),
     )
@@ -105,8 +106,8 @@ def list_open_runs(
 @router.get(
     "/runs/{run:path}",
     operation_id="getRun",
-    summary="A replay-mode run: its state, attempts and counts",
-    response_description="whether the run committed, its attempts, and what its commit counted",
+    summary="A replay-mode run: its state, executions and counts",
+    response_description="whether the run committed, its executions, and what its commit counted",
     responses=problem_responses(404, 422, 503, unknown="run"),
 )
 def get_run(

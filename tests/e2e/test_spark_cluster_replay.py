@@ -71,6 +71,7 @@ pytestmark = [
 
 QUERY = "replay-cluster"
 FILES, PER_FILE = 4, 1040  # two partitions of 520 rows: requests of 500 and 20 rows
+TASKS = ("0", "1")
 WINDOW_S = 2  # the signature window, at the proxy and in the fence
 TIMING = {
     **FAST_LEASES,
@@ -122,7 +123,6 @@ class Scenario:
     rows: list[Counter[tuple[str, bytes]]]  # each batch's rows, as a multiset
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     frozen_commit: list[str] = field(default_factory=list)
-    first_kill_ms: int = 0
     in_stream_at_first_kill: int = -1
     run_at_first_kill: ReplayRun | None = None
     stopped_at_second_kill: list[str] = field(default_factory=list)
@@ -166,12 +166,23 @@ class Scenario:
         return lines
 
 
-def _executions(run: ReplayRun) -> list[list[RunAttempt]]:
-    """The run's attempts grouped by driver execution, in the order the executions started."""
-    grouped: dict[str, list[RunAttempt]] = {}
-    for attempt in sorted(run.attempts, key=lambda a: a.started_at_ms):
-        grouped.setdefault(attempt.execution_id, []).append(attempt)
-    return list(grouped.values())
+def _executions(scenario: Scenario, run: ReplayRun) -> list[list[RunAttempt]]:
+    """The run's attempts grouped by driver execution, in the order the executions started
+    (each task's attempts are on an item of their own: read for both partitions)."""
+    stream = scenario.stack.settings.stream
+    return [
+        sorted(
+            (
+                attempt
+                for task in TASKS
+                for attempt in scenario.stack.ledger.task_attempts(
+                    stream, run.run, execution.execution_id, task
+                )
+            ),
+            key=lambda a: a.started_at_ms,
+        )
+        for execution in run.executions
+    ]
 
 
 def _wait_for(what: str, done: Callable[[], bool], driver: subprocess.Popen[bytes]) -> None:
@@ -219,7 +230,6 @@ def _kill_after_the_puts(scenario: Scenario, job: dict[str, Any]) -> None:
         scenario.frozen_commit = frozen.commands(frozen.frozen)
         scenario.in_stream_at_first_kill = scenario.found_of(0)
         scenario.run_at_first_kill = scenario.run(0)
-        scenario.first_kill_ms = scenario.stack.clock.now_ms()
         cluster_driver.kill_driver(driver, frozen)
     scenario.steps["first"] = cluster_driver.steps(logs.with_suffix(".out"))
 
@@ -365,14 +375,14 @@ def test_a_driver_killed_after_its_puts_replays_its_batch_without_a_wait(
     at_kill = scenario.run_at_first_kill
     assert at_kill is not None
     assert at_kill.state is RunState.OPEN
-    assert {a.task for a in at_kill.attempts} == {"0", "1"}
-    # each of A's attempts ended its lease as its task finished (or it was ending anyway)
-    skew_ms = int(float(TIMING["KEO_CLOCK_SKEW_S"]) * 1000)
-    assert all(a.lease_expires_at_ms <= scenario.first_kill_ms + skew_ms for a in at_kill.attempts)
+    (first,) = _executions(scenario, at_kill)
+    assert {a.task for a in first} == set(TASKS)
+    # each of A's attempts said it finished as its task did: a replay waits for none of them
+    assert [e.finished for e in at_kill.executions] == [True]
 
     # WHEN driver B replayed batch 0
     run = scenario.run(0)
-    _, replayed = _executions(run)
+    _, replayed = _executions(scenario, run)
 
     # THEN every row was found, none sent again, and the run is COMPLETE
     assert run.state is RunState.COMPLETE
@@ -404,7 +414,7 @@ def test_a_driver_killed_in_the_middle_of_its_puts_replays_only_what_was_missing
     assert run.state is RunState.COMPLETE
     assert run.counts["duplicates"] == put_before
     assert run.counts["sent"] == PER_FILE - put_before
-    assert len(_executions(run)) == 2
+    assert len(run.executions) == 2
 
 
 def test_a_python_worker_killed_mid_task_is_retried_and_the_retry_sends_only_the_rest(
@@ -416,7 +426,7 @@ def test_a_python_worker_killed_mid_task_is_retried_and_the_retry_sends_only_the
         "kill-b2-p0-a0"
     ]
     run = scenario.run(2)
-    (execution,) = _executions(run)
+    (execution,) = _executions(scenario, run)
     killed, *retries = [a for a in execution if a.task == "0"]
 
     # WHEN Spark retried the task (a later attempt of the same task, same driver execution)
@@ -439,7 +449,7 @@ def test_a_task_stopped_past_its_lease_while_its_retry_ran_cannot_put_once_resum
     assert len(scenario.executors_killed) == 2
     assert scenario.stage_run_again, "no task 0.0 of a stage run again"
     run = scenario.run(3)
-    (execution,) = _executions(run)
+    (execution,) = _executions(scenario, run)
     stalled, *retries = [a for a in execution if a.task == "0"]
     assert retries
     assert all(stalled.started_at_ms < r.started_at_ms < scenario.resumed_ms for r in retries)

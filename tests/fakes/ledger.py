@@ -60,6 +60,7 @@ from dedupe_store.records import (
     Position,
     ReplayRun,
     RunAttempt,
+    RunExecution,
     RunRecord,
     RunRegistration,
 )
@@ -91,10 +92,13 @@ READ_OPERATIONS = frozenset(
         "batch_get_groups",
         # a replay run's calls: a fault there raises, nothing applied
         "register_attempt",
+        "supersede_executions",
         "supersede_attempts",
         "renew_attempt",
+        "finish_attempt",
         "complete_run",
         "get_run",
+        "task_attempts",
         "open_runs",
     }
 )
@@ -137,6 +141,8 @@ class InMemoryLedger:
         self._replay_runs: dict[tuple[str, str], ReplayRun] = {}
         # the index entries of OPEN runs: the lease their first attempt registered with
         self._run_index: dict[tuple[str, str], int] = {}
+        # (stream, run, execution, task) -> that task's attempts in that execution
+        self._task_attempts: dict[tuple[str, str, str, str], tuple[RunAttempt, ...]] = {}
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
@@ -369,63 +375,150 @@ class InMemoryLedger:
         with self._lock:
             self._read_fault("register_attempt")
             current = self._replay_runs.get((check_stream_name(stream), run))
+            execution = current.execution(attempt.execution_id) if current is not None else None
             if current is not None and (
-                current.state is RunState.COMPLETE or current.attempt(attempt.attempt_id)
+                current.state is RunState.COMPLETE
+                or (execution is not None and execution.superseded)
             ):
-                return RunRegistration(current.attempt(attempt.attempt_id) == attempt, current)
-            attempts = (*current.attempts, attempt) if current is not None else (attempt,)
+                return RunRegistration(False, current)
+            if execution is None:
+                execution = RunExecution(
+                    attempt.execution_id, attempt.started_at_ms, attempt.lease_expires_at_ms
+                )
+            counted = dataclasses.replace(
+                execution,
+                attempts=execution.attempts + 1,
+                open_tags=execution.open_tags + attempt.tag,
+            )
+            others = current.executions if current is not None else ()
             registered = ReplayRun(
                 stream,
                 run,
                 RunState.OPEN,
-                tuple(sorted(attempts, key=lambda a: (a.started_at_ms, a.attempt_id))),
+                _sorted_executions(
+                    [e for e in others if e.execution_id != counted.execution_id] + [counted]
+                ),
             )
             self._replay_runs[(stream, run)] = registered
             self._run_index.setdefault((stream, run), attempt.lease_expires_at_ms)
-            return RunRegistration(True, registered)
+            me = dataclasses.replace(
+                attempt,
+                lease_expires_at_ms=min(attempt.lease_expires_at_ms, counted.lease_expires_at_ms),
+            )
+            task = (stream, run, attempt.execution_id, attempt.task)
+            mine = self._task_attempts.get(task, ())
+            if all(a.attempt_id != me.attempt_id for a in mine):
+                mine = _sorted_attempts([*mine, me])
+                self._task_attempts[task] = mine
+            return RunRegistration(True, registered, mine, me.lease_expires_at_ms)
 
-    def supersede_attempts(
-        self, stream: str, run: str, attempt_ids: Sequence[str]
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
     ) -> ReplayRun | None:
         with self._lock:
-            self._read_fault("supersede_attempts")
+            self._read_fault("supersede_executions")
             current = self._replay_runs.get((check_stream_name(stream), run))
-            if current is None or not all(current.attempt(a) for a in attempt_ids):
+            if current is None or not all(current.execution(e) for e in execution_ids):
                 return current
-            wanted = set(attempt_ids)
+            wanted = set(execution_ids)
             updated = dataclasses.replace(
                 current,
-                attempts=tuple(
-                    dataclasses.replace(a, superseded=True) if a.attempt_id in wanted else a
-                    for a in current.attempts
+                executions=tuple(
+                    dataclasses.replace(e, superseded=True) if e.execution_id in wanted else e
+                    for e in current.executions
                 ),
             )
             self._replay_runs[(stream, run)] = updated
             return updated
 
+    def supersede_attempts(
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        with self._lock:
+            self._read_fault("supersede_attempts")
+            task = (check_stream_name(stream), run, me.execution_id, me.task)
+            mine = self._task_attempts.get(task, ())
+            ids = {a.attempt_id for a in mine}
+            if not set(attempt_ids) <= ids:
+                return mine
+            wanted = set(attempt_ids)
+            mine = tuple(
+                dataclasses.replace(a, superseded=True) if a.attempt_id in wanted else a
+                for a in mine
+            )
+            self._task_attempts[task] = mine
+            return mine
+
     def renew_attempt(
-        self, stream: str, run: str, attempt_id: str, *, now_ms: int, lease_ms: int, skew_ms: int
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
     ) -> AttemptRenewal:
         next_run_state(RunState.OPEN, RunTransition.RENEW)
         with self._lock:
             self._read_fault("renew_attempt")
             current = self._replay_runs.get((check_stream_name(stream), run))
-            mine = current.attempt(attempt_id) if current is not None else None
+            execution = current.execution(attempt.execution_id) if current is not None else None
             if (
                 current is None
-                or mine is None
+                or execution is None
                 or current.state is not RunState.OPEN
-                or mine.superseded
-                or mine.lease_expires_at_ms <= now_ms + skew_ms
+                or execution.superseded
+                or execution.lease_expires_at_ms <= now_ms + skew_ms
             ):
-                return AttemptRenewal(False, current)
-            renewed = dataclasses.replace(mine, lease_expires_at_ms=now_ms + lease_ms)
-            updated = dataclasses.replace(
-                current,
-                attempts=tuple(renewed if a is mine else a for a in current.attempts),
+                return AttemptRenewal(
+                    False, superseded=execution is not None and execution.superseded
+                )
+            wanted = now_ms + lease_ms
+            if execution.lease_expires_at_ms < wanted:
+                extended = dataclasses.replace(execution, lease_expires_at_ms=wanted)
+                self._replay_runs[(stream, run)] = dataclasses.replace(
+                    current,
+                    executions=tuple(extended if e is execution else e for e in current.executions),
+                )
+                execution = extended
+            task = (stream, run, attempt.execution_id, attempt.task)
+            mine = next(
+                (
+                    a
+                    for a in self._task_attempts.get(task, ())
+                    if a.attempt_id == attempt.attempt_id
+                ),
+                None,
             )
-            self._replay_runs[(stream, run)] = updated
-            return AttemptRenewal(True, updated)
+            if mine is None or mine.superseded or mine.lease_expires_at_ms <= now_ms + skew_ms:
+                return AttemptRenewal(False, superseded=mine is not None and mine.superseded)
+            lease = min(wanted, execution.lease_expires_at_ms)
+            renewed = dataclasses.replace(mine, lease_expires_at_ms=lease)
+            self._task_attempts[task] = tuple(
+                renewed if a is mine else a for a in self._task_attempts[task]
+            )
+            return AttemptRenewal(True, lease)
+
+    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
+        with self._lock:
+            self._read_fault("finish_attempt")
+            current = self._replay_runs.get((check_stream_name(stream), run))
+            execution = current.execution(attempt.execution_id) if current is not None else None
+            if current is None or execution is None:
+                return
+            finished = dataclasses.replace(execution, open_tags=execution.open_tags - attempt.tag)
+            self._replay_runs[(stream, run)] = dataclasses.replace(
+                current,
+                executions=tuple(finished if e is execution else e for e in current.executions),
+            )
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        with self._lock:
+            self._read_fault("task_attempts")
+            return self._task_attempts.get((check_stream_name(stream), run, execution_id, task), ())
 
     def complete_run(
         self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
@@ -440,7 +533,7 @@ class InMemoryLedger:
                 stream,
                 run,
                 RunState.COMPLETE,
-                current.attempts if current is not None else (),
+                current.executions if current is not None else (),
                 completed_at_ms=now_ms,
                 counts=dict(counts),
             )
@@ -729,3 +822,11 @@ def _require(item: _Item | None) -> _Item:
     if item is None:  # a held condition never passes on an absent item
         raise InvalidTransitionError(None, "update of an absent item")
     return item
+
+
+def _sorted_executions(executions: list[RunExecution]) -> tuple[RunExecution, ...]:
+    return tuple(sorted(executions, key=lambda e: (e.started_at_ms, e.execution_id)))
+
+
+def _sorted_attempts(attempts: list[RunAttempt]) -> tuple[RunAttempt, ...]:
+    return tuple(sorted(attempts, key=lambda a: (a.task_attempt, a.started_at_ms, a.attempt_id)))

@@ -663,13 +663,14 @@ def register(
     *,
     ago_ms: int = 0,
     task_attempt: int = 0,
+    execution: str = "exec-1",
 ) -> RunAttempt:
     """An attempt of a replay-mode run that registered ``ago_ms`` before now, under a lease of
     LEASE_MS: older than that, its lease has ended."""
     started_at_ms = CLOCK.now_ms() - ago_ms
     attempt = RunAttempt(
         attempt_id=attempt_id,
-        execution_id="exec-1",
+        execution_id=execution,
         task="3",
         task_attempt=task_attempt,
         started_at_ms=started_at_ms,
@@ -683,13 +684,18 @@ def run_url(stream: str, run: str) -> str:
     return f"/v1/streams/{stream}/runs/{quote(run, safe='')}"
 
 
-def test_a_committed_run_reports_its_attempts_counts_and_commit_time(
+def test_a_committed_run_reports_its_executions_counts_and_commit_time(
     client: AsgiClient, ledger: DynamoDBLedger, stream: str
 ) -> None:
-    # GIVEN a micro-batch whose task was retried (the first attempt superseded), then committed
+    # GIVEN a micro-batch whose task was retried (the first attempt superseded), then
+    # replayed by another driver run that superseded the first, then committed
     first = register(ledger, stream, "orders-to-kinesis/42", "t3-a0", ago_ms=5_000)
-    register(ledger, stream, "orders-to-kinesis/42", "t3-a1", task_attempt=1)
-    ledger.supersede_attempts(stream, "orders-to-kinesis/42", ["t3-a0"])
+    retry = register(ledger, stream, "orders-to-kinesis/42", "t3-a1", task_attempt=1)
+    ledger.supersede_attempts(stream, "orders-to-kinesis/42", retry, ["t3-a0"])
+    ledger.finish_attempt(stream, "orders-to-kinesis/42", retry)
+    replay = register(ledger, stream, "orders-to-kinesis/42", "r3-a0", execution="exec-2")
+    ledger.supersede_executions(stream, "orders-to-kinesis/42", ["exec-1"])
+    ledger.finish_attempt(stream, "orders-to-kinesis/42", replay)
     committed_ms = CLOCK.now_ms()
     ledger.complete_run(
         stream, "orders-to-kinesis/42", counts={"rows": 3, "sent": 2}, now_ms=committed_ms
@@ -698,7 +704,7 @@ def test_a_committed_run_reports_its_attempts_counts_and_commit_time(
     # WHEN an operator asks for the run
     response = client.get(run_url(stream, "orders-to-kinesis/42"), headers=AUTH)
 
-    # THEN it is COMPLETE with the counts and time of its commit, and both attempts in order
+    # THEN it is COMPLETE with the counts and time of its commit, and both executions in order
     assert response.status_code == 200, response.text
     body = response.json()
     assert (body["stream"], body["run"], body["state"]) == (
@@ -709,20 +715,21 @@ def test_a_committed_run_reports_its_attempts_counts_and_commit_time(
     assert body["left_open"] is False
     assert body["counts"] == {"rows": 3, "sent": 2}
     assert body["completed_at"] == _rfc3339(committed_ms)
-    assert [(a["id"], a["task_attempt"], a["superseded"]) for a in body["attempts"]] == [
-        ("t3-a0", 0, True),
-        ("t3-a1", 1, False),
+    assert body["attempts"] == 3
+    assert [(e["id"], e["attempts"], e["superseded"]) for e in body["executions"]] == [
+        ("exec-1", 2, True),
+        ("exec-2", 1, False),
     ]
-    assert body["attempts"][0] == {
-        "id": "t3-a0",
-        "execution_id": "exec-1",
-        "task": "3",
-        "task_attempt": 0,
+    assert body["executions"][0] == {
+        "id": "exec-1",
         "started_at": _rfc3339(first.started_at_ms),
         "lease_expires_at": _rfc3339(first.lease_expires_at_ms),
         "lease_expired": False,
+        "attempts": 2,
+        "finished": False,  # its first attempt never said it finished (superseded)
         "superseded": True,
     }
+    assert body["executions"][1]["finished"] is True
 
 
 def _rfc3339(epoch_ms: int) -> str:
@@ -744,9 +751,9 @@ def test_open_runs_are_listed_and_one_left_open_past_its_leases_says_so(
     every = client.get(f"/v1/streams/{stream}/runs?state=open", headers=AUTH).json()
     stale = client.get(f"/v1/streams/{stream}/runs?state=open&stale=true", headers=AUTH).json()
 
-    # THEN it is OPEN and left open, its attempt's lease over
+    # THEN it is OPEN and left open, its execution's lease over
     assert (left["state"], left["left_open"], left["completed_at"]) == ("OPEN", True, None)
-    assert [a["lease_expired"] for a in left["attempts"]] == [True]
+    assert [e["lease_expired"] for e in left["executions"]] == [True]
     # AND the listing holds the OPEN runs, never the committed one; stale=true the one left open
     assert sorted(item["run"] for item in every["items"]) == ["query-a/7", "query-a/8"]
     assert (every["stale_only"], every["complete"]) == (False, True)
@@ -979,7 +986,7 @@ def test_openapi_document_declares_auth_problems_and_examples(client: AsgiClient
         "LookupResponse",
         "InFlightPage",
         "ReplayRunState",
-        "RunAttemptState",
+        "RunExecutionState",
         "OpenRunsPage",
     ):
         assert schemas[name]["examples"], name

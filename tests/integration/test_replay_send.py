@@ -174,4 +174,4 @@ def test_a_complete_run_re_run_sends_nothing_and_a_new_run_sends_everything(
     run = ledger.get_run(names.stream, RUN)
     assert run is not None
     assert run.state is RunState.COMPLETE
-    assert len(run.attempts) == 1  # a COMPLETE run registers no attempt: nothing to put
+    assert run.attempts == 1  # a COMPLETE run registers no attempt: nothing to put

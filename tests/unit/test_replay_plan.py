@@ -1,4 +1,4 @@
-"""Replay mode's decisions: which attempts are earlier, where their puts can be, what is left.
+"""Replay mode's decisions: what is earlier, where its puts can be, what is left.
 
 Identity is the row, ``(key, data)``, counted as a multiset (DESIGN.md "Replay mode").
 """
@@ -12,12 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe_store.records import RunAttempt
+from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
+from dedupe_store.states import RunState
 from producer.protocol import LeasePolicy
 from producer.replay_plan import (
+    Earlier,
+    EarlierKind,
     RecoveryStep,
     can_finish_early,
-    earlier_attempts,
+    earlier_of,
     read_windows,
     recovery_step,
     rows_left_to_send,
@@ -62,96 +65,122 @@ def attempt(
     )
 
 
+def execution(
+    execution_id: str,
+    *,
+    started_at_ms: int = T0_MS,
+    lease_expires_at_ms: int | None = None,
+    superseded: bool = False,
+    finished: bool = False,
+) -> RunExecution:
+    return RunExecution(
+        execution_id,
+        started_at_ms,
+        started_at_ms + LEASE_MS if lease_expires_at_ms is None else lease_expires_at_ms,
+        superseded=superseded,
+        attempts=1,
+        open_tags=0 if finished else 1,
+    )
+
+
+def run_of(*executions: RunExecution) -> ReplayRun:
+    return ReplayRun("orders", "q/7", RunState.OPEN, executions)
+
+
+def earlier(kind: EarlierKind = EarlierKind.EXECUTION, **fields: int | bool) -> Earlier:
+    """An earlier one of ``kind`` over ``[T0, T0 + lease]`` unless told otherwise."""
+    values: dict[str, int | bool] = {
+        "started_at_ms": T0_MS,
+        "lease_expires_at_ms": T0_MS + LEASE_MS,
+        "superseded": False,
+        "finished": False,
+    }
+    values.update(fields)
+    return Earlier(
+        kind,
+        f"{kind}-{values['started_at_ms']}-{values['lease_expires_at_ms']}",
+        int(values["started_at_ms"]),
+        int(values["lease_expires_at_ms"]),
+        bool(values["superseded"]),
+        bool(values["finished"]),
+    )
+
+
 # me: the second attempt of task 3 in the replay's execution "exec-2"
 ME = attempt("me", task_attempt=1, started_at_ms=T0_MS + 600_000)
+MINE = execution("exec-2", started_at_ms=T0_MS + 600_000)
 
 
-# --- RunAttempt ----------------------------------------------------------------------------
+# --- earlier_of -----------------------------------------------------------------------------
 
 
-# --- earlier_attempts -----------------------------------------------------------------------
+def test_every_other_execution_is_earlier_mine_is_not() -> None:
+    # GIVEN a run with my execution and two others (a first run and a replay before mine)
+    first = execution("exec-0", started_at_ms=T0_MS - 100)
+    replay = execution("exec-1", started_at_ms=T0_MS + 100, superseded=True)
+    # WHEN what is earlier than me is chosen
+    chosen = earlier_of(run_of(first, MINE, replay), [ME], ME)
+    # THEN both other executions are, oldest first, with their bounds; mine is not
+    assert chosen == [Earlier.of_execution(first), Earlier.of_execution(replay)]
+    assert [e.kind for e in chosen] == [EarlierKind.EXECUTION] * 2
 
 
 @pytest.mark.parametrize(
-    ("other", "earlier"),
+    ("other", "is_earlier"),
     [
         (ME, False),
         (attempt("me", task_attempt=1, started_at_ms=T0_MS), False),  # my id: me, re-read
-        (attempt("o1", execution_id="exec-1", task="3"), True),
-        (attempt("o2", execution_id="exec-1", task="7"), True),
-        (attempt("o3", execution_id="exec-1", task="3", task_attempt=4), True),
-        (attempt("o4", execution_id="exec-1", task="cli"), True),
         (attempt("r0", task="3", task_attempt=0), True),
         (attempt("r1", task="3", task_attempt=1), False),
         (attempt("r2", task="3", task_attempt=2), False),
         (attempt("s0", task="4", task_attempt=0), False),
-        (attempt("s1", task="4", task_attempt=1), False),
+        (attempt("x0", execution_id="exec-1", task="3", task_attempt=0), False),
     ],
     ids=[
         "me",
         "my-id",
-        "other-execution-same-task",
-        "other-execution-other-task",
-        "other-execution-higher-task-attempt",
-        "other-execution-cli",
         "my-task-lower-attempt",
         "my-task-same-attempt-other-id",
         "my-task-later-attempt",
         "sibling-task-lower-attempt",
-        "sibling-task-same-attempt",
+        "another-executions-attempt",
     ],
 )
-def test_earlier_attempts_are_other_executions_and_my_tasks_retries(
-    other: RunAttempt, earlier: bool
+def test_only_my_tasks_lower_attempts_are_earlier_in_my_execution(
+    other: RunAttempt, is_earlier: bool
 ) -> None:
-    # GIVEN one attempt registered with the run besides me
-    # WHEN the attempts earlier than mine are chosen
-    chosen = earlier_attempts([other, ME], ME)
-    # THEN it is earlier only when it held my rows before me: a replay's or my task's retry
-    assert chosen == ([other] if earlier else [])
-
-
-def test_earlier_attempts_are_sorted_by_start() -> None:
-    # GIVEN earlier attempts registered out of order
-    late = attempt("late", execution_id="exec-1", started_at_ms=T0_MS + 300)
-    early = attempt("early", execution_id="exec-0", started_at_ms=T0_MS + 100)
-    retry = attempt("retry", task_attempt=0, started_at_ms=T0_MS + 200)
-    # WHEN they are chosen
-    # THEN they come oldest first
-    assert earlier_attempts([late, ME, retry, early], ME) == [early, retry, late]
+    # GIVEN one attempt besides me among my task's attempts
+    # WHEN what is earlier than me is chosen (my execution the run's only one)
+    chosen = earlier_of(run_of(MINE), [other, ME], ME)
+    # THEN it is earlier only when it is a Spark retry's predecessor: my task, a lower attempt
+    assert chosen == ([Earlier.of_attempt(other)] if is_earlier else [])
 
 
 def test_a_cli_rerun_sees_the_earlier_run_of_its_run_id() -> None:
     # GIVEN a CLI run re-run under the same --run-id: a new process, a new execution
-    first = attempt("p1", execution_id="proc-1", task="cli")
-    rerun = attempt("p2", execution_id="proc-2", task="cli", started_at_ms=T0_MS + 90_000)
-    # WHEN the re-run chooses its earlier attempts
-    # THEN the first run is one, and the re-run is not its own
-    assert earlier_attempts([first, rerun], rerun) == [first]
-    assert earlier_attempts([first, rerun], first) == [rerun]  # any other execution counts
+    first, rerun = execution("proc-1"), execution("proc-2", started_at_ms=T0_MS + 90_000)
+    me = attempt("p2", execution_id="proc-2", task="cli", started_at_ms=T0_MS + 90_000)
+    # WHEN the re-run chooses what is earlier
+    # THEN the first run is, and the re-run's own execution is not
+    assert earlier_of(run_of(first, rerun), [me], me) == [Earlier.of_execution(first)]
 
 
 # --- to_supersede -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("superseded", "expected"),
-    [
-        ((), []),
-        ((False, False), ["a0", "a1"]),
-        ((True, False), ["a1"]),
-        ((True, True), []),
-    ],
-    ids=["none", "none-superseded", "one-superseded", "all-superseded"],
-)
-def test_to_supersede_names_the_earlier_attempts_not_fenced_yet(
-    superseded: tuple[bool, ...], expected: list[str]
-) -> None:
-    # GIVEN earlier attempts, some superseded already
-    earlier = [attempt(f"a{i}", superseded=flag) for i, flag in enumerate(superseded)]
-    # WHEN the attempts to supersede are chosen
-    # THEN only those whose renewals are not fenced yet, in order
-    assert to_supersede(earlier) == expected
+def test_to_supersede_names_those_of_a_kind_not_fenced_yet() -> None:
+    # GIVEN earlier executions and attempts, some superseded already
+    found = [
+        Earlier(EarlierKind.EXECUTION, "e0", T0_MS, T0_MS, superseded=True),
+        Earlier(EarlierKind.EXECUTION, "e1", T0_MS, T0_MS, superseded=False),
+        Earlier(EarlierKind.ATTEMPT, "a0", T0_MS, T0_MS, superseded=False),
+        Earlier(EarlierKind.ATTEMPT, "a1", T0_MS, T0_MS, superseded=True),
+    ]
+    # WHEN those to supersede are chosen, per kind
+    # THEN only those whose leases are not fenced yet, in order
+    assert to_supersede(found, EarlierKind.EXECUTION) == ["e1"]
+    assert to_supersede(found, EarlierKind.ATTEMPT) == ["a0"]
+    assert to_supersede([], EarlierKind.ATTEMPT) == []
 
 
 # --- still_running ------------------------------------------------------------------------
@@ -170,36 +199,34 @@ LEASE_END_MS = T0_MS + LEASE_MS
     ],
     ids=["at-start", "at-lease-end", "1ms-before-end-plus-skew", "exactly-end-plus-skew", "after"],
 )
-def test_an_earlier_attempt_runs_until_its_lease_expired_for_everyone(
-    lease: LeasePolicy, now_ms: int, running: bool
+@pytest.mark.parametrize("kind", list(EarlierKind))
+def test_an_earlier_one_runs_until_its_lease_expired_for_everyone(
+    lease: LeasePolicy, now_ms: int, running: bool, kind: EarlierKind
 ) -> None:
-    # GIVEN an earlier attempt and its lease end
-    earlier = attempt("a0", execution_id="exec-1", lease_expires_at_ms=LEASE_END_MS)
+    # GIVEN an earlier execution or attempt and its lease end
+    found = earlier(kind, lease_expires_at_ms=LEASE_END_MS)
     # WHEN a recovering attempt asks whether it may still put
     # THEN it may until the lease's end plus the skew has passed
-    assert still_running([earlier], now_ms, lease) == ([earlier] if running else [])
+    assert still_running([found], now_ms, lease) == ([found] if running else [])
 
 
-def test_still_running_keeps_only_the_live_leases(lease: LeasePolicy) -> None:
-    # GIVEN one earlier attempt long over and one still running
-    over = attempt("over", execution_id="exec-0", started_at_ms=T0_MS - 600_000)
-    live = attempt("live", execution_id="exec-1")
+def test_still_running_keeps_only_the_live_ones(lease: LeasePolicy) -> None:
+    # GIVEN one earlier execution long over, one whose attempts all finished (its lease
+    # running), and one still running
+    over = earlier(started_at_ms=T0_MS - 600_000, lease_expires_at_ms=T0_MS - 540_000)
+    finished = earlier(finished=True, started_at_ms=T0_MS - 1)
+    live = earlier()
     # WHEN the running ones are chosen during the live one's lease
-    # THEN only it is
-    assert still_running([over, live], T0_MS + 1_000, lease) == [live]
+    # THEN only it is: a finished execution puts nothing more, whatever its lease
+    assert still_running([over, finished, live], T0_MS + 1_000, lease) == [live]
 
 
 # --- read_windows -------------------------------------------------------------------------
 
 
-def window_of(start_ms: int, end_ms: int) -> RunAttempt:
-    """An attempt whose read-back window is exactly ``[start_ms, end_ms]``."""
-    return attempt(
-        f"w{start_ms}",
-        execution_id="exec-1",
-        started_at_ms=start_ms + SKEW_MS,
-        lease_expires_at_ms=end_ms - SKEW_MS,
-    )
+def window_of(start_ms: int, end_ms: int) -> Earlier:
+    """An earlier one whose read-back window is exactly ``[start_ms, end_ms]``."""
+    return earlier(started_at_ms=start_ms + SKEW_MS, lease_expires_at_ms=end_ms - SKEW_MS)
 
 
 @pytest.mark.parametrize(
@@ -232,19 +259,31 @@ def window_of(start_ms: int, end_ms: int) -> RunAttempt:
 def test_read_windows_are_merged_where_they_overlap_or_touch(
     lease: LeasePolicy, windows: list[tuple[int, int]], expected: list[tuple[int, int]]
 ) -> None:
-    # GIVEN earlier attempts with these read-back windows
-    earlier = [window_of(start, end) for start, end in windows]
+    # GIVEN earlier ones with these read-back windows
+    found = [window_of(start, end) for start, end in windows]
     # WHEN the windows to read are computed
     # THEN they are merged where no millisecond lies between them, and sorted
-    assert read_windows(earlier, lease) == expected
+    assert read_windows(found, lease, now_ms=10**6) == expected
 
 
 def test_a_read_window_is_start_minus_skew_to_lease_end_plus_skew(lease: LeasePolicy) -> None:
-    # GIVEN one earlier attempt
-    earlier = attempt("a0", execution_id="exec-1", lease_expires_at_ms=LEASE_END_MS)
+    # GIVEN one earlier execution
+    found = earlier(lease_expires_at_ms=LEASE_END_MS)
     # WHEN its window is computed
     # THEN it is [started_at - skew, lease_expires_at + skew], as the design says
-    assert read_windows([earlier], lease) == [(T0_MS - SKEW_MS, LEASE_END_MS + SKEW_MS)]
+    assert read_windows([found], lease, now_ms=T0_MS + 1) == [
+        (T0_MS - SKEW_MS, LEASE_END_MS + SKEW_MS)
+    ]
+
+
+def test_a_finished_executions_window_ends_now_not_at_its_lease(lease: LeasePolicy) -> None:
+    # GIVEN an earlier execution whose attempts all finished, its lease running on
+    found = earlier(finished=True, lease_expires_at_ms=LEASE_END_MS)
+    # WHEN its window is computed a second after it started
+    # THEN it ends at now (plus the skew): every put of it landed before the ledger said so
+    assert read_windows([found], lease, now_ms=T0_MS + 1_000) == [
+        (T0_MS - SKEW_MS, T0_MS + 1_000 + SKEW_MS)
+    ]
 
 
 # --- rows_left_to_send --------------------------------------------------------------------
@@ -311,30 +350,35 @@ def test_identical_rows_in_one_task_are_counted() -> None:
 
 # --- recovery_step and can_finish_early ---------------------------------------------------
 
-RUNNING = attempt("run", execution_id="exec-1", lease_expires_at_ms=LEASE_END_MS)
-OVER = attempt("over", execution_id="exec-0", started_at_ms=T0_MS - 600_000)
+RUNNING = earlier(lease_expires_at_ms=LEASE_END_MS)
+OVER = earlier(started_at_ms=T0_MS - 600_000, lease_expires_at_ms=T0_MS - 540_000)
+FINISHED = earlier(finished=True)
 NOW_MS = T0_MS + 1_000
 
 
 @pytest.mark.parametrize(
-    ("run_complete", "earlier", "now_ms", "step"),
+    ("run_complete", "superseded", "found", "now_ms", "step"),
     [
-        (True, [RUNNING], NOW_MS, RecoveryStep.DONE),
-        (True, [], NOW_MS, RecoveryStep.DONE),
-        (False, [], NOW_MS, RecoveryStep.FAST_PATH),
-        (False, [RUNNING], NOW_MS, RecoveryStep.WAIT),
-        (False, [OVER, RUNNING], NOW_MS, RecoveryStep.WAIT),
-        (False, [OVER], NOW_MS, RecoveryStep.RECOVER),
-        (False, [RUNNING], LEASE_END_MS + SKEW_MS - 1, RecoveryStep.WAIT),
-        (False, [RUNNING], LEASE_END_MS + SKEW_MS, RecoveryStep.RECOVER),
+        (True, False, [RUNNING], NOW_MS, RecoveryStep.DONE),
+        (True, False, [], NOW_MS, RecoveryStep.DONE),
+        (False, True, [RUNNING], NOW_MS, RecoveryStep.SUPERSEDED),
+        (False, False, [], NOW_MS, RecoveryStep.FAST_PATH),
+        (False, False, [RUNNING], NOW_MS, RecoveryStep.WAIT),
+        (False, False, [OVER, RUNNING], NOW_MS, RecoveryStep.WAIT),
+        (False, False, [OVER], NOW_MS, RecoveryStep.RECOVER),
+        (False, False, [FINISHED], NOW_MS, RecoveryStep.RECOVER),
+        (False, False, [RUNNING], LEASE_END_MS + SKEW_MS - 1, RecoveryStep.WAIT),
+        (False, False, [RUNNING], LEASE_END_MS + SKEW_MS, RecoveryStep.RECOVER),
     ],
     ids=[
         "complete-while-one-runs",
         "complete",
-        "no-earlier",
+        "my-execution-superseded",
+        "nothing-earlier",
         "earlier-running",
         "one-over-one-running",
         "earlier-over",
+        "earlier-finished-lease-running",
         "1ms-before-end-plus-skew",
         "exactly-end-plus-skew",
     ],
@@ -342,15 +386,23 @@ NOW_MS = T0_MS + 1_000
 def test_recovery_step(
     lease: LeasePolicy,
     run_complete: bool,
-    earlier: list[RunAttempt],
+    superseded: bool,
+    found: list[Earlier],
     now_ms: int,
     step: RecoveryStep,
 ) -> None:
-    # GIVEN a run's state and the attempts earlier than mine
+    # GIVEN a run's state, whether a replay superseded my execution, what is earlier
     # WHEN a task attempt decides how to start
-    # THEN COMPLETE sends nothing, no earlier attempt puts plainly, a live lease waits, else recover
+    # THEN COMPLETE sends nothing, superseded sends nothing, nothing earlier puts plainly, a
+    # live lease waits, else recover
     assert (
-        recovery_step(run_complete=run_complete, earlier=earlier, now_ms=now_ms, lease=lease)
+        recovery_step(
+            run_complete=run_complete,
+            superseded=superseded,
+            earlier=found,
+            now_ms=now_ms,
+            lease=lease,
+        )
         is step
     )
 
@@ -365,19 +417,19 @@ def test_can_finish_early_only_when_nothing_is_left(rows_left: int, early: bool)
 
 def test_a_driver_killed_after_its_puts_recovers_with_no_wait(lease: LeasePolicy) -> None:
     # GIVEN a driver that put every row of task 3 and was killed before its commit; its
-    # replay's task 3 starts while the dead attempt's lease still runs
-    dead = attempt("dead", execution_id="exec-1", task="3")
+    # replay's task 7 starts while the dead execution's lease still runs
+    dead = execution("exec-1")
     me = attempt("me", execution_id="exec-2", task="7", started_at_ms=T0_MS + 2_000)
     rows: list[Row] = [A, B, A]
-    earlier = earlier_attempts([dead, me], me)
+    found = earlier_of(run_of(dead, execution("exec-2", started_at_ms=T0_MS + 2_000)), [me], me)
     # WHEN it decides how to start, reads the earlier windows back and finds every row
-    step = recovery_step(run_complete=False, earlier=earlier, now_ms=T0_MS + 2_000, lease=lease)
-    windows = read_windows(earlier, lease)
+    step = recovery_step(run_complete=False, earlier=found, now_ms=T0_MS + 2_000, lease=lease)
+    windows = read_windows(found, lease, now_ms=T0_MS + 2_000)
     left = rows_left_to_send(rows, found=[B, A, A])
     # THEN the lease alone would make it wait, but nothing is left: it is done at once
     assert step is RecoveryStep.WAIT
     assert windows == [(T0_MS - SKEW_MS, T0_MS + LEASE_MS + SKEW_MS)]
-    assert to_supersede(earlier) == ["dead"]
+    assert to_supersede(found, EarlierKind.EXECUTION) == ["exec-1"]
     assert can_finish_early(len(left))
 
 
@@ -420,31 +472,28 @@ def test_everything_is_left_when_nothing_is_found(rows: list[Row]) -> None:
 
 
 @st.composite
-def small_attempts(draw: st.DrawFn) -> tuple[LeasePolicy, list[RunAttempt]]:
+def small_windows(draw: st.DrawFn) -> tuple[LeasePolicy, list[Earlier]]:
     skew_ms = draw(st.integers(0, 5))
     policy = LeasePolicy(lease_ms=1 + 2 * skew_ms, put_timeout_ms=1, skew_ms=skew_ms)
     spans = draw(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=8))
-    attempts = [
-        attempt(f"a{i}", execution_id="exec-1", started_at_ms=start, lease_expires_at_ms=start + n)
-        for i, (start, n) in enumerate(spans)
-    ]
-    return policy, attempts
+    found = [earlier(started_at_ms=start, lease_expires_at_ms=start + n) for start, n in spans]
+    return policy, found
 
 
-@given(case=small_attempts())
+@given(case=small_windows())
 def test_merged_windows_cover_every_window_and_nothing_else(
-    case: tuple[LeasePolicy, list[RunAttempt]],
+    case: tuple[LeasePolicy, list[Earlier]],
 ) -> None:
-    # GIVEN any earlier attempts
-    policy, earlier = case
+    # GIVEN any earlier ones
+    policy, found = case
     # WHEN their windows are merged
-    merged = read_windows(earlier, policy)
-    # THEN the merged windows hold exactly the milliseconds of the attempts' windows
-    own = [policy.read_back_window(a.started_at_ms, a.lease_expires_at_ms) for a in earlier]
+    merged = read_windows(found, policy, now_ms=10**6)
+    # THEN the merged windows hold exactly the milliseconds of their own windows
+    own = [policy.read_back_window(e.started_at_ms, e.lease_expires_at_ms) for e in found]
     assert {ms for s, e in merged for ms in range(s, e + 1)} == {
         ms for s, e in own for ms in range(s, e + 1)
     }
-    # AND each attempt's window lies inside one merged window
+    # AND each window lies inside one merged window
     assert all(any(s <= start and end <= e for s, e in merged) for start, end in own)
     # AND they are sorted, neither overlapping nor touching
     assert all(e_prev + 1 < s_next for (_, e_prev), (s_next, _) in pairwise(merged))
@@ -452,9 +501,9 @@ def test_merged_windows_cover_every_window_and_nothing_else(
 
 
 ATTEMPTS = st.builds(
-    lambda i, execution, task, task_attempt, start: attempt(
+    lambda i, execution_id, task, task_attempt, start: attempt(
         f"a{i}",
-        execution_id=execution,
+        execution_id=execution_id,
         task=task,
         task_attempt=task_attempt,
         started_at_ms=start,
@@ -465,23 +514,34 @@ ATTEMPTS = st.builds(
     st.integers(0, 3),
     st.integers(0, 10_000),
 )
+EXECUTIONS = st.builds(
+    lambda execution_id, start: execution(execution_id, started_at_ms=start),
+    st.sampled_from(["exec-1", "exec-2", "exec-3"]),
+    st.integers(0, 10_000),
+)
 
 
-@given(others=st.lists(ATTEMPTS, max_size=12), me=ATTEMPTS)
-def test_earlier_attempts_never_hold_me_or_my_siblings(
-    others: list[RunAttempt], me: RunAttempt
+@given(
+    executions=st.lists(EXECUTIONS, max_size=3, unique_by=lambda e: e.execution_id),
+    task_attempts=st.lists(ATTEMPTS, max_size=12, unique_by=lambda a: a.attempt_id),
+    me=ATTEMPTS,
+)
+def test_what_is_earlier_never_holds_me_or_my_siblings(
+    executions: list[RunExecution], task_attempts: list[RunAttempt], me: RunAttempt
 ) -> None:
-    # GIVEN any attempts registered with a run, me among them
-    # WHEN the attempts earlier than mine are chosen
-    earlier = earlier_attempts([*others, me], me)
-    # THEN never me, never a sibling task of my execution, never a later attempt of my task
-    assert me not in earlier
-    assert all(a.attempt_id != me.attempt_id for a in earlier)
-    mine = [a for a in earlier if a.execution_id == me.execution_id]
-    assert all(a.task == me.task and a.task_attempt < me.task_attempt for a in mine)
-    # AND every other execution's attempt is there, oldest first
-    replays = {
-        a for a in others if a.execution_id != me.execution_id and a.attempt_id != me.attempt_id
-    }
-    assert replays <= set(earlier)
-    assert [a.started_at_ms for a in earlier] == sorted(a.started_at_ms for a in earlier)
+    # GIVEN any executions of a run and any attempts, me among them
+    # WHEN what is earlier than me is chosen
+    found = earlier_of(run_of(*executions), [*task_attempts, me], me)
+    # THEN never my execution, never me, never a sibling task, never a later attempt of mine
+    assert all(e.id not in (me.execution_id, me.attempt_id) for e in found)
+    mine = {a.attempt_id: a for a in task_attempts if a.attempt_id != me.attempt_id}
+    for e in found:
+        if e.kind is EarlierKind.ATTEMPT:
+            retry_of = mine[e.id]
+            assert retry_of.execution_id == me.execution_id
+            assert retry_of.task == me.task
+            assert retry_of.task_attempt < me.task_attempt
+    # AND every other execution is there, oldest first
+    others = {x.execution_id for x in executions if x.execution_id != me.execution_id}
+    assert others == {e.id for e in found if e.kind is EarlierKind.EXECUTION}
+    assert [e.started_at_ms for e in found] == sorted(e.started_at_ms for e in found)

@@ -65,11 +65,11 @@ def statuses(outcomes: list[object]) -> Counter[str]:
     return Counter(o.status.value for o in outcomes)  # type: ignore[attr-defined]
 
 
-def test_a_first_attempt_puts_every_row_and_ends_its_lease(
+def test_a_first_attempt_puts_every_row_and_finishes(
     ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
 ) -> None:
     """GIVEN a run no one attempted WHEN an attempt sends 30 rows THEN each is SENT once, on
-    the fast path, and the attempt's lease ends when it finishes (a replay waits for nothing)."""
+    the fast path, and its execution is finished when it is (a replay waits for nothing)."""
     producer = producer_over(ledger, kinesis, clock)
     messages = rows(30)
     with producer.attempt(ReplayTask(RUN, "exec-1")) as attempt:
@@ -81,7 +81,7 @@ def test_a_first_attempt_puts_every_row_and_ends_its_lease(
     run = ledger.get_run(STREAM, RUN)
     assert run is not None
     assert run.state is RunState.OPEN
-    assert run.attempts[0].lease_expires_at_ms <= clock.now_ms()
+    assert (run.attempts, run.executions[0].finished) == (1, True)
 
 
 def test_a_replay_after_the_puts_and_before_the_commit_finds_everything_and_sends_nothing(
@@ -326,3 +326,54 @@ def test_an_identical_row_put_ambiguously_in_a_later_call_is_not_taken_for_the_f
         kinesis.script(PutFault.NOT_WRITTEN)
         assert statuses(attempt.send([row])) == {"SENT": 1}
     assert in_stream(kinesis) == {("k", b"same"): 2}
+
+
+def test_a_task_of_an_execution_a_replay_superseded_sends_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN task 0 of a first execution that put its rows, and a replay (another execution)
+    that superseded it and delivered the run WHEN task 1 of the first execution starts late (a
+    zombie driver's executor) THEN it cannot register: its rows are FAILED with the reason, none
+    is put, and the attempt is not completable."""
+    first = producer_over(ledger, kinesis, clock)
+    with first.attempt(ReplayTask(RUN, "exec-1", task="0")) as task0:
+        task0.send(rows(5, "a"))
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay:
+        assert statuses(replay.send(rows(5, "a") + rows(5, "b"))) == {"DUPLICATE": 5, "SENT": 5}
+    puts = kinesis.put_calls
+    with first.attempt(ReplayTask(RUN, "exec-1", task="1")) as late:
+        assert late.step is RecoveryStep.SUPERSEDED
+        outcomes = late.send(rows(5, "b"))
+    assert statuses(outcomes) == {"FAILED": 5}
+    assert all("superseded" in (o.reason or "") for o in outcomes)
+    assert not late.completable
+    assert kinesis.put_calls == puts
+    assert in_stream(kinesis) == as_multiset(rows(5, "a") + rows(5, "b"))
+
+
+def test_a_recovery_read_longer_than_the_lease_keeps_the_attempts_lease(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN an attempt that put 3,000 rows and died, its lease over WHEN a replay's read-back
+    of them outlasts its own lease (each GetRecords page of 500 takes 5 s) THEN it renews its
+    lease while it reads, and sends its new rows (it used to find its lease over, and fail
+    them)."""
+    producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")).send(rows(3_000))
+    clock.advance(LEASE.lease_ms + LEASE.skew_ms)
+    read = kinesis.get_records
+
+    def slow_read(*, ShardIterator: str, Limit: int = 10_000) -> object:  # noqa: N803 - boto3's
+        clock.advance(5_000)
+        return read(ShardIterator=ShardIterator, Limit=min(Limit, 500))
+
+    monkeypatch.setattr(kinesis, "get_records", slow_read)
+    started_ms = clock.now_ms()
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay:
+        assert replay.step is RecoveryStep.RECOVER
+        outcomes = replay.send(rows(3_010))
+    assert statuses(outcomes) == {"DUPLICATE": 3_000, "SENT": 10}
+    assert clock.now_ms() - started_ms > 2 * LEASE.lease_ms
+    assert in_stream(kinesis) == as_multiset(rows(3_010))
