@@ -15,6 +15,10 @@ Spark's checkpoint (nothing in DynamoDB), each batch's end fixed before it runs.
 The driver's decisions are :class:`spark_jobs.stream_planner.StreamPlanner`'s; the offsets'
 format and the plan are :mod:`spark_jobs.stream_offsets`. Spark pickles this reader to the
 executors with its ``read``: it holds options only, and builds its clients where it runs.
+
+Every GetRecords of a process (the driver's planner, a Python worker's tasks) goes through
+one :class:`kinesis_store.read_pacing.ReadPacer`: at most 5 calls and 2 MB a second per
+shard from it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dedupe_store.clock import SystemClock
+from kinesis_store.read_pacing import ReadPacer
 from kinesis_store.reader import KinesisReader
 from producer.wiring import kinesis_client
 from spark_jobs.options import StreamReadOptions
@@ -44,6 +49,8 @@ __all__ = ["KeoStreamReader", "ShardRangePartition"]
 
 # ReadMaxRows for "no bound in all": only max_records_per_shard_per_trigger was given
 _NO_TOTAL = 2**63 - 1
+# One per process, for its life: the shards' read limits are the stream's, whoever reads
+_PACER = ReadPacer()
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kinesis(self) -> KinesisReader:
         settings = producer_settings(self.options.settings)
-        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream, pacer=_PACER)
 
     @property
     def planner(self) -> StreamPlanner:
