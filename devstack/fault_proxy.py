@@ -15,6 +15,8 @@ Faults:
                       a request whose process stalled after signing it; ``held`` is set when
                       one is being held
     throttle          answer 400 ProvisionedThroughputExceededException without forwarding
+    expire_iterator   answer 400 ExpiredIteratorException without forwarding (GetRecords: the
+                      iterator was older than its 5 minutes)
     partial           PutRecords only: forward a subset of the records and answer per-record
                       ProvisionedThroughputExceededException for the rest (truly not written)
 
@@ -47,7 +49,16 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("drop_response", "error_after", "error_before", "delay", "hold", "throttle", "partial")
+FAULTS = (
+    "drop_response",
+    "error_after",
+    "error_before",
+    "delay",
+    "hold",
+    "throttle",
+    "expire_iterator",
+    "partial",
+)
 _SIGNED_AT_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
@@ -228,6 +239,10 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "throttle":
             return self._answer(
                 400, _error_body("ProvisionedThroughputExceededException", "injected throttle")
+            )
+        if fault == "expire_iterator":
+            return self._answer(
+                400, _error_body("ExpiredIteratorException", "injected: iterator expired")
             )
         if rule is not None and fault == "partial" and target.endswith(".PutRecords"):
             return self._partial(body, headers, rule)

@@ -2,9 +2,13 @@
 shard's records in a time window, whole, or between two positions, deaggregated as a KCL
 consumer sees them; a shard's tail; its records counted forward from a position.
 
-Reads are idempotent: a throttled one is tried again in place, and an expired iterator is
-renewed right after the last record read; every other botocore error is translated once into
-:mod:`kinesis_store.errors`, keeping the cause.
+Reads are idempotent: a throttled one is tried again in place, after a jittered backoff
+(:func:`kinesis_store.read_pacing.throttle_backoff_s`), and an expired iterator is renewed
+right after the last record read; every other botocore error is translated once into
+:mod:`kinesis_store.errors`, keeping the cause. Given a
+:class:`kinesis_store.read_pacing.ReadPacer`, GetRecords calls keep within each shard's 5
+calls and 2 MB a second; :meth:`KinesisReader.shard_reads` says what the reads of a shard
+brought back (records, bytes, and how far behind the tip the last page was).
 
 A read that goes on after a record already read (``AFTER_SEQUENCE_NUMBER``) first asks for
 that record itself (``AT_SEQUENCE_NUMBER``): when the shard no longer holds it, it is past the
@@ -15,6 +19,7 @@ trim horizon and what came after it may be lost. The caller's ``on_lost`` decide
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,11 +28,11 @@ from typing import Any
 
 import botocore.exceptions
 from tenacity import (
+    RetryCallState,
     Retrying,
     before_sleep_log,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential,
 )
 
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
@@ -39,9 +44,10 @@ from kinesis_store.errors import (
 )
 from kinesis_store.kpl import UserRecord, arrival_ms_of, deaggregate, user_record_count
 from kinesis_store.positions import Counted, SeenRecord, ShardStart, StartKind, sequence_key
+from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
 from kinesis_store.shards import Shard, StreamInfo
 
-__all__ = ["KinesisReader"]
+__all__ = ["KinesisReader", "ShardReads"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,30 @@ class _Page:
     ended: bool
 
 
+@dataclass(slots=True)
+class ShardReads:
+    """What this reader's GetRecords calls on one shard brought back: Kinesis records (an
+    aggregate counts once) and their bytes (data and partition key), and the last answer's
+    ``MillisBehindLatest``: how far the read was behind the shard's tip (None: no answer)."""
+
+    calls: int = 0
+    records: int = 0
+    bytes: int = 0
+    millis_behind_latest: int | None = None
+
+    def add(self, page: dict[str, Any]) -> int:
+        """Count one GetRecords answer; its bytes."""
+        records = page.get("Records", [])
+        page_bytes = sum(_record_bytes(raw) for raw in records)
+        self.calls += 1
+        self.records += len(records)
+        self.bytes += page_bytes
+        behind = page.get("MillisBehindLatest")
+        if behind is not None:
+            self.millis_behind_latest = int(behind)
+        return page_bytes
+
+
 _READ_THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "LimitExceededException", "KMSThrottlingException"}
 )
@@ -81,18 +111,27 @@ class KinesisReader:
         sleep: Callable[[float], None] = time.sleep,
         max_throttle_retries: int = 20,
         page_limit: int = 10_000,
+        pacer: ReadPacer | None = None,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
         self.stream = stream
         self._sleep = sleep
         self._max_throttle_retries = max_throttle_retries
         self._page_limit = page_limit
+        self._pacer = pacer
+        self._jitter = jitter
+        self._reads: dict[str, ShardReads] = {}
         self.get_records_calls = 0
 
     @property
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
+
+    def shard_reads(self, shard_id: str) -> ShardReads:
+        """What this reader's GetRecords calls on ``shard_id`` brought back so far."""
+        return self._reads.setdefault(shard_id, ShardReads())
 
     def describe(self) -> StreamInfo:
         summary = self._call("describe_stream_summary", StreamName=self.stream)[
@@ -393,10 +432,12 @@ class KinesisReader:
     def _get_page(
         self, shard_id: str, iterator: str, limit: int | None = None
     ) -> dict[str, Any] | None:
-        """One GetRecords call; None when the iterator has expired."""
+        """One GetRecords call, paced when the reader has a pacer; None when the iterator has
+        expired."""
         self.get_records_calls += 1
+        left_at_s = self._pacer.before_call(shard_id) if self._pacer is not None else 0.0
         try:
-            return self._client.get_records(  # type: ignore[no-any-return]
+            page: dict[str, Any] = self._client.get_records(
                 ShardIterator=iterator, Limit=limit or self._page_limit
             )
         except botocore.exceptions.ClientError as exc:
@@ -407,6 +448,10 @@ class KinesisReader:
             raise StreamUnavailableError(
                 f"Kinesis failed to get records: {exc}", stream=self.stream, shard_id=shard_id
             ) from exc
+        page_bytes = self.shard_reads(shard_id).add(page)
+        if self._pacer is not None:
+            self._pacer.after_call(shard_id, left_at_s, page_bytes)
+        return page
 
     def _resume(self, shard_id: str, last_sequence: str | None, start_ms: int | None) -> str:
         if last_sequence is not None:
@@ -426,12 +471,16 @@ class KinesisReader:
         )["ShardIterator"]
 
     def _read_retrying(self) -> Retrying:
-        """Reads are idempotent: a throttled one is tried again, with backoff (0.4 s doubling
-        to 5 s), up to ``max_throttle_retries`` times. Other failures are raised at once: the
-        SDK has retried them already."""
+        """Reads are idempotent: a throttled one is tried again, after a jittered backoff
+        (0.4 s doubling to 5 s, half of it drawn), up to ``max_throttle_retries`` times. Other
+        failures are raised at once: the SDK has retried them already."""
+
+        def backoff_s(state: RetryCallState) -> float:
+            return throttle_backoff_s(state.attempt_number, draw=self._jitter)
+
         return Retrying(
             retry=retry_if_exception_type(StreamThrottledError),
-            wait=wait_exponential(multiplier=0.4, max=5.0),
+            wait=backoff_s,
             stop=stop_after_attempt(self._max_throttle_retries + 1),
             sleep=self._sleep,
             before_sleep=before_sleep_log(log, logging.INFO),
@@ -468,6 +517,10 @@ class KinesisReader:
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
         )
+
+
+def _record_bytes(raw: dict[str, Any]) -> int:
+    return len(raw.get("Data", b"")) + len(str(raw.get("PartitionKey", "")).encode())
 
 
 def _seen(raw: dict[str, Any]) -> SeenRecord:

@@ -45,6 +45,20 @@ with ``query`` and ``stream`` in front: ``keo_messages_total``, ``keo_claims_tot
 ``keo_replay_rows_found_total`` (``producer.metrics.PRODUCER_COUNTERS``). A failed task sends no
 commit message, so its work is not counted (its retry's is).
 
+A streaming read (``readStream.format("keo")`` with ``metrics_port``) has no commit message:
+each task counts the shard range it read where it runs (:meth:`MetricsEndpoint.record_read`),
+into the same folder as the driver's own counts on ``local[n]``, and into its executor's local
+directory on a cluster, where the first read starts an exporter on the same port::
+
+    keo_spark_read_records_total{query,stream,shard}      user records the read gave Spark
+    keo_spark_read_bytes_total{query,stream,shard}        their data, in bytes
+    keo_spark_read_millis_behind_latest{query,stream,shard}
+                                                          how far behind the shard's tip its
+                                                          last read ended (MillisBehindLatest of
+                                                          its last GetRecords; the latest read's)
+
+``query`` is the read's ``query_name`` option, else ``stream-read``.
+
 Nothing here imports pyspark or boto3: the exporter only reads files.
 """
 
@@ -62,7 +76,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -79,6 +93,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_WRITE_QUERY: Final = "batch-write"
+STREAM_READ_QUERY: Final = "stream-read"
 FOLDER_PREFIX: Final = "keo-metrics-"
 _LOCK: Final = "exporter.lock"
 _WATCH_INTERVAL_S: Final = 1.0
@@ -121,6 +136,19 @@ class BatchEnd:
     producer_counts: Mapping[SampleKey, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ShardRead:
+    """One task's read of a shard range in a streaming read: the rows it gave Spark, their
+    data's bytes, and the last GetRecords' ``MillisBehindLatest`` (None: none answered)."""
+
+    query: str
+    stream: str
+    shard_id: str
+    records: int
+    data_bytes: int
+    millis_behind_latest: int | None
+
+
 # --- what one process counted --------------------------------------------------------------
 
 
@@ -135,6 +163,10 @@ class QueryTotals:
     last_commit_s: float | None = None
     # the executors' producer counters, each sample keyed as _sample_id writes it
     producer: dict[str, float] = field(default_factory=dict)
+    # a streaming read's, by shard: records and bytes, and [millis behind latest, at (s)]
+    read_records: dict[str, int] = field(default_factory=dict)
+    read_bytes: dict[str, int] = field(default_factory=dict)
+    behind: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, end: BatchEnd, now_s: float) -> None:
         if end.result is BatchResult.COMMITTED:
@@ -149,6 +181,12 @@ class QueryTotals:
         for key, grown in end.producer_counts.items():
             _bump(self.producer, _sample_id(key), grown)
 
+    def add_read(self, read: ShardRead, now_s: float) -> None:
+        _bump(self.read_records, read.shard_id, read.records)
+        _bump(self.read_bytes, read.shard_id, read.data_bytes)
+        if read.millis_behind_latest is not None:
+            self.behind[read.shard_id] = [read.millis_behind_latest, now_s]
+
     def merge(self, other: QueryTotals) -> None:
         self.committed += other.committed
         self.skipped += other.skipped
@@ -160,6 +198,14 @@ class QueryTotals:
             _bump(self.producer, sample, grown)
         if other.last_commit_s is not None:
             self.last_commit_s = max(self.last_commit_s or 0.0, other.last_commit_s)
+        for shard_id, count in other.read_records.items():
+            _bump(self.read_records, shard_id, count)
+        for shard_id, count in other.read_bytes.items():
+            _bump(self.read_bytes, shard_id, count)
+        for shard_id, (behind_ms, at_s) in other.behind.items():
+            # a gauge: the latest read's, whichever process made it
+            if shard_id not in self.behind or at_s >= self.behind[shard_id][1]:
+                self.behind[shard_id] = [behind_ms, at_s]
 
 
 def _bump(counts: dict[str, Any], name: str, by: float) -> None:
@@ -181,7 +227,10 @@ class ProcessTotals:
     queries: dict[tuple[str, str], QueryTotals] = field(default_factory=dict)
 
     def record(self, end: BatchEnd, now_s: float) -> None:
-        self.queries.setdefault((end.query, end.stream), QueryTotals()).add(end, now_s)
+        self.totals(end.query, end.stream).add(end, now_s)
+
+    def totals(self, query: str, stream: str) -> QueryTotals:
+        return self.queries.setdefault((query, stream), QueryTotals())
 
     def save(self) -> None:
         entries = [
@@ -211,6 +260,17 @@ class MetricsEndpoint:
     def record(self, end: BatchEnd) -> None:
         """Count one batch's end on the driver, and see the exporter runs. A metric never
         fails a commit: a folder or a process that cannot be made is a warning."""
+        self._count(end.query, lambda totals, now_s: totals.record(end, now_s))
+
+    def record_read(self, read: ShardRead) -> None:
+        """Count one task's read of a shard range where it ran, and see the exporter runs
+        there. A metric never fails a read."""
+        self._count(
+            read.query,
+            lambda totals, now_s: totals.totals(read.query, read.stream).add_read(read, now_s),
+        )
+
+    def _count(self, query: str, count: Callable[[ProcessTotals, float], None]) -> None:
         try:
             folder = self.folder
             folder.mkdir(parents=True, exist_ok=True)
@@ -218,14 +278,14 @@ class MetricsEndpoint:
                 mine = _TOTALS.get((os.getpid(), folder))
                 if mine is None:
                     mine = _TOTALS[(os.getpid(), folder)] = ProcessTotals(folder)
-                mine.record(end, now_s=time.time())
+                count(mine, time.time())
                 mine.save()
             ensure_exporter(folder, self.port, self.host)
         except OSError as exc:
             log.warning(
                 "spark driver metrics not recorded port=%d query=%s error=%r",
                 self.port,
-                end.query,
+                query,
                 exc,
             )
 
@@ -343,6 +403,7 @@ def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
         labels=labels,
     )
     producer = _producer_families(totals)
+    reads = _read_families(totals)
     for (query, stream), query_totals in sorted(totals.items()):
         committed.add_metric([query, stream], query_totals.committed)
         skipped.add_metric([query, stream], query_totals.skipped)
@@ -352,7 +413,36 @@ def families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
             rows.add_metric([query, stream, outcome], count)
         if query_totals.last_commit_s is not None:
             last_commit.add_metric([query, stream], query_totals.last_commit_s)
-    return [committed, skipped, failures, rows, last_commit, *producer]
+    return [committed, skipped, failures, rows, last_commit, *reads, *producer]
+
+
+def _read_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:
+    """A streaming read's metrics, by shard (every family, even with no sample)."""
+    labels = ["query", "stream", "shard"]
+    records = CounterMetricFamily(
+        "keo_spark_read_records",
+        "User records readStream.format('keo') gave Spark, by shard",
+        labels=labels,
+    )
+    data_bytes = CounterMetricFamily(
+        "keo_spark_read_bytes",
+        "Bytes of the data of the records readStream.format('keo') gave Spark, by shard",
+        labels=labels,
+    )
+    behind = GaugeMetricFamily(
+        "keo_spark_read_millis_behind_latest",
+        "How far behind the shard's tip the last read of readStream.format('keo') ended "
+        "(MillisBehindLatest of its last GetRecords)",
+        labels=labels,
+    )
+    for (query, stream), query_totals in sorted(totals.items()):
+        for shard_id, count in sorted(query_totals.read_records.items()):
+            records.add_metric([query, stream, shard_id], count)
+        for shard_id, count in sorted(query_totals.read_bytes.items()):
+            data_bytes.add_metric([query, stream, shard_id], count)
+        for shard_id, (behind_ms, _) in sorted(query_totals.behind.items()):
+            behind.add_metric([query, stream, shard_id], behind_ms)
+    return [records, data_bytes, behind]
 
 
 def _producer_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:

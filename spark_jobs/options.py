@@ -55,6 +55,9 @@ STREAM_READ_OPTIONS: Final = {
     "max_records_per_shard_per_trigger": None,
     "fail_on_data_loss": "true",
     "kcl_filter": "true",
+    "query_name": None,  # the metrics' query label
+    "metrics_port": None,
+    "metrics_host": None,
 }
 # Spark adds these to a streaming write's options itself.
 SPARK_STREAMING_OPTIONS: Final = frozenset({"checkpointlocation", "queryname"})
@@ -141,8 +144,7 @@ class WriteOptions:
                 "claims already make running it again safe; in replay mode name it with run_id)",
                 options=["query_name"],
             )
-        if query_name is not None and not query_name.strip():
-            raise OptionsError("format('keo'): query_name is empty", options=["query_name"])
+        _named(query_name)
         for name in ("key_column", "data_column", "routing_key_column", "run_id"):
             value = chosen[name]
             if value is not None and not value.strip():
@@ -183,6 +185,12 @@ def _check_replay(
             "checkpoint restarts batch ids: give it a new query_name)",
             options=["query_name", "dedupe"],
         )
+
+
+def _named(query_name: str | None) -> str | None:
+    if query_name is not None and not query_name.strip():
+        raise OptionsError("format('keo'): query_name is empty", options=["query_name"])
+    return query_name
 
 
 def metrics_endpoint(port: str | None, host: str | None) -> MetricsEndpoint | None:
@@ -277,6 +285,8 @@ class StreamReadOptions:
     max_records_per_shard_per_trigger: int | None
     fail_on_data_loss: bool
     kcl_filter: bool
+    query_name: str | None = None
+    metrics: MetricsEndpoint | None = None  # where each task's reads are counted
 
     @property
     def stream(self) -> str:
@@ -304,6 +314,8 @@ class StreamReadOptions:
             ),
             fail_on_data_loss=flag("fail_on_data_loss", chosen["fail_on_data_loss"] or "true"),
             kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
+            query_name=_named(chosen["query_name"]),
+            metrics=metrics_endpoint(chosen["metrics_port"], chosen["metrics_host"]),
         )
 
 

@@ -15,6 +15,12 @@ Spark's checkpoint (nothing in DynamoDB), each batch's end fixed before it runs.
 The driver's decisions are :class:`spark_jobs.stream_planner.StreamPlanner`'s; the offsets'
 format and the plan are :mod:`spark_jobs.stream_offsets`. Spark pickles this reader to the
 executors with its ``read``: it holds options only, and builds its clients where it runs.
+
+Every GetRecords of a process (the driver's planner, a Python worker's tasks) goes through
+one :class:`kinesis_store.read_pacing.ReadPacer`: at most 5 calls and 2 MB a second per
+shard from it. With ``metrics_port``, each task counts the range it read
+(:meth:`spark_jobs.driver_metrics.MetricsEndpoint.record_read`): rows and bytes by shard, and
+how far behind the shard's tip its read ended.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dedupe_store.clock import SystemClock
+from kinesis_store.read_pacing import ReadPacer
 from kinesis_store.reader import KinesisReader
 from producer.wiring import kinesis_client
+from spark_jobs.driver_metrics import STREAM_READ_QUERY, ShardRead
 from spark_jobs.options import StreamReadOptions
 from spark_jobs.read_rows import rows_of
 from spark_jobs.stream_offsets import ShardRange
@@ -44,6 +52,8 @@ __all__ = ["KeoStreamReader", "ShardRangePartition"]
 
 # ReadMaxRows for "no bound in all": only max_records_per_shard_per_trigger was given
 _NO_TOTAL = 2**63 - 1
+# One per process, for its life: the shards' read limits are the stream's, whoever reads
+_PACER = ReadPacer()
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kinesis(self) -> KinesisReader:
         settings = producer_settings(self.options.settings)
-        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream, pacer=_PACER)
 
     @property
     def planner(self) -> StreamPlanner:
@@ -126,10 +136,27 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return  # Spark's placeholder for a batch that planned no range
             raise TypeError(f"not a partition of format('keo'): {partition!r}")
         shard_range = partition.range
-        records = self._kinesis().read_range(
-            shard_range.shard.shard_id,
+        shard_id = shard_range.shard.shard_id
+        kinesis = self._kinesis()
+        records = kinesis.read_range(
+            shard_id,
             shard_range.start,
             shard_range.through,
             on_lost=lost_records_policy(self.options.fail_on_data_loss),
         )
-        yield from rows_of(records, shard_range.shard, kcl_filter=self.options.kcl_filter)
+        rows = data_bytes = 0
+        for row in rows_of(records, shard_range.shard, kcl_filter=self.options.kcl_filter):
+            rows += 1
+            data_bytes += len(row[1])
+            yield row
+        if self.options.metrics is not None:
+            self.options.metrics.record_read(
+                ShardRead(
+                    query=self.options.query_name or STREAM_READ_QUERY,
+                    stream=kinesis.stream,
+                    shard_id=shard_id,
+                    records=rows,
+                    data_bytes=data_bytes,
+                    millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
+                )
+            )

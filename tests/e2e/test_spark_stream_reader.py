@@ -4,6 +4,8 @@ Each query runs with ``Trigger.AvailableNow`` (it stops by itself once it has re
 stream held when it started) into a ``foreachBatch`` that keeps each batch's rows, so a test
 sees batch boundaries and a replayed batch. Waits are on the query's state, never the clock.
 The oracle is ``streamcheck``'s plain boto3 reading of the stream.
+One query reads through the fault proxy (throttled GetRecords, expired iterators) and serves
+its read metrics on a metrics_port.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_support import streamcheck
+from spark_support import free_port, sample, scrape_until, streamcheck
 
+from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
 from kinesis_store.provisioning import wait_active
@@ -195,3 +198,61 @@ def test_a_split_and_a_merge_between_batches_read_each_parent_to_its_end_before_
     assert max(by_shard[parent]) < min(min(by_shard[c]) for c in children)
     assert max(max(by_shard[c]) for c in children) < min(by_shard[merged])
     assert len(by_shard[merged]) == 3
+
+
+def test_a_streaming_read_under_throttles_and_expired_iterators_loses_and_repeats_nothing_and_counts_its_reads(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, emulators: Any, tmp_path: Path
+) -> None:
+    stream = stack.settings.stream
+    # GIVEN records on both shards, and Kinesis reached through a proxy that throttles some
+    # GetRecords and answers some with an expired iterator, driver's and executors' alike
+    put(kinesis, stream, [f"f{i:02d}" for i in range(30)])
+    schedule = FaultSchedule(
+        [
+            FaultRule("GetRecords", "throttle", probability=0.3, limit=1),
+            FaultRule("GetRecords", "expire_iterator", probability=0.3, limit=3),
+        ],
+        seed=7,
+    )
+    port = free_port()
+    sink = Batches()
+    with FaultProxy(emulators.kinesis, schedule) as proxy:
+        faulty = {**settings, "KEO_KINESIS_ENDPOINT_URL": proxy.endpoint}
+        # WHEN a query reads the stream in batches of 16 at most, counting its reads on a port
+        run_query(
+            keo,
+            faulty,
+            tmp_path / "checkpoint",
+            sink,
+            max_records_per_trigger="16",
+            query_name="faulty-read",
+            metrics_port=str(port),
+        )
+
+    # THEN faults were met, and every record came once, in order within its shard
+    assert schedule.injected["GetRecords:throttle"] >= 1
+    assert schedule.injected["GetRecords:expire_iterator"] >= 1
+    assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
+    assert len(sink.places()) == 30
+    assert_in_shard_order(sink)
+    # AND the metrics port serves the rows and bytes read per shard, and each shard's lag
+    per_shard: dict[str, int] = defaultdict(int)
+    for shard_id, *_ in sink.places():
+        per_shard[shard_id] += 1
+
+    def labels(shard_id: str) -> dict[str, str]:
+        return {"query": "faulty-read", "stream": stream, "shard": shard_id}
+
+    found = scrape_until(
+        port,
+        lambda found: all(
+            sample(found, "keo_spark_read_records_total", **labels(s)) == n
+            for s, n in per_shard.items()
+        ),
+    )
+    for shard_id in per_shard:
+        data_bytes = sample(found, "keo_spark_read_bytes_total", **labels(shard_id))
+        assert data_bytes == sum(
+            len(row[4]) for b in sink.rows.values() for row in b if row[0] == shard_id
+        )
+        assert ("keo_spark_read_millis_behind_latest", frozenset(labels(shard_id).items())) in found

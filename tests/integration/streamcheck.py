@@ -59,13 +59,15 @@ class StreamContents:
         return Counter(r.shard_id for r in self.records)
 
 
-def kinesis_client(endpoint: str) -> Any:
+def kinesis_client(endpoint: str, config: Any = None) -> Any:
+    """A plain boto3 client (``config``: a botocore ``Config``, e.g. the SDK's retries off)."""
     return boto3.session.Session().client(
         "kinesis",
         endpoint_url=endpoint,
         region_name=local_stack.REGION,
         aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
         aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
+        config=config,
     )
 
 

@@ -55,7 +55,8 @@ class Scripted:
 
 
 def reader_over(client: Scripted, waits: list[float], **options: Any) -> KinesisReader:
-    return KinesisReader(client, STREAM, sleep=waits.append, **options)
+    """A reader whose backoff draws the top of its jitter: the waits are the ceilings."""
+    return KinesisReader(client, STREAM, sleep=waits.append, jitter=lambda: 1.0, **options)
 
 
 def test_a_throttled_shard_listing_is_tried_again_after_a_backoff() -> None:

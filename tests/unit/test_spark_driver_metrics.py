@@ -14,6 +14,7 @@ from spark_jobs.driver_metrics import (
     BatchResult,
     FailureReason,
     ProcessTotals,
+    ShardRead,
     TotalsCollector,
     metrics_folder,
 )
@@ -121,3 +122,35 @@ def test_the_executors_producer_counters_are_served_by_query(tmp_path: Path) -> 
     assert found[("keo_ledger_requests_total", frozenset(ledger.items()))] == 17
     claims = {"query": "orders", "stream": "s", "result": "won"}
     assert found[("keo_claims_total", frozenset(claims.items()))] == 14
+
+
+def test_a_streaming_reads_records_and_bytes_add_up_by_shard_and_its_lag_is_the_latest_reads(
+    tmp_path: Path,
+) -> None:
+    # GIVEN two workers that read ranges of a query's shards: shard 0 twice (the later read,
+    # in the other worker, ended at the tip), shard 1 once with no lag reported
+    one, other = ProcessTotals(tmp_path), ProcessTotals(tmp_path)
+    query = {"query": "orders-in", "stream": "s"}
+    one.totals("orders-in", "s").add_read(
+        ShardRead(**query, shard_id="0", records=5, data_bytes=50, millis_behind_latest=4000), 10.0
+    )
+    one.totals("orders-in", "s").add_read(
+        ShardRead(**query, shard_id="1", records=2, data_bytes=8, millis_behind_latest=None), 11.0
+    )
+    other.totals("orders-in", "s").add_read(
+        ShardRead(**query, shard_id="0", records=3, data_bytes=30, millis_behind_latest=0), 12.0
+    )
+    one.save()
+    other.save()
+
+    # WHEN the exporter is scraped
+    found = scrape(tmp_path)
+
+    # THEN records and bytes are summed per shard, and the lag is the latest read's
+    shard0 = frozenset({**query, "shard": "0"}.items())
+    shard1 = frozenset({**query, "shard": "1"}.items())
+    assert found[("keo_spark_read_records_total", shard0)] == 8
+    assert found[("keo_spark_read_bytes_total", shard0)] == 80
+    assert found[("keo_spark_read_records_total", shard1)] == 2
+    assert found[("keo_spark_read_millis_behind_latest", shard0)] == 0
+    assert ("keo_spark_read_millis_behind_latest", shard1) not in found

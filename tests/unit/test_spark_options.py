@@ -206,6 +206,9 @@ def test_a_starting_position_is_a_name_or_a_time(given: str, expected: StartingP
         ("max_records_per_trigger", "0"),
         ("max_records_per_shard_per_trigger", "ten"),
         ("fail_on_data_loss", "maybe"),
+        ("query_name", " "),
+        ("metrics_port", "http"),
+        ("metrics_host", "127.0.0.2"),  # without metrics_port
     ],
 )
 def test_a_streaming_read_option_it_cannot_use_is_refused_by_name(option: str, value: str) -> None:
@@ -218,3 +221,12 @@ def test_a_batch_read_bound_is_refused_on_a_streaming_read() -> None:
     with pytest.raises(OptionsError, match="bound a batch read") as refused:
         StreamReadOptions.parse({"stream": "orders", "ending_timestamp": "0"})
     assert refused.value.options == ["ending_timestamp"]
+
+
+def test_a_streaming_read_counts_its_reads_on_its_metrics_port_under_its_query_name() -> None:
+    options = StreamReadOptions.parse(
+        {"stream": "orders", "metrics_port": "9464", "query_name": "orders-in"}
+    )
+    assert options.metrics == MetricsEndpoint(9464, "127.0.0.1")
+    assert options.query_name == "orders-in"
+    assert StreamReadOptions.parse({"stream": "orders"}).metrics is None

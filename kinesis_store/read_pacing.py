@@ -1,0 +1,89 @@
+"""GetRecords within a shard's read limits: 5 calls a second and 2 MB a second per shard
+(shared by every consumer of the shard), and the backoff after Kinesis throttled a read.
+
+::
+
+    call n at t, its page B bytes                  call n + 1 not before
+      ├─ 5 calls/s  ──────────────────────────────>  t + 0.2 s
+      └─ 2 MB/s     ──────────────────────────────>  t + B / 2 MiB   (a 10 MB page: 5 s)
+
+:class:`ReadPacer` keeps, per shard, when its next call may leave, for one process: the
+driver's planner and a Python worker's reads each pace their own calls; two processes reading
+one shard at once (the driver counting a bounded batch while a task reads the one before) may
+still be throttled, and :func:`throttle_backoff_s` spaces their retries apart.
+Pure apart from the injected clock and sleep: no boto3 here.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+__all__ = [
+    "GET_RECORDS_BYTES_PER_S",
+    "GET_RECORDS_CALLS_PER_S",
+    "ReadPacer",
+    "throttle_backoff_s",
+]
+
+GET_RECORDS_CALLS_PER_S: Final = 5
+GET_RECORDS_BYTES_PER_S: Final = 2 * 1024 * 1024  # Kinesis's "2 MB", counted in MiB as it does
+
+
+class ReadPacer:
+    """When each shard's next GetRecords may leave, in this process; thread-safe.
+
+    ``before_call`` reserves the shard's next slot and sleeps until it (outside the lock, so
+    other shards' calls are not held up); ``after_call`` pushes the slot after that by the
+    bytes the page brought back."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        calls_per_s: float = GET_RECORDS_CALLS_PER_S,
+        bytes_per_s: float = GET_RECORDS_BYTES_PER_S,
+    ) -> None:
+        if calls_per_s <= 0 or bytes_per_s <= 0:
+            raise ValueError(f"read limits must be positive, got {calls_per_s}, {bytes_per_s}")
+        self._clock = clock
+        self._sleep = sleep
+        self._call_interval_s = 1.0 / calls_per_s
+        self._bytes_per_s = bytes_per_s
+        self._next_s: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def before_call(self, shard_id: str) -> float:
+        """Wait for the shard's next slot; the time the call leaves (for ``after_call``)."""
+        with self._lock:
+            now_s = self._clock()
+            at_s = max(now_s, self._next_s.get(shard_id, now_s))
+            self._next_s[shard_id] = at_s + self._call_interval_s
+        if at_s > now_s:
+            self._sleep(at_s - now_s)
+        return at_s
+
+    def after_call(self, shard_id: str, left_at_s: float, page_bytes: int) -> None:
+        """A page of ``page_bytes`` came back for the call that left at ``left_at_s``."""
+        by_bytes_s = left_at_s + page_bytes / self._bytes_per_s
+        with self._lock:
+            self._next_s[shard_id] = max(self._next_s.get(shard_id, by_bytes_s), by_bytes_s)
+
+
+def throttle_backoff_s(
+    retry: int,
+    *,
+    base_s: float = 0.4,
+    cap_s: float = 5.0,
+    draw: Callable[[], float] = random.random,
+) -> float:
+    """The wait before retry ``retry`` (1, 2, ...) of a throttled call: the exponential ceiling
+    (``base_s`` doubling to ``cap_s``), half of it fixed and half drawn at random ("equal
+    jitter"), so readers throttled together do not all come back together. ``draw`` returns
+    a number in [0, 1]; 1 always waits the whole ceiling."""
+    ceiling = min(cap_s, base_s * 2.0 ** (retry - 1))
+    return ceiling / 2 + ceiling / 2 * draw()

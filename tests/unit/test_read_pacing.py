@@ -1,0 +1,168 @@
+"""GetRecords paced within a shard's 5 calls/s and 2 MB/s, and the jittered backoff of a
+throttled read: a manual clock that only the injected sleep moves. No sockets, no wall clock."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import botocore.exceptions
+import pytest
+
+from kinesis_store.positions import ShardStart
+from kinesis_store.read_pacing import GET_RECORDS_BYTES_PER_S, ReadPacer, throttle_backoff_s
+from kinesis_store.reader import KinesisReader
+
+SHARD = "shardId-000000000000"
+OTHER = "shardId-000000000001"
+
+
+class Time:
+    """A clock that moves only when slept on; the sleeps are kept."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now_s += seconds
+
+    def pacer(self) -> ReadPacer:
+        return ReadPacer(clock=self.clock, sleep=self.sleep)
+
+
+def calls_in_any_second(times: list[float]) -> int:
+    return max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+
+
+def test_calls_on_one_shard_leave_at_most_five_a_second() -> None:
+    # GIVEN a pacer, and a reader calling GetRecords on one shard as fast as it can, each
+    # answer empty
+    time = Time()
+    pacer = time.pacer()
+    # WHEN it calls 12 times
+    left = []
+    for _ in range(12):
+        at = pacer.before_call(SHARD)
+        pacer.after_call(SHARD, at, page_bytes=0)
+        left.append(time.now_s)
+    # THEN the calls left 0.2 s apart: never more than 5 in a second
+    assert calls_in_any_second(left) == 5
+    assert time.sleeps == pytest.approx([0.2] * 11)
+
+
+def test_a_large_page_holds_the_next_call_until_its_bytes_fit_in_2_mb_a_second() -> None:
+    # GIVEN a call that brought back 5 MiB
+    time = Time()
+    pacer = time.pacer()
+    at = pacer.before_call(SHARD)
+    pacer.after_call(SHARD, at, page_bytes=5 * 1024 * 1024)
+    # WHEN the next call is made
+    pacer.before_call(SHARD)
+    # THEN it left 2.5 s after the first: 5 MiB at 2 MiB a second
+    assert time.now_s - at == pytest.approx(5 * 1024 * 1024 / GET_RECORDS_BYTES_PER_S)
+
+
+def test_time_spent_elsewhere_counts_and_shards_are_paced_apart() -> None:
+    time = Time()
+    pacer = time.pacer()
+    # GIVEN a call on one shard
+    pacer.after_call(SHARD, pacer.before_call(SHARD), page_bytes=0)
+    # WHEN another shard is called at once, and the first one after the caller spent 0.5 s
+    pacer.after_call(OTHER, pacer.before_call(OTHER), page_bytes=0)
+    time.now_s += 0.5
+    pacer.before_call(SHARD)
+    # THEN nobody waited
+    assert time.sleeps == []
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ReadPacer(calls_per_s=0)
+
+
+@pytest.mark.parametrize(
+    ("retry", "draw", "wait_s"),
+    [
+        (1, 1.0, 0.4),
+        (1, 0.0, 0.2),
+        (2, 1.0, 0.8),
+        (3, 0.5, 1.2),
+        (5, 1.0, 5.0),  # 6.4 capped
+        (9, 0.0, 2.5),
+    ],
+)
+def test_a_throttled_retry_waits_half_its_ceiling_plus_a_drawn_part(
+    retry: int, draw: float, wait_s: float
+) -> None:
+    assert throttle_backoff_s(retry, draw=lambda: draw) == pytest.approx(wait_s)
+
+
+# --- the reader, paced -------------------------------------------------------------------
+
+
+def record(sequence_number: int, data: bytes = b"payload") -> dict[str, Any]:
+    return {
+        "SequenceNumber": str(sequence_number),
+        "ApproximateArrivalTimestamp": 1_700_000_000.0 + sequence_number,
+        "Data": data,
+        "PartitionKey": "key",
+    }
+
+
+def throttled() -> botocore.exceptions.ClientError:
+    code = "ProvisionedThroughputExceededException"
+    return botocore.exceptions.ClientError(
+        {"Error": {"Code": code, "Message": "Rate exceeded for shard"}}, "GetRecords"
+    )
+
+
+class Pages:
+    """A client whose GetRecords answers from a script; every call's time is kept."""
+
+    def __init__(self, time: Time, answers: list[Any]) -> None:
+        self._time = time
+        self._answers = deque(answers)
+        self.called_at: list[float] = []
+
+    def get_shard_iterator(self, **_: Any) -> dict[str, Any]:
+        return {"ShardIterator": "it"}
+
+    def get_records(self, **_: Any) -> Any:
+        self.called_at.append(self._time.now_s)
+        answer = self._answers.popleft()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_paced_reader_spaces_its_calls_and_counts_what_they_brought_back() -> None:
+    # GIVEN a shard answered in four pages, the third throttled once, then behind the tip
+    time = Time()
+    client = Pages(
+        time,
+        [
+            {"Records": [record(1), record(2)], "NextShardIterator": "a", "MillisBehindLatest": 9},
+            {"Records": [record(3)], "NextShardIterator": "b", "MillisBehindLatest": 5},
+            throttled(),
+            {"Records": [record(4, b"x" * 93)], "NextShardIterator": "c", "MillisBehindLatest": 0},
+        ],
+    )
+    reader = KinesisReader(
+        client, "orders", sleep=time.sleep, pacer=time.pacer(), jitter=lambda: 1.0
+    )
+    # WHEN the shard is read after record 0 through record 4
+    read = list(reader.read_range(SHARD, ShardStart.trim_horizon(), "4"))
+    # THEN every record came once, the calls left 0.2 s apart at least, the throttled one
+    # was tried again after its backoff (0.4 s), and nothing waited twice for one call
+    assert [r.sequence_number for r in read] == ["1", "2", "3", "4"]
+    gaps = [b - a for a, b in zip(client.called_at, client.called_at[1:], strict=False)]
+    assert gaps == pytest.approx([0.2, 0.2, 0.4])
+    # AND the reads of the shard are counted: records, bytes (data and key), the last lag
+    reads = reader.shard_reads(SHARD)
+    assert (reads.calls, reads.records, reads.millis_behind_latest) == (3, 4, 0)
+    assert reads.bytes == 3 * (7 + 3) + (93 + 3)
