@@ -14,7 +14,7 @@ The timeline the conditions guard::
     group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
     run register:     absent or OPEN, the execution not superseded ─────────> OPEN, in the
                                                                              index, + attempt
-    execution extend: run OPEN, not superseded, lease > now + skew ─────────> lease from now
+    execution extend: run OPEN, not superseded, lease shorter ──────────────> lease from now
     task register:    no attempt of that id ─────────────────────────────────> + attempt
     attempt renew:    attempt not superseded, lease > now + skew ────────────> lease from now
     run complete:     absent, OPEN or COMPLETE ──────────────────────────────> COMPLETE (once),
@@ -102,10 +102,10 @@ REGISTER_EXECUTION = (
     "#xstarted = if_not_exists(#xstarted, :now), #xlease = if_not_exists(#xlease, :first_lease), "
     "#token = :token ADD #xattempts :one, #xopen :tag"
 )
-EXECUTION_EXTENDABLE = (
-    "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease > :now_plus_skew "
-    "AND #xlease < :lease"
-)
+# Not conditional on the lease running: an execution's lease bounds what a replay reads only
+# once the replay superseded it, and that stops it growing; a task registering late in a long
+# batch (a retry once lost executors are back) extends it even when it ran out.
+EXECUTION_EXTENDABLE = "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease < :lease"
 EXTEND_EXECUTION = "SET #xlease = :lease, #token = :token"
 FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
 EXECUTION_EXISTS = "attribute_exists(#xopen)"

@@ -88,6 +88,7 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    RenewalRefused,
     ReplayRun,
     RunAttempt,
     RunExecution,
@@ -691,10 +692,7 @@ class DynamoDBLedger:
         current = _run_of(stream, run, item)
         if not applied:
             return RunRegistration(False, current)
-        execution = current.execution(attempt.execution_id)
-        bound = attempt.lease_expires_at_ms
-        if execution is not None:
-            bound = min(bound, execution.lease_expires_at_ms)
+        bound = self._execution_bound(stream, run, current, attempt)
         me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
         _, task_item = self._update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
@@ -710,6 +708,23 @@ class DynamoDBLedger:
         )
         task_attempts = _attempts_of(task_item or {})
         return RunRegistration(True, current, task_attempts, bound)
+
+    def _execution_bound(
+        self, stream: str, run: str, current: ReplayRun, attempt: RunAttempt
+    ) -> int:
+        """The lease an attempt registers with: its own, or its execution's when that ends
+        first. An execution's lease is its first attempt's: one registering when less than
+        half of a lease is left of it (a long batch's later tasks, a retry) extends it first."""
+        execution = current.execution(attempt.execution_id)
+        wanted = attempt.lease_expires_at_ms
+        if execution is None:  # pragma: no cover - the registration just wrote it
+            return wanted
+        if execution.lease_expires_at_ms < wanted - attempt.half_lease_ms:
+            extended = self._extend_execution(stream, run, attempt.execution_id, wanted=wanted)
+            if isinstance(extended, RenewalRefused):
+                extended = execution.lease_expires_at_ms
+            return min(wanted, extended)
+        return min(wanted, execution.lease_expires_at_ms)
 
     def supersede_executions(
         self, stream: str, run: str, execution_ids: Sequence[str]
@@ -763,11 +778,9 @@ class DynamoDBLedger:
         attempt's own."""
         next_run_state(RunState.OPEN, RunTransition.RENEW)
         wanted = now_ms + lease_ms
-        bound, superseded = self._extend_execution(
-            stream, run, attempt.execution_id, now_ms=now_ms, wanted=wanted, skew_ms=skew_ms
-        )
-        if bound is None:
-            return AttemptRenewal(False, superseded=superseded)
+        bound = self._extend_execution(stream, run, attempt.execution_id, wanted=wanted)
+        if isinstance(bound, RenewalRefused):
+            return AttemptRenewal(False, refused=bound)
         lease = min(wanted, bound)
         applied, item = self._update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
@@ -786,40 +799,33 @@ class DynamoDBLedger:
         mine = next(
             (a for a in _attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
         )
-        return AttemptRenewal(False, superseded=mine is not None and mine.superseded)
+        superseded = mine is not None and mine.superseded
+        refused = RenewalRefused.SUPERSEDED if superseded else RenewalRefused.LEASE_OVER
+        return AttemptRenewal(False, refused=refused)
 
     def _extend_execution(
-        self, stream: str, run: str, execution_id: str, *, now_ms: int, wanted: int, skew_ms: int
-    ) -> tuple[int | None, bool]:
-        """The execution's lease once it reaches ``wanted`` (extended, or already there),
-        or None when it can no longer grow: the run is not OPEN, the execution superseded, or
-        its lease over; and whether it was superseded."""
-        values = {
-            ":open": x.s(RunState.OPEN.value),
-            ":now_plus_skew": x.n(now_ms + skew_ms),
-            ":lease": x.n(wanted),
-        }
-        names = _execution_names(execution_id)
+        self, stream: str, run: str, execution_id: str, *, wanted: int
+    ) -> int | RenewalRefused:
+        """The execution's lease once it reaches ``wanted`` (extended, or already there), or
+        why it can no longer grow: the run is not OPEN, or the execution superseded."""
+        values = {":open": x.s(RunState.OPEN.value), ":lease": x.n(wanted)}
         applied, item = self._update(
             replay_run_pk(stream, run),
             None,
             x.EXTEND_EXECUTION,
             x.EXECUTION_EXTENDABLE,
             values,
-            names=names,
+            names=_execution_names(execution_id),
         )
         if applied:
-            return wanted, False
-        execution = None if item is None else _run_of(stream, run, item).execution(execution_id)
-        if execution is None or execution.superseded:
-            return None, execution is not None
-        if (
-            item is None
-            or item.get("state", {}).get("S") != RunState.OPEN.value
-            or execution.lease_expires_at_ms <= now_ms + skew_ms
-        ):
-            return None, False
-        return execution.lease_expires_at_ms, False  # extended as far or further by another
+            return wanted
+        current = None if item is None else _run_of(stream, run, item)
+        execution = None if current is None else current.execution(execution_id)
+        if current is None or execution is None or current.state is not RunState.OPEN:
+            return RenewalRefused.RUN_NOT_OPEN
+        if execution.superseded:
+            return RenewalRefused.EXECUTION_SUPERSEDED
+        return execution.lease_expires_at_ms  # extended as far or further by another
 
     def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
         """Take the attempt's tag off its execution's open sum (one write): once every attempt

@@ -254,6 +254,12 @@ class RunAttempt:
     superseded: bool = False
 
     @property
+    def half_lease_ms(self) -> int:
+        """Half the lease it asked for: when its execution's lease has less left than this,
+        its registration extends that lease first."""
+        return (self.lease_expires_at_ms - self.started_at_ms) // 2
+
+    @property
     def tag(self) -> int:
         """A 60-bit number drawn from the id: added to its execution's ``open_tags`` when it
         registers, taken off when it finishes (:class:`RunExecution`)."""
@@ -342,12 +348,20 @@ class RunRegistration:
         return self.run.state is RunState.OPEN and not self.registered
 
 
+class RenewalRefused(StrEnum):
+    """Why an attempt's lease could not be renewed."""
+
+    SUPERSEDED = "superseded"  # a later attempt of its task recovered its rows
+    EXECUTION_SUPERSEDED = "execution_superseded"  # a replay of the run recovered them
+    RUN_NOT_OPEN = "run_not_open"  # the run is COMPLETE (or gone)
+    LEASE_OVER = "lease_over"  # its own lease ran out
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptRenewal:
     """A renewal of an attempt's lease: applied (``lease_expires_at_ms`` the new lease), or
-    refused because the attempt or its execution was superseded (``superseded``), its lease
-    ran out, or the run is COMPLETE."""
+    ``refused``, and why."""
 
     applied: bool
     lease_expires_at_ms: int | None = None
-    superseded: bool = False
+    refused: RenewalRefused | None = None

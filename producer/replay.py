@@ -582,11 +582,11 @@ class ReplayAttempt:
         if not renewal.applied or renewal.lease_expires_at_ms is None:
             self._lease_lost = True
             log.warning(
-                "replay attempt lease lost stream=%s run=%s attempt=%s superseded=%s",
+                "replay attempt lease lost stream=%s run=%s attempt=%s refused=%s",
                 context.stream,
                 self.task.run,
                 self.me.attempt_id,
-                renewal.superseded,
+                renewal.refused,
             )
             return False
         self._lease_end_ms = renewal.lease_expires_at_ms

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
+from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -65,6 +66,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
+    SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StringType, StructType
@@ -85,7 +87,7 @@ from spark_jobs.options import (
     flag,
 )
 from spark_jobs.read_rows import read_schema, rows_of
-from spark_jobs.stream_reader import KeoStreamReader
+from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
     BatchReport,
@@ -507,7 +509,20 @@ class KeoDataSource(DataSource):
         self,
         schema: StructType,  # noqa: ARG002 - fixed schema
     ) -> DataSourceStreamReader:
-        return KeoStreamReader(StreamReadOptions.parse(dict(self.options)))
+        options = StreamReadOptions.parse(dict(self.options))
+        if options.simple_reader:
+            # Spark asks simpleStreamReader when this one says it is not implemented
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED",
+                messageParameters={"feature": "streamReader with simple_reader=true"},
+            )
+        return KeoStreamReader(options)
+
+    def simpleStreamReader(  # noqa: N802 - Spark's name
+        self,
+        schema: StructType,  # noqa: ARG002 - fixed schema
+    ) -> SimpleDataSourceStreamReader:
+        return KeoSimpleStreamReader(StreamReadOptions.parse(dict(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         plan = WritePlan.of(self.options, schema, overwrite=overwrite, streaming=False)

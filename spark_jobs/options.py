@@ -58,6 +58,7 @@ STREAM_READ_OPTIONS: Final = {
     "query_name": None,  # the metrics' query label
     "metrics_port": None,
     "metrics_host": None,
+    "simple_reader": "false",  # the driver reads each batch itself: no task per shard
 }
 # Spark adds these to a streaming write's options itself.
 SPARK_STREAMING_OPTIONS: Final = frozenset({"checkpointlocation", "queryname"})
@@ -287,6 +288,7 @@ class StreamReadOptions:
     kcl_filter: bool
     query_name: str | None = None
     metrics: MetricsEndpoint | None = None  # where each task's reads are counted
+    simple_reader: bool = False
 
     @property
     def stream(self) -> str:
@@ -316,6 +318,7 @@ class StreamReadOptions:
             kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
             query_name=_named(chosen["query_name"]),
             metrics=metrics_endpoint(chosen["metrics_port"], chosen["metrics_host"]),
+            simple_reader=flag("simple_reader", chosen["simple_reader"] or "false"),
         )
 
 

@@ -29,7 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -44,11 +48,11 @@ from producer.wiring import kinesis_client
 from spark_jobs.driver_metrics import STREAM_READ_QUERY, ShardRead
 from spark_jobs.options import StreamReadOptions
 from spark_jobs.read_rows import rows_of
-from spark_jobs.stream_offsets import ShardRange
+from spark_jobs.stream_offsets import ShardRange, StreamOffset
 from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
 from spark_jobs.writer import producer_settings
 
-__all__ = ["KeoStreamReader", "ShardRangePartition"]
+__all__ = ["KeoSimpleStreamReader", "KeoStreamReader", "ShardRangePartition"]
 
 # ReadMaxRows for "no bound in all": only max_records_per_shard_per_trigger was given
 _NO_TOTAL = 2**63 - 1
@@ -117,6 +121,10 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: the offsets live in Spark's checkpoint, and Kinesis keeps records
         for the stream's retention whatever is read."""
 
+    def default_budget(self) -> Budget | None:
+        """The options' own limit on a batch (what Spark asks for without a trigger's)."""
+        return self._budget(self.getDefaultReadLimit())
+
     def _budget(self, limit: ReadLimit) -> Budget | None:
         """Spark's limit for this batch: ReadAllAvailable (``Trigger.Once``, or no option)
         reads everything, whatever the options say."""
@@ -160,3 +168,42 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
                 )
             )
+
+
+class KeoSimpleStreamReader(SimpleDataSourceStreamReader):
+    """``simple_reader=true``: the driver reads each batch itself, in its one Python process,
+    with no task per shard: for a stream of a few shards and small batches, where scheduling a
+    task per shard costs more than its read. Offsets, limits (the options', not a trigger's),
+    resharding and the replay of a batch are the partitioned reader's: this one plans with it
+    and reads its ranges one after another."""
+
+    def __init__(self, options: StreamReadOptions) -> None:
+        self._reader = KeoStreamReader(options)
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        return self._reader.initialOffset()
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[tuple[Any, ...]], dict[str, Any]]:
+        planner = self._reader.planner
+        first = planner.parse(start)
+        end = planner.latest(first, self._reader.default_budget())
+        return self._rows(first, end), end.as_json()
+
+    def readBetweenOffsets(  # noqa: N802 - Spark's name
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Iterator[tuple[Any, ...]]:
+        planner = self._reader.planner
+        return self._rows(planner.parse(start), planner.parse(end))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the offsets live in Spark's checkpoint."""
+
+    def _rows(self, start: StreamOffset, end: StreamOffset) -> Iterator[tuple[Any, ...]]:
+        """Every range's rows, read now (Spark keeps a batch's rows for its replay in the same
+        driver, and copies the iterator it is given)."""
+        rows = [
+            row
+            for shard_range in self._reader.planner.ranges(start, end)
+            for row in self._reader.read(ShardRangePartition(shard_range))
+        ]
+        return iter(rows)

@@ -587,6 +587,25 @@ def test_an_attempt_renews_its_lease_and_its_executions_while_valid(ledger: Ledg
     assert not late.applied
 
 
+def test_a_late_task_extends_its_executions_lease_even_once_it_ran_out(ledger: Ledger) -> None:
+    # GIVEN an execution whose first task registered, and whose lease ran out since (its
+    # executors were lost; Spark is running its tasks again on new ones)
+    ledger.register_attempt(STREAM, RUN, attempt("a1"))
+    later_ms = T0_MS + 2 * LEASE_MS
+    # WHEN a retry of that task registers, and a sibling half a lease before that one's end
+    retry = attempt("a2", task_attempt=1, started_at_ms=later_ms)
+    registered = ledger.register_attempt(STREAM, RUN, retry)
+    sibling = attempt("s1", task="1", started_at_ms=later_ms + LEASE_MS // 2 - 1)
+    beside = ledger.register_attempt(STREAM, RUN, sibling)
+    # THEN the retry extended the execution's lease and holds a whole one; the sibling, with
+    # more than half a lease left of it, takes it as it is (no write to extend it)
+    assert registered.lease_expires_at_ms == later_ms + LEASE_MS
+    assert beside.lease_expires_at_ms == later_ms + LEASE_MS
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.executions[0].lease_expires_at_ms == later_ms + LEASE_MS
+
+
 def test_a_superseded_attempt_can_no_longer_renew(ledger: Ledger) -> None:
     # GIVEN a task attempt, and its retry that supersedes it
     first, retry = attempt("a1"), attempt("a2", task_attempt=1, started_at_ms=T0_MS + 1)

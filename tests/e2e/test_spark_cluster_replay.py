@@ -467,8 +467,11 @@ def test_a_task_stopped_past_its_lease_while_its_retry_ran_cannot_put_once_resum
     # rows failed: no request of it reached Kinesis
     resumed = scenario.log_lines(scenario.stalled_pid, since_ms=scenario.resumed_ms)
     assert any("put not sent" in line and "code=SignatureFence" in line for line in resumed)
+    # (the batch committed while it was stopped: the run is COMPLETE, and it superseded)
     assert any(
-        "replay attempt lease lost" in line and "superseded=True" in line for line in resumed
+        "replay attempt lease lost" in line
+        and ("refused=run_not_open" in line or "refused=superseded" in line)
+        for line in resumed
     )
     assert any("keys left unresolved" in line for line in resumed)
     assert scenario.puts_after_resume == scenario.puts_at_resume

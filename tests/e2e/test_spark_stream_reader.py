@@ -256,3 +256,30 @@ def test_a_streaming_read_under_throttles_and_expired_iterators_loses_and_repeat
             len(row[4]) for b in sink.rows.values() for row in b if row[0] == shard_id
         )
         assert ("keo_spark_read_millis_behind_latest", frozenset(labels(shard_id).items())) in found
+
+
+def test_the_simple_reader_reads_on_the_driver_every_record_once_and_resumes_from_its_checkpoint(
+    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+) -> None:
+    stream = stack.settings.stream
+    checkpoint = tmp_path / "checkpoint"
+    sink = Batches()
+    # GIVEN plain records and a KPL aggregate on both shards
+    put(kinesis, stream, [f"s{i:02d}" for i in range(10)])
+    aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    for key in ("sagg-0", "sagg-1"):
+        assert aggregate.add(key, b"aggregated", "5")
+    kinesis.put_records(StreamName=stream, Records=[aggregate.entry()])
+    # WHEN the stream is read by the simple reader (the driver reads; no task per shard)
+    run_query(keo, settings, checkpoint, sink, simple_reader="true")
+    # THEN every user record came once, in order within its shard
+    assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
+    assert len(sink.places()) == 12
+    assert_in_shard_order(sink)
+    # WHEN more records arrive and the query restarts from its checkpoint
+    put(kinesis, stream, [f"snew-{i}" for i in range(3)])
+    before = set(sink.rows)
+    run_query(keo, settings, checkpoint, sink, simple_reader="true")
+    # THEN it reads those, and only those
+    new_rows = [row[3] for b in sorted(set(sink.rows) - before) for row in sink.rows[b]]
+    assert sorted(new_rows) == [f"snew-{i}" for i in range(3)]

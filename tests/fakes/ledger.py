@@ -58,6 +58,7 @@ from dedupe_store.records import (
     KeyUpdate,
     LedgerRecord,
     Position,
+    RenewalRefused,
     ReplayRun,
     RunAttempt,
     RunExecution,
@@ -401,9 +402,11 @@ class InMemoryLedger:
             )
             self._replay_runs[(stream, run)] = registered
             self._run_index.setdefault((stream, run), attempt.lease_expires_at_ms)
+            wanted = attempt.lease_expires_at_ms
+            if counted.lease_expires_at_ms < wanted - attempt.half_lease_ms:
+                counted = self._extended(stream, run, counted, wanted)
             me = dataclasses.replace(
-                attempt,
-                lease_expires_at_ms=min(attempt.lease_expires_at_ms, counted.lease_expires_at_ms),
+                attempt, lease_expires_at_ms=min(wanted, counted.lease_expires_at_ms)
             )
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = self._task_attempts.get(task, ())
@@ -464,24 +467,12 @@ class InMemoryLedger:
             self._read_fault("renew_attempt")
             current = self._replay_runs.get((check_stream_name(stream), run))
             execution = current.execution(attempt.execution_id) if current is not None else None
-            if (
-                current is None
-                or execution is None
-                or current.state is not RunState.OPEN
-                or execution.superseded
-                or execution.lease_expires_at_ms <= now_ms + skew_ms
-            ):
-                return AttemptRenewal(
-                    False, superseded=execution is not None and execution.superseded
-                )
+            if current is None or execution is None or current.state is not RunState.OPEN:
+                return AttemptRenewal(False, refused=RenewalRefused.RUN_NOT_OPEN)
+            if execution.superseded:
+                return AttemptRenewal(False, refused=RenewalRefused.EXECUTION_SUPERSEDED)
             wanted = now_ms + lease_ms
-            if execution.lease_expires_at_ms < wanted:
-                extended = dataclasses.replace(execution, lease_expires_at_ms=wanted)
-                self._replay_runs[(stream, run)] = dataclasses.replace(
-                    current,
-                    executions=tuple(extended if e is execution else e for e in current.executions),
-                )
-                execution = extended
+            execution = self._extended(stream, run, execution, wanted)
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = next(
                 (
@@ -491,14 +482,33 @@ class InMemoryLedger:
                 ),
                 None,
             )
-            if mine is None or mine.superseded or mine.lease_expires_at_ms <= now_ms + skew_ms:
-                return AttemptRenewal(False, superseded=mine is not None and mine.superseded)
+            if mine is not None and mine.superseded:
+                return AttemptRenewal(False, refused=RenewalRefused.SUPERSEDED)
+            if mine is None or mine.lease_expires_at_ms <= now_ms + skew_ms:
+                return AttemptRenewal(False, refused=RenewalRefused.LEASE_OVER)
             lease = min(wanted, execution.lease_expires_at_ms)
             renewed = dataclasses.replace(mine, lease_expires_at_ms=lease)
             self._task_attempts[task] = tuple(
                 renewed if a is mine else a for a in self._task_attempts[task]
             )
             return AttemptRenewal(True, lease)
+
+    def _extended(
+        self, stream: str, run: str, execution: RunExecution, wanted: int
+    ) -> RunExecution:
+        """``execution`` with its lease extended to ``wanted`` when shorter (under the lock)."""
+        if execution.lease_expires_at_ms >= wanted:
+            return execution
+        extended = dataclasses.replace(execution, lease_expires_at_ms=wanted)
+        current = self._replay_runs[(stream, run)]
+        self._replay_runs[(stream, run)] = dataclasses.replace(
+            current,
+            executions=tuple(
+                extended if e.execution_id == execution.execution_id else e
+                for e in current.executions
+            ),
+        )
+        return extended
 
     def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
         with self._lock:

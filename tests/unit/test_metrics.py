@@ -19,8 +19,9 @@ DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"
 # labels take few values: never a message key, a group id, a sequence number or a payload
 # (step: a replay-mode attempt's recovery step, one of four)
 BOUNDED_LABELS = {"stream", "outcome", "result", "code", "resolution", "operation", "step"}
-# the Spark driver's: a query is one per streaming query (its query_name), a reason one of three
-SPARK_LABELS = {"query", "reason"}
+# the Spark driver's: a query is one per streaming query (its query_name), a reason one of three,
+# a shard one per shard of the stream a streaming read reads (as Kinesis's shard-level metrics)
+SPARK_LABELS = {"query", "reason", "shard"}
 API_LABELS = {"method", "route", "status", "error"}
 SUFFIXES = {
     "counter": ("_total",),
