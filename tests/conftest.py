@@ -42,27 +42,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def emulator_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("keo-state")
+def emulator_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's stack lives here; whatever was started in it stops at the end."""
+    state_dir = tmp_path_factory.mktemp("keo-state")
+    yield state_dir
+    local_stack.down(state_dir)
 
 
 @pytest.fixture(scope="session")
-def emulators(emulator_state_dir: Path) -> Iterator[local_stack.Endpoints]:
+def emulators(emulator_state_dir: Path) -> local_stack.Endpoints:
     """kinesalite and dynalite on 127.0.0.1, for the whole run."""
-    endpoints = local_stack.up(emulator_state_dir)
-    yield endpoints
-    local_stack.down(emulator_state_dir)
+    return local_stack.up(emulator_state_dir)
 
 
 @pytest.fixture(scope="session")
-def kinesis_local_endpoint(emulators: local_stack.Endpoints, emulator_state_dir: Path) -> str:
-    """kinesis-local (UpdateShardCount, ChildShards), started only if a test asks for it.
-
-    It joins the session's stack, so the ``emulators`` teardown stops it too.
-    """
+def kinesis_local_endpoint(emulator_state_dir: Path) -> str:
+    """kinesis-local (UpdateShardCount, ChildShards), started only if a test asks for it."""
     endpoint = local_stack.up(emulator_state_dir, kinesis_local=True).kinesis_local
     assert endpoint is not None
     return endpoint
+
+
+@pytest.fixture(scope="session")
+def dynamodb_local_endpoint(emulators: local_stack.Endpoints, emulator_state_dir: Path) -> str:
+    """Amazon's DynamoDB Local (a JVM), started only if a test asks for it: the ledger
+    contract and the produce path run on it too, nothing else (CI's time). In memory: its
+    SQLite on disk would sync every write."""
+    stack = local_stack.up(emulator_state_dir, dynamodb=local_stack.DYNAMODB_LOCAL, in_memory=True)
+    return stack.dynamodb
 
 
 @dataclass(frozen=True)

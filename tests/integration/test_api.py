@@ -591,8 +591,8 @@ def test_without_a_configured_retention_the_summary_reads_the_streams_own(
         "kinesis",
         endpoint_url=emulators.kinesis,
         region_name="us-east-1",
-        aws_access_key_id="keo-local",
-        aws_secret_access_key="keo-local",
+        aws_access_key_id="keolocal",
+        aws_secret_access_key="keolocal",
     )
     create_stream(kinesis, stream, 1, timeout_s=30)
     kinesis.increase_stream_retention_period(StreamName=stream, RetentionPeriodHours=48)

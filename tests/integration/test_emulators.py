@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,6 +214,54 @@ def test_kinesis_local_tls_port_is_loopback_only(
     assert listeners(tls_port) == [LOOPBACK_HEX]
 
 
+def test_dynamodb_local_is_loopback_only_and_has_ttl_and_transactions(
+    dynamodb_local_endpoint: str, names: Any
+) -> None:
+    # GIVEN DynamoDB Local, started lazily for this test: one socket, on 127.0.0.1
+    assert listeners(port_of(dynamodb_local_endpoint)) == [LOOPBACK_HEX]
+    dynamodb = dynamodb_client(dynamodb_local_endpoint)
+    create_table(dynamodb, names.table)
+    # WHEN TTL is turned on and a transaction writes (dynalite has neither)
+    dynamodb.update_time_to_live(
+        TableName=names.table,
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
+    )
+    dynamodb.transact_write_items(
+        TransactItems=[
+            {"Put": {"TableName": names.table, "Item": {"pk": {"S": f"k-{i}"}}}} for i in range(2)
+        ]
+    )
+    # THEN both took effect
+    ttl = dynamodb.describe_time_to_live(TableName=names.table)["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] == "ENABLED"
+    assert dynamodb.scan(TableName=names.table)["Count"] == 2
+
+
+def test_up_command_points_the_stack_at_the_dynamodb_emulator_chosen(
+    dynamodb_local_endpoint: str, emulator_state_dir: Path
+) -> None:
+    # GIVEN the session's stack, DynamoDB Local running in it
+    # WHEN `keo emulators up` is told (by its variable) to use DynamoDB Local
+    result = CliRunner().invoke(
+        emulators_cli,
+        ["up", "--state-dir", str(emulator_state_dir)],
+        env={"KEO_DYNAMODB_EMULATOR": local_stack.DYNAMODB_LOCAL},
+    )
+    # THEN it reuses the running one, and endpoints.env points at it and names it
+    assert result.exit_code == 0, result.output
+    assert f"dynamodb       {dynamodb_local_endpoint}  (dynamodb-local)" in result.output
+    env_file = (emulator_state_dir / local_stack.ENV_FILE).read_text()
+    assert f"export KEO_DYNAMODB_ENDPOINT_URL={dynamodb_local_endpoint}\n" in env_file
+    assert "export KEO_DYNAMODB_EMULATOR=dynamodb-local\n" in env_file
+    # AND a DynamoDB it does not know is a usage error
+    unknown = CliRunner().invoke(
+        emulators_cli,
+        ["up", "--state-dir", str(emulator_state_dir), "--dynamodb-emulator", "localstack"],
+    )
+    assert unknown.exit_code == ExitCode.USAGE
+    assert "one of dynalite, dynamodb-local" in unknown.output
+
+
 def test_requested_port_in_use_gives_a_clear_error(tmp_path: Path) -> None:
     # GIVEN a port another process listens on
     with socket.socket() as squatter:
@@ -247,6 +296,23 @@ def test_missing_node_tells_what_to_install(
         local_stack.up(tmp_path / "state")
 
     assert "Node.js" in str(caught.value)
+
+
+def test_missing_java_tells_what_to_install_and_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a PATH with node and without java
+    node = shutil.which("node")
+    assert node is not None
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "node").symlink_to(node)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    # WHEN DynamoDB Local is asked for
+    with pytest.raises(local_stack.JavaNotFoundError) as caught:
+        local_stack.up(tmp_path / "state", dynamodb=local_stack.DYNAMODB_LOCAL)
+    # THEN the error says what to install, and nothing was started (kinesalite neither)
+    assert "Java 17" in str(caught.value)
+    assert local_stack.status(tmp_path / "state") == []
 
 
 def test_up_command_exits_3_when_packages_are_missing(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""The contract of ``DynamoDBLedger``, run against two DynamoDBs: dynalite and moto (server mode).
+"""The contract of ``DynamoDBLedger``, run against three DynamoDBs: dynalite, moto (server mode)
+and Amazon's DynamoDB Local.
 
-Both return the item a failed condition saw (``ReturnValuesOnConditionCheckFailure``; the
+All return the item a failed condition saw (``ReturnValuesOnConditionCheckFailure``; the
 project patches dynalite to, as DynamoDB does); the ``dynalite-read-back`` run strips the flag
-from every request so the ledger must read the item after a lost condition. Every path keeps:
+from every request so the ledger must read the item after a lost condition. DynamoDB Local and
+moto have the TTL API, dynalite does not. Every path keeps:
 every transition is conditional on the state and attempt its caller saw, a lost condition
 returns the record that won, and a request repeated after its first try applied says "applied".
 
@@ -58,10 +60,12 @@ def moto_endpoint() -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture(params=["dynalite", "dynalite-read-back", "moto"])
+@pytest.fixture(params=["dynalite", "dynalite-read-back", "moto", "dynamodb-local"])
 def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
     if request.param.startswith("dynalite"):
         endpoint: str = request.getfixturevalue("emulators").dynamodb
+    elif request.param == "dynamodb-local":
+        endpoint = request.getfixturevalue("dynamodb_local_endpoint")
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
     ledger = new_table(endpoint, names.table, dedupe_ttl_s=TTL_S, inflight_buckets=4)
@@ -88,6 +92,38 @@ def new_table(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedge
 def _no_old_item(params: dict[str, Any], **_: Any) -> None:
     # as a DynamoDB that never returns the item a failed condition saw
     params.pop("ReturnValuesOnConditionCheckFailure", None)
+
+
+@pytest.fixture(params=["moto", "dynamodb-local"])
+def ttl_endpoint(request: pytest.FixtureRequest) -> str:
+    """A DynamoDB with the TTL API."""
+    fixture = "moto_endpoint" if request.param == "moto" else "dynamodb_local_endpoint"
+    endpoint: str = request.getfixturevalue(fixture)
+    return endpoint
+
+
+# --- a lost condition -----------------------------------------------------------------------------
+
+
+def test_a_lost_claim_is_judged_from_the_item_its_failed_condition_returned(
+    ledger: DynamoDBLedger, request: pytest.FixtureRequest
+) -> None:
+    # GIVEN alice holds the key, and every DynamoDB request is counted from now on
+    held = claimed(ledger, "k-judged")
+    bobs = open_group(ledger, "k-judged", owner=BOB, now_ms=T0_MS + 1_000)
+    operations: list[str] = []
+    ledger.client.meta.events.register(
+        "before-call.dynamodb.*", lambda model, **_: operations.append(model.name)
+    )
+    # WHEN bob claims it
+    result = ledger.claim(request_for("k-judged"), bobs, now_ms=T0_MS + 1_000)
+    # THEN he loses to alice's claim, seen in the failed write's answer where the backend
+    # returns it (DynamoDB does): no second request; else read after it
+    assert result.status is ClaimStatus.LOST
+    assert result.claim is not None
+    assert result.claim.group_id == held.group_id
+    returns_old_item = request.node.callspec.params["ledger"] != "dynalite-read-back"
+    assert operations == (["UpdateItem"] if returns_old_item else ["UpdateItem", "GetItem"])
 
 
 # --- a request retried by the SDK after its first try applied -----------------------------------
@@ -291,9 +327,9 @@ def test_a_reader_never_stamps_a_table_and_a_writer_stamps_an_empty_one(
 # --- TTL -----------------------------------------------------------------------------------------
 
 
-def test_ttl_is_turned_on_once_and_found_on_after_that(moto_endpoint: str, names: Names) -> None:
-    # GIVEN a table on a DynamoDB with the TTL API (moto), TTL off
-    ledger = new_table(moto_endpoint, names.table)
+def test_ttl_is_turned_on_once_and_found_on_after_that(ttl_endpoint: str, names: Names) -> None:
+    # GIVEN a table on a DynamoDB with the TTL API (moto, DynamoDB Local), TTL off
+    ledger = new_table(ttl_endpoint, names.table)
     # WHEN keo init turns TTL on, and runs again (DynamoDB refuses to turn on a TTL that is on)
     # THEN it is on, and on again is success, never "not supported"
     assert ledger.enable_ttl() is TtlStatus.ENABLED
@@ -302,8 +338,8 @@ def test_ttl_is_turned_on_once_and_found_on_after_that(moto_endpoint: str, names
     assert description["TimeToLiveDescription"]["AttributeName"] == "expires_at"
 
 
-def test_ttl_on_another_attribute_is_reported_not_changed(moto_endpoint: str, names: Names) -> None:
-    ledger = new_table(moto_endpoint, names.table)
+def test_ttl_on_another_attribute_is_reported_not_changed(ttl_endpoint: str, names: Names) -> None:
+    ledger = new_table(ttl_endpoint, names.table)
     ledger.client.update_time_to_live(
         TableName=names.table,
         TimeToLiveSpecification={"Enabled": True, "AttributeName": "gone_at"},

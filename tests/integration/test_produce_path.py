@@ -1,4 +1,9 @@
-"""The produce path end to end against kinesalite and dynalite, with injected faults.
+"""The produce path end to end against kinesalite and a DynamoDB, with injected faults.
+
+Each test runs on dynalite and on Amazon's DynamoDB Local (the module's ``emulators`` is the
+session's stack with one or the other as its DynamoDB, ``keo`` subprocesses included), except
+those marked ``one_dynamodb``, to which DynamoDB's own answers do not matter (Kinesis's faults,
+or a ledger fault injected before its request leaves): dynalite alone keeps CI's time.
 
 Every test ends the same way: read the whole stream back (``streamcheck``, independent of the
 product's reader) and check that every key is there exactly once (at most once where the
@@ -82,6 +87,25 @@ def settings_for(
     emulators: local_stack.Endpoints, names: Names, **overrides: Any
 ) -> ProducerSettings:
     return stacks.settings_for(emulators, names, FAST, **overrides)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "emulators" not in metafunc.fixturenames:
+        return
+    one_dynamodb = metafunc.definition.get_closest_marker("one_dynamodb") is not None
+    dynamodbs = [local_stack.DYNALITE] if one_dynamodb else list(local_stack.DYNAMODB_EMULATORS)
+    metafunc.parametrize("emulators", dynamodbs, indirect=True)
+
+
+@pytest.fixture
+def emulators(
+    request: pytest.FixtureRequest, emulators: local_stack.Endpoints
+) -> local_stack.Endpoints:
+    """The session's stack, its DynamoDB the one this run of the test is on."""
+    if request.param == local_stack.DYNALITE:
+        return emulators
+    endpoint: str = request.getfixturevalue("dynamodb_local_endpoint")
+    return dataclasses.replace(emulators, dynamodb=endpoint, dynamodb_emulator=request.param)
 
 
 @pytest.fixture
@@ -214,6 +238,7 @@ def test_300_messages_are_delivered_once_and_a_resend_adds_nothing(
 # --- PutRecords: whole-request faults -----------------------------------------------------------
 
 
+@pytest.mark.one_dynamodb
 @pytest.mark.parametrize(
     ("kind", "read_back"),
     [
@@ -251,6 +276,7 @@ def test_an_ambiguous_put_is_resolved_by_read_back(
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
+@pytest.mark.one_dynamodb
 @pytest.mark.parametrize(
     "kind",
     [
@@ -275,6 +301,7 @@ def test_a_put_that_never_left_is_resent_at_once(
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
+@pytest.mark.one_dynamodb
 def test_a_tls_error_during_a_put_is_ambiguous_and_resolved_by_read_back(
     stack: Stack, kinesis: Any
 ) -> None:
@@ -301,6 +328,7 @@ def test_a_tls_error_during_a_put_is_ambiguous_and_resolved_by_read_back(
 # --- PutRecords: per-record failures ------------------------------------------------------------
 
 
+@pytest.mark.one_dynamodb
 def test_records_throttled_or_failed_inside_a_put_are_resent_once(
     stack: Stack, kinesis: Any
 ) -> None:
@@ -322,6 +350,7 @@ def test_records_throttled_or_failed_inside_a_put_are_resent_once(
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
+@pytest.mark.one_dynamodb
 def test_a_put_whose_every_record_is_throttled_is_retried(stack: Stack, kinesis: Any) -> None:
     # GIVEN the first PutRecords call gets ProvisionedThroughputExceeded for every record
     batch = messages(10)
@@ -415,6 +444,7 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
 # --- KPL aggregation ----------------------------------------------------------------------------
 
 
+@pytest.mark.one_dynamodb
 def test_aggregated_records_are_delivered_once_and_found_by_read_back(
     make_stack: StackFactory, kinesis: Any
 ) -> None:
@@ -506,6 +536,7 @@ def test_a_claim_that_fails_sends_nothing_and_a_second_send_delivers_once(
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
+@pytest.mark.one_dynamodb
 @pytest.mark.parametrize(
     "kind",
     [
@@ -666,6 +697,7 @@ def test_two_producers_with_one_owner_claiming_in_the_same_millisecond_deliver_o
 # --- Kinesis reads failing during read-back -----------------------------------------------------
 
 
+@pytest.mark.one_dynamodb
 def test_a_read_back_that_cannot_read_the_stream_leaves_keys_in_flight_and_keeps_the_rest(
     make_stack: StackFactory, kinesis: Any
 ) -> None:
@@ -727,6 +759,7 @@ def test_a_key_reused_for_another_payload_is_a_conflict_and_nothing_is_sent(
     assert_stream_is_exactly(kinesis, stack, [*batch, *fresh])
 
 
+@pytest.mark.one_dynamodb
 def test_invalid_and_oversized_messages_are_rejected_and_the_rest_delivered(
     stack: Stack, kinesis: Any
 ) -> None:
