@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from dedupe_store.errors import LedgerError
 from dedupe_store.records import (
     AttemptRenewal,
     BatchRecord,
@@ -158,6 +159,18 @@ class Ledger(LedgerReader, Protocol):
 
     def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
         """Claim a key for ``group`` if it is absent, RELEASED, or past its dedupe TTL."""
+        ...
+
+    @property
+    def claims_per_request(self) -> int:
+        """How many claims one :meth:`claim_many` request carries (1: one write each)."""
+        ...
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError]:
+        """:meth:`claim` of each request, in order: its result, or the ledger error it got
+        (one key's error never fails the others)."""
         ...
 
     def get_claim(self, stream: str, key: str) -> KeyClaim | None: ...

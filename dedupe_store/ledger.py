@@ -44,6 +44,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from types import TracebackType
@@ -53,7 +54,9 @@ import botocore.exceptions
 from pynamodb.connection.table import TableConnection
 from pynamodb.exceptions import PynamoDBException, TableDoesNotExist
 
+from dedupe_store import batch_claims
 from dedupe_store import expressions as x
+from dedupe_store.batch_claims import StatementResult
 from dedupe_store.errors import (
     LedgerError,
     LedgerSchemaError,
@@ -121,6 +124,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+# what a backend without PartiQL batches answers BatchExecuteStatement (dynalite: the first)
+_NO_PARTIQL = frozenset({"UnknownOperationException", "ValidationException"})
+# rounds of a batch's throttled statements, and the pause before the second
+_INSERT_ROUNDS = 4
+_INSERT_BACKOFF_S = 0.05
 _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
@@ -196,8 +204,12 @@ class DynamoDBLedger:
         *,
         dedupe_ttl_s: int = 7 * 24 * 3600,
         inflight_buckets: int = 16,
+        batch_claims: bool | None = None,
     ) -> None:
+        """``batch_claims``: whether the backend runs PartiQL batches (new keys claimed 25 to
+        a request: :meth:`claim_many`); None learns it from the first batch's answer."""
         self._options = options
+        self.batch_claims = batch_claims
         self._model: type[LedgerItem] = bind_ledger_model(options)
         self._client: Any = None
         self._client_lock = threading.Lock()
@@ -999,6 +1011,152 @@ class DynamoDBLedger:
             values[":settled"] = x.s(GroupState.SETTLED.value)
         return self._update_group(group, x.SETTLE if settle else x.RECORD, x.GROUP_HELD, values)
 
+    # --- claims in batches (dedupe_store.batch_claims) ----------------------------------------
+
+    @property
+    def claims_per_request(self) -> int:
+        """How many claims :meth:`claim_many` puts in one request: 25 where the backend runs
+        PartiQL batches (or it is not known yet), 1 where it does not."""
+        return 1 if self.batch_claims is False else batch_claims.MAX_STATEMENTS
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError]:
+        """:meth:`claim` of each request, in order, a result or the error each got. New keys
+        are INSERTed 25 to a request; the others are judged from their items (read 100 to a
+        request), and only those a claim can still take (RELEASED, past their TTL) are claimed
+        one by one. Without PartiQL (dynalite), one claim each."""
+        if self.batch_claims is False:
+            return [self._claim_or_error(r, group, now_ms=now_ms) for r in requests]
+        results: dict[int, ClaimResult | LedgerError] = {}
+        tokens = {index: secrets.token_hex(8) for index in range(len(requests))}
+        to_judge: list[int] = []
+        pending = list(range(len(requests)))
+        for round_number in range(_INSERT_ROUNDS):
+            if not pending:
+                break
+            if round_number:
+                time.sleep(_INSERT_BACKOFF_S * 2 ** (round_number - 1))  # statements throttled
+            throttled: list[int] = []
+            for batch in batch_claims.split(pending):
+                answers = self._insert(batch, requests, tokens, group, now_ms)
+                if answers is None:  # no PartiQL here: one claim each, from now on
+                    return [
+                        results.get(i) or self._claim_or_error(r, group, now_ms=now_ms)
+                        for i, r in enumerate(requests)
+                    ]
+                for index, answer in zip(batch, answers, strict=True):
+                    if answer is StatementResult.WON:
+                        results[index] = ClaimResult.won(
+                            self._inserted(requests[index], group, now_ms, tokens[index])
+                        )
+                    elif answer is StatementResult.RETRY:
+                        throttled.append(index)
+                    else:
+                        to_judge.append(index)
+            pending = throttled
+        for index in pending:
+            results[index] = LedgerThrottledError(
+                "DynamoDB throttled a batched claim", table=self.table_name, key=requests[index].key
+            )
+        self._judge(to_judge, requests, tokens, group=group, now_ms=now_ms, into=results)
+        return [results[index] for index in range(len(requests))]
+
+    def _insert(
+        self,
+        batch: Sequence[int],
+        requests: Sequence[ClaimRequest],
+        tokens: Mapping[int, str],
+        group: Group,
+        now_ms: int,
+    ) -> list[StatementResult] | None:
+        """One BatchExecuteStatement; each statement's result, or None when the backend runs
+        no PartiQL (learned: :attr:`batch_claims` is then False)."""
+        statements = [
+            batch_claims.insert_statement(
+                self.table_name,
+                ledger_pk(requests[i].stream, requests[i].key),
+                requests[i],
+                group_id=group.group_id,
+                now_ms=now_ms,
+                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
+                token=tokens[i],
+            )
+            for i in batch
+        ]
+        try:
+            answer = self.client.batch_execute_statement(Statements=statements)
+        except _VENDOR_ERRORS as exc:
+            code = _code_of(exc)
+            if code in _NO_PARTIQL and self.batch_claims is None:
+                log.info("ledger backend runs no PartiQL batches: claims one by one (%s)", code)
+                self.batch_claims = False
+                return None
+            if code in _THROTTLED:
+                return [StatementResult.RETRY] * len(batch)
+            # in transport, or a 5xx: each statement may have applied; its item says
+            return [StatementResult.UNKNOWN] * len(batch)
+        self.batch_claims = True
+        return [batch_claims.result_of(response) for response in answer["Responses"]]
+
+    def _inserted(self, request: ClaimRequest, group: Group, now_ms: int, token: str) -> KeyClaim:
+        """The key item an applied INSERT wrote."""
+        return KeyClaim(
+            stream=request.stream,
+            key=request.key,
+            state=KeyState.CLAIMED,
+            attempt=1,
+            group_id=group.group_id,
+            claimed_at_ms=now_ms,
+            payload_digest=request.payload_digest,
+            routing_hash_key=request.routing_hash_key,
+            expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
+            write_token=token,
+            payload=request.payload or None,
+        )
+
+    def _judge(
+        self,
+        indexes: Sequence[int],
+        requests: Sequence[ClaimRequest],
+        tokens: Mapping[int, str],
+        *,
+        group: Group,
+        now_ms: int,
+        into: dict[int, ClaimResult | LedgerError],
+    ) -> None:
+        """The claims whose INSERT did not apply, or may have: each key's item, read in
+        batches, says. Ours (our token: a statement applied though its answer was lost) is
+        won; one a claim can take (absent, RELEASED, past its TTL) is claimed as ever; any
+        other is lost to its holder."""
+        if not indexes:
+            return
+        pks = {i: ledger_pk(requests[i].stream, requests[i].key) for i in indexes}
+        try:
+            items = self._batch_get_items(list(pks.values()), "read keys a batch did not claim")
+        except LedgerError as exc:
+            for index in indexes:
+                into[index] = exc
+            return
+        by_pk = {str(item["pk"]["S"]): item for item in items}
+        now_s = now_ms // 1000
+        for index in indexes:
+            item = by_pk.get(pks[index])
+            if item is not None and _text(item, "write_token") == tokens[index]:
+                into[index] = ClaimResult.won(_claim_of(item))
+            elif item is None or _claimable(item, now_s):
+                into[index] = self._claim_or_error(requests[index], group, now_ms=now_ms)
+            else:
+                into[index] = ClaimResult.lost(_claim_of(item))
+
+    def _claim_or_error(
+        self, request: ClaimRequest, group: Group, *, now_ms: int
+    ) -> ClaimResult | LedgerError:
+        try:
+            return self.claim(request, group, now_ms=now_ms)
+        except LedgerError as exc:
+            return exc
+
     def _update_group(
         self, group: Group, update: str, condition: str, values: dict[str, Any]
     ) -> GroupUpdate:
@@ -1256,6 +1414,15 @@ def _number(item: Mapping[str, Any], name: str) -> int | None:
 def _binary(value: Any) -> bytes:
     # botocore returns bytes; a raw item from an error response may carry base64 text
     return value if isinstance(value, bytes) else base64.b64decode(value)
+
+
+def _claimable(item: Mapping[str, Any], now_s: int) -> bool:
+    """What a claim's condition (``x.CLAIMABLE``) takes besides an absent item: RELEASED, or
+    at or past its TTL second."""
+    expires = item.get(TTL_ATTRIBUTE, {}).get("N")
+    return item["state"]["S"] == KeyState.RELEASED.value or (
+        expires is not None and int(expires) <= now_s
+    )
 
 
 def _claim_of(item: Mapping[str, Any]) -> KeyClaim:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, Field, JsonValue, ValidationInfo
@@ -125,6 +126,17 @@ def emulator_credentials_for(endpoint_url: str | None) -> tuple[str, str] | None
     return EMULATOR_CREDENTIALS
 
 
+class BatchClaims(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+    @property
+    def supported(self) -> bool | None:
+        """What the ledger is told: True, False, or None to learn it."""
+        return {BatchClaims.AUTO: None, BatchClaims.ON: True, BatchClaims.OFF: False}[self]
+
+
 class LedgerSettings(BaseSettings):
     """The ledger: its DynamoDB table and how it is reached. The producer's settings and the
     API's both start from these."""
@@ -197,6 +209,17 @@ class LedgerSettings(BaseSettings):
         why=(
             "as for puts: a slow answer is given up quickly; a retried write that was applied "
             "is recognised by its token, so giving up early is safe"
+        ),
+    )
+    ledger_batch_claims: BatchClaims = setting(
+        BatchClaims.AUTO,
+        description=(
+            "claim new keys 25 to a request (PartiQL INSERTs in BatchExecuteStatement): auto "
+            "(learned from the backend's first answer), on, off (one UpdateItem a key)"
+        ),
+        why=(
+            "auto: AWS and DynamoDB Local run PartiQL, dynalite does not, and a producer "
+            "learns which at its first claim; the same items either way"
         ),
     )
     ledger_max_retry_attempts: int = setting(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -78,18 +79,17 @@ _PRICED: Final = frozenset(
         "BatchGetItem",
         "Query",
         "Scan",
+        "BatchExecuteStatement",
     }
 )
 # data-plane calls AWS bills that this meter does not price
 _UNPRICED: Final = frozenset(
-    {
-        "TransactWriteItems",
-        "TransactGetItems",
-        "ExecuteStatement",
-        "BatchExecuteStatement",
-        "ExecuteTransaction",
-    }
+    {"TransactWriteItems", "TransactGetItems", "ExecuteStatement", "ExecuteTransaction"}
 )
+# the one PartiQL statement the ledger sends (dedupe_store.batch_claims): an INSERT of an item
+_INSERT: Final = re.compile(r"^INSERT INTO \"(?P<table>[^\"]+)\" VALUE \{(?P<fields>.*)\}$", re.S)
+_INSERT_FIELD: Final = re.compile(r"'([^']+)': \?")
+_DUPLICATE: Final = frozenset({"DuplicateItem", "ConditionalCheckFailed"})
 
 
 def ledger_table_spec() -> TableSpec:
@@ -300,6 +300,9 @@ class BillingMeter:
         if operation == "BatchGetItem":
             self._price_batch_get(params, parsed)
             return
+        if operation == "BatchExecuteStatement":
+            self._price_statements(params, parsed)
+            return
         spec = self._tables.get(params.get("TableName", ""))
         if spec is None:
             self._inexact("no TableSpec for the table")
@@ -363,6 +366,29 @@ class BillingMeter:
         else:  # not asked, no item, or dynalite (it ignores the flag)
             existing = self._before(key)
         self._add_write(write_cost(spec, existing, None, condition_failed=True))
+
+    def _price_statements(self, params: Mapping[str, Any], parsed: Mapping[str, Any]) -> None:
+        """Each statement of a BatchExecuteStatement as its item's write: an INSERT that applied
+        as a put of a new item, one refused (the key exists) as a failed condition on it; a
+        throttled or failed statement costs nothing. Other statements are not priced."""
+        for statement, answer in zip(
+            params.get("Statements", []), parsed.get("Responses", []), strict=False
+        ):
+            found = _INSERT.match(statement.get("Statement", ""))
+            spec = self._tables.get(found["table"]) if found else None
+            if found is None or spec is None:
+                self._inexact("a PartiQL statement other than the ledger's INSERT")
+                continue
+            names = _INSERT_FIELD.findall(found["fields"])
+            item: Item = dict(zip(names, statement.get("Parameters", []), strict=True))
+            table = found["table"]
+            code = (answer.get("Error") or {}).get("Code")
+            if code in _DUPLICATE:
+                self._price_failed_condition(table, spec, {"Item": item}, {})
+            elif code is None:
+                key = self._key(table, spec.key_of(item))
+                self._add_write(write_cost(spec, self._before(key), item))
+                self._remember(key, item)
 
     def _price_batch_write(self, params: Mapping[str, Any], parsed: Mapping[str, Any]) -> None:
         unprocessed: Mapping[str, Any] = parsed.get("UnprocessedItems") or {}

@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -156,21 +156,37 @@ class SendContext(LedgerCalls):
             return [fn(item) for item in items]
         return list(self._executor.map(fn, items))
 
-    def claim(self, item: PreparedMessage, group: Group) -> ClaimResult | LedgerError:
+    def claim_all(
+        self, items: Sequence[PreparedMessage], group: Group
+    ) -> list[ClaimResult | LedgerError]:
+        """Claim each item's key for ``group``; a result or a ledger error each, in order.
+        ``claims_per_request`` keys to a ledger request (25 where DynamoDB runs PartiQL
+        batches, one where it does not), the requests concurrent on the ledger pool."""
+        requests = [self._claim_request(item) for item in items]
+        size = self.ledger.claims_per_request
+        batches = [requests[i : i + size] for i in range(0, len(requests), size)]
+        results = [
+            r for answer in self.map(lambda b: self._claim_batch(b, group), batches) for r in answer
+        ]
+        for result in results:
+            outcome = "error" if isinstance(result, LedgerError) else result.status.value.lower()
+            metrics.CLAIMS.labels(self.stream, outcome).inc()
+        return results
+
+    def _claim_batch(
+        self, requests: Sequence[ClaimRequest], group: Group
+    ) -> list[ClaimResult | LedgerError]:
+        started = time.perf_counter()
+        try:
+            return self.ledger.claim_many(requests, group, now_ms=self.clock.now_ms())
+        finally:
+            metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
+
+    def _claim_request(self, item: PreparedMessage) -> ClaimRequest:
         payload = None
         limit = self.policy.store_payload_max_bytes
         if limit is not None and len(item.message.data) <= limit:
             payload = item.message.data
-        request = ClaimRequest(
+        return ClaimRequest(
             self.stream, item.key, item.payload_digest, item.explicit_hash_key, payload
         )
-        started = time.perf_counter()
-        try:
-            result = self.ledger.claim(request, group, now_ms=self.clock.now_ms())
-        except LedgerError as exc:
-            metrics.CLAIMS.labels(self.stream, "error").inc()
-            return exc
-        finally:
-            metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
-        metrics.CLAIMS.labels(self.stream, result.status.value.lower()).inc()
-        return result

@@ -61,9 +61,7 @@ class ChunkDelivery:
             own = self._open()
             if own is None:
                 return self._state.outcomes
-            claims = self._context.map(
-                lambda item: self._context.claim(item, own.group), self._items
-            )
+            claims = self._context.claim_all(self._items, own.group)
         finally:
             claimed.set()
         to_send, to_wait = self._sort_claims(own, claims)

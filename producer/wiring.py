@@ -96,6 +96,7 @@ def ledger_from(settings: ProducerSettings) -> DynamoDBLedger:
         settings.ledger_connection(),
         dedupe_ttl_s=settings.dedupe_ttl_s,
         inflight_buckets=settings.inflight_buckets,
+        batch_claims=settings.ledger_batch_claims.supported,
     )
 
 

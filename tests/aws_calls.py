@@ -12,7 +12,8 @@ role the test is acting as::
     recorder.calls["producer"]  # {AwsCall("dynamodb:UpdateItem", "table"), ...}
 
 The IAM action of an operation is ``<signing name>:<operation>`` (kinesis:PutRecords,
-dynamodb:UpdateItem): Kinesis and DynamoDB name their actions after their operations. The
+dynamodb:UpdateItem): Kinesis and DynamoDB name their actions after their operations, but for
+PartiQL, whose actions are per statement (a batch of INSERTs: dynamodb:PartiQLInsert). The
 resource is what the call targets, as a placeholder ARN of ``docs/iam-policy.json``.
 """
 
@@ -51,6 +52,19 @@ def resource_of(service: str, params: dict[str, Any]) -> str:
         return STREAM_ARN
     index = params.get("IndexName")
     return index_arn(index) if index else TABLE_ARN
+
+
+_PARTIQL = frozenset({"ExecuteStatement", "BatchExecuteStatement"})
+
+
+def partiql_actions(params: dict[str, Any]) -> set[str]:
+    """A PartiQL call's IAM actions: one per statement, named after its verb
+    (``INSERT ...`` -> dynamodb:PartiQLInsert), on the table it names."""
+    statements = params.get("Statements") or [params]
+    return {
+        f"dynamodb:PartiQL{str(s['Statement']).split(maxsplit=1)[0].capitalize()}"
+        for s in statements
+    }
 
 
 class AwsCallRecorder:
@@ -92,6 +106,9 @@ class AwsCallRecorder:
         if role is None:
             return
         service = model.service_model.signing_name
-        call = AwsCall(f"{service}:{model.name}", resource_of(service, params))
+        if model.name in _PARTIQL:
+            calls = {AwsCall(a, TABLE_ARN) for a in partiql_actions(params)}
+        else:
+            calls = {AwsCall(f"{service}:{model.name}", resource_of(service, params))}
         with self._lock:
-            self.calls[role].add(call)
+            self.calls[role].update(calls)

@@ -18,6 +18,7 @@ from dedupe_store.inflight import bucket_share
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
+    ClaimResult,
     ClaimStatus,
     Group,
     KeyClaim,
@@ -269,6 +270,50 @@ def test_claim_of_a_key_past_its_ttl_wins(ledger: Ledger) -> None:
     record = ledger.get(STREAM, "k-expired")
     assert record is not None
     assert (record.state, record.position) == (LedgerState.IN_FLIGHT, None)
+
+
+def test_claims_in_a_batch_win_new_keys_and_judge_the_others_as_single_claims_do(
+    ledger: Ledger,
+) -> None:
+    # GIVEN a key alice holds, one she released, one delivered past its TTL (each claimed one
+    # at a time: an older producer's items), and thirty keys no one claimed
+    later_ms = T0_MS + (TTL_S + 1) * 1000
+    held = claimed(ledger, "k-held", now_ms=later_ms)
+    released = claim(ledger, "k-released", open_group(ledger, "k-released", now_ms=later_ms))
+    assert ledger.release(released).applied
+    expired = claimed(ledger, "k-expired")
+    ledger.record_positions(expired, {"k-expired": POSITION}, settle=True, now_ms=T0_MS)
+    new = [f"k-new-{i:02d}" for i in range(30)]
+    keys = [*new[:10], "k-held", *new[10:20], "k-released", "k-expired", *new[20:]]
+    # WHEN bob claims all of them in one call (batches of 25 where the backend runs PartiQL)
+    bobs = open_group(ledger, *keys, owner=BOB, now_ms=later_ms)
+    results = ledger.claim_many([request_for(k) for k in keys], bobs, now_ms=later_ms)
+    # THEN each result is what a single claim would have said, in the keys' order: the new
+    # keys won at attempt 1, the released and expired ones won at attempt 2, the held one lost
+    # to alice's claim
+    by_key = dict(zip(keys, results, strict=True))
+    assert all(isinstance(r, ClaimResult) for r in results), results
+    won = {
+        k: r.claim
+        for k, r in by_key.items()
+        if isinstance(r, ClaimResult) and r.status is ClaimStatus.WON
+    }
+    assert sorted(won) == sorted([*new, "k-released", "k-expired"])
+    assert {k: (c.attempt, c.group_id) for k, c in won.items() if c is not None} == {
+        **dict.fromkeys(new, (1, bobs.group_id)),
+        "k-released": (2, bobs.group_id),
+        "k-expired": (2, bobs.group_id),
+    }
+    lost = by_key["k-held"]
+    assert isinstance(lost, ClaimResult)
+    assert lost.status is ClaimStatus.LOST
+    assert lost.claim is not None
+    assert lost.claim.group_id == held.group_id
+    # AND the items are the ones single claims write: a single claim now loses to bob's
+    current = ledger.get_claim(STREAM, "k-new-00")
+    assert current == won["k-new-00"]
+    again = ledger.claim(request_for("k-new-00"), open_group(ledger, "k-new-00"), now_ms=later_ms)
+    assert (again.status, again.claim) == (ClaimStatus.LOST, current)
 
 
 def test_a_claim_by_another_request_for_the_same_group_in_the_same_millisecond_loses(

@@ -42,6 +42,7 @@ from typing import TypeVar
 
 from dedupe_store.errors import (
     InvalidTransitionError,
+    LedgerError,
     LedgerThrottledError,
     LedgerUnavailableError,
 )
@@ -675,6 +676,21 @@ class InMemoryLedger:
         )
 
     # --- keys ---------------------------------------------------------------------------------
+
+    @property
+    def claims_per_request(self) -> int:
+        return 1
+
+    def claim_many(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError]:
+        results: list[ClaimResult | LedgerError] = []
+        for request in requests:
+            try:
+                results.append(self.claim(request, group, now_ms=now_ms))
+            except LedgerError as exc:
+                results.append(exc)
+        return results
 
     def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
         def claimable(current: KeyClaim | None) -> bool:

@@ -334,3 +334,34 @@ def test_a_call_that_got_no_response_is_counted_failed_and_inexact(names: Names)
     reading = meter.snapshot()
     assert reading.requests_by_operation == {"PutItem": 1}
     assert (reading.failed_calls, reading.inexact_calls, reading.write_requests) == (1, 1, 0)
+
+
+def test_the_meter_bills_a_batch_of_claims_statement_by_statement(
+    emulators: local_stack.Endpoints, dynamodb_local_endpoint: str, names: Names
+) -> None:
+    """GIVEN a meter on a ledger on DynamoDB Local, which claims in PartiQL batches
+    WHEN 30 new keys are claimed (two requests), then claimed again by another group
+    THEN each INSERT is billed as its item's write (1 unit each: the items are under 1 KB),
+    each refused one as a failed condition on the item that exists (1 unit), the read-back as
+    30 consistent reads: the same units as 30 single claims and 30 lost ones, in 2 + 3
+    requests rather than 30 + 30."""
+    settings = stacks.settings_for(
+        emulators, names, {}, dynamodb_endpoint_url=dynamodb_local_endpoint
+    )
+    ledger = ledger_from(settings)
+    assert ledger.create_table(wait=True)
+    meter = BillingMeter({names.table: SPEC})
+    keys = [f"k-{i:02d}" for i in range(30)]
+    first = ledger.open_group(STREAM, keys, owner="a", now_ms=NOW_MS, lease_ms=LEASE_MS)
+    second = ledger.open_group(STREAM, keys, owner="b", now_ms=NOW_MS, lease_ms=LEASE_MS)
+    requests = [ClaimRequest(STREAM, k, "digest", "123") for k in keys]
+    meter.attach(ledger.client)
+    won = ledger.claim_many(requests, first, now_ms=NOW_MS)
+    lost = ledger.claim_many(requests, second, now_ms=NOW_MS)
+    reading = meter.snapshot()
+    assert [getattr(r, "status", r) for r in won] == [ClaimStatus.WON] * 30
+    assert [getattr(r, "status", r) for r in lost] == [ClaimStatus.LOST] * 30
+    assert dict(reading.requests_by_operation) == {"BatchExecuteStatement": 4, "BatchGetItem": 1}
+    assert (reading.billed_write_units, reading.conditional_check_failures) == (60, 30)
+    assert reading.billed_index_write_units == 0
+    assert (reading.read_requests, reading.inexact_calls) == (30, 0)

@@ -21,10 +21,10 @@ import pytest
 import stacks
 from moto.server import ThreadedMotoServer
 
-from dedupe_store.errors import LedgerSchemaError
+from dedupe_store.errors import LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
-from dedupe_store.records import ClaimStatus, Group, KeyClaim
+from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector, FaultKind
@@ -147,6 +147,120 @@ def test_a_claim_retried_by_the_sdk_after_its_first_try_applied_reports_won(
     assert result.claim is not None
     assert (result.claim.attempt, result.claim.group_id) == (1, group.group_id)
     assert ledger.get_claim(STREAM, "k-retried") == result.claim
+
+
+# --- claims in batches (PartiQL, on DynamoDB Local; dynalite has none) --------------------------
+
+
+def _counted(ledger: DynamoDBLedger) -> list[str]:
+    """Every DynamoDB request the ledger makes from now on, by operation."""
+    operations: list[str] = []
+    ledger.client.meta.events.register(
+        "before-call.dynamodb.*", lambda model, **_: operations.append(model.name)
+    )
+    return operations
+
+
+def test_new_keys_are_claimed_25_to_a_request_and_a_resend_costs_under_a_tenth_of_one(
+    dynamodb_local_endpoint: str, names: Names
+) -> None:
+    # GIVEN a ledger on DynamoDB Local, which runs PartiQL batches
+    ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
+    keys = [f"k-{i:03d}" for i in range(100)]
+    group = open_group(ledger, *keys)
+    operations = _counted(ledger)
+    # WHEN 100 new keys are claimed
+    first = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+    # THEN all are won in 4 requests (25 INSERTs each), and the backend is known to batch
+    assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in first)
+    assert operations == ["BatchExecuteStatement"] * 4
+    assert ledger.batch_claims is True
+    # WHEN they are all sent again (every key DUPLICATE)
+    bobs = open_group(ledger, *keys, owner=BOB, now_ms=T0_MS + 1)
+    operations.clear()
+    again = ledger.claim_many([request_for(k) for k in keys], bobs, now_ms=T0_MS + 1)
+    # THEN each is lost to its claim, judged from items read 100 to a request: 0.05 requests
+    # a key (one UpdateItem and one GetItem each, 2.0, before)
+    assert [r.claim for r in again if isinstance(r, ClaimResult)] == [
+        r.claim for r in first if isinstance(r, ClaimResult)
+    ]
+    assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.LOST for r in again)
+    assert operations == ["BatchExecuteStatement"] * 4 + ["BatchGetItem"]
+
+
+def test_a_backend_without_partiql_is_learned_once_and_claimed_one_key_a_request(
+    emulators: local_stack.Endpoints, names: Names
+) -> None:
+    # GIVEN a ledger on dynalite, which has no BatchExecuteStatement, not told so
+    ledger = new_table(emulators.dynamodb, names.table, dedupe_ttl_s=TTL_S)
+    group = open_group(ledger, "k-1", "k-2", "k-3")
+    operations = _counted(ledger)
+    # WHEN keys are claimed in two calls
+    first = ledger.claim_many([request_for("k-1"), request_for("k-2")], group, now_ms=T0_MS)
+    second = ledger.claim_many([request_for("k-3")], group, now_ms=T0_MS)
+    # THEN the first batch's answer taught it: one UpdateItem a key from then on, all won
+    assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in first + second)
+    assert operations == ["BatchExecuteStatement"] + ["UpdateItem"] * 3
+    assert (ledger.batch_claims, ledger.claims_per_request) == (False, 1)
+
+
+def test_a_batch_retried_by_the_sdk_after_its_first_try_applied_reports_its_claims_won(
+    dynamodb_local_endpoint: str, names: Names
+) -> None:
+    # GIVEN a batch of claims whose response is lost after DynamoDB applied it
+    ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
+    keys = [f"k-{i}" for i in range(5)]
+    group = open_group(ledger, *keys)
+    with FaultInjector(ledger.client, seed=1) as faults:
+        faults.response_lost_in_transit(operations=["BatchExecuteStatement"], count=1)
+        # WHEN the keys are claimed (the SDK sends the batch again: every INSERT a duplicate)
+        results = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+    # THEN each key's item carries this batch's token: all are won, once, at attempt 1
+    assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
+    assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in results)
+    for key, result in zip(keys, results, strict=True):
+        assert isinstance(result, ClaimResult)
+        assert ledger.get_claim(STREAM, key) == result.claim
+        assert result.claim is not None
+        assert (result.claim.attempt, result.claim.group_id) == (1, group.group_id)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(FaultKind.UNAVAILABLE, id="unreachable"),
+        pytest.param(FaultKind.LOST_RESPONSE, id="response-lost"),
+        pytest.param(FaultKind.THROTTLE, id="throttled"),
+    ],
+)
+def test_a_batch_that_fails_as_a_whole_is_resolved_key_by_key(
+    dynamodb_local_endpoint: str, names: Names, kind: FaultKind
+) -> None:
+    # GIVEN a batch of claims that fails as a whole, every try of it: unreachable, applied
+    # with its answer lost, or throttled
+    ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
+    ledger.batch_claims = True
+    keys = [f"k-{i}" for i in range(5)]
+    group = open_group(ledger, *keys)
+    with FaultInjector(ledger.client, seed=2) as faults:
+        faults.add(kind, operations=["BatchExecuteStatement"], count=100)
+        # WHEN the keys are claimed
+        results = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+    # THEN each key is settled as a lost claim is: its item read back says whether the batch
+    # applied (the claim is ours: its token) or not (claimed one by one now), or, throttled
+    # through every round, each key gets the throttled error to retry; never a key claimed
+    # twice, never one held by nobody's knowledge
+    assert faults.injected[kind.value] >= 1
+    if kind is FaultKind.THROTTLE:
+        assert all(isinstance(r, LedgerThrottledError) for r in results), results
+        assert [ledger.get_claim(STREAM, k) for k in keys] == [None] * len(keys)
+        return
+    assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in results)
+    for key, result in zip(keys, results, strict=True):
+        assert isinstance(result, ClaimResult)
+        assert result.claim is not None
+        assert ledger.get_claim(STREAM, key) == result.claim
+        assert (result.claim.attempt, result.claim.group_id) == (1, group.group_id)
 
 
 def test_an_open_retried_by_the_sdk_after_its_first_try_applied_returns_the_group(

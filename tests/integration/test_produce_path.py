@@ -42,6 +42,7 @@ import streamcheck
 from prometheus_client import REGISTRY
 
 from dedupe_store.clock import Clock, ManualClock
+from dedupe_store.settings import BatchClaims
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector, FaultKind, UpdateTarget
@@ -412,19 +413,22 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
     updates = Counter[str]()
     lock = threading.Lock()
 
-    def stall_after_the_claims(**_: Any) -> None:
+    def stall_after_the_claims(model: Any, parsed: Any, **_: Any) -> None:
+        # a claim is an UpdateItem, or a statement of a batch (PartiQL, on DynamoDB Local)
+        batched = model.name == "BatchExecuteStatement"
         with lock:
-            updates["UpdateItem"] += 1
-            if updates["UpdateItem"] == len(batch):
+            updates["claims"] += len(parsed.get("Responses", [])) if batched else 1
+            if updates["claims"] == len(batch):
                 claim = stack.ledger.get_claim(stack.settings.stream, batch[0].key)
                 assert claim is not None
                 group = stack.ledger.get_group(stack.settings.stream, claim.group_id)
                 assert group is not None
                 clock.offset_ms += group.lease_expires_at_ms - 1_000 - clock.now_ms()
 
-    stack.ledger.client.meta.events.register(
-        "after-call.dynamodb.UpdateItem", stall_after_the_claims
-    )
+    for operation in ("UpdateItem", "BatchExecuteStatement"):
+        stack.ledger.client.meta.events.register(
+            f"after-call.dynamodb.{operation}", stall_after_the_claims
+        )
     # WHEN the messages are sent
     outcomes = send(stack, batch)
     # THEN the group's lease was renewed before the put, in one write for all 20 keys (its
@@ -437,7 +441,7 @@ def test_claims_too_short_to_outlive_a_put_are_renewed_before_the_put(
     group = stack.ledger.get_group(stack.settings.stream, group_id)
     assert group is not None
     assert (group.state.value, group.epoch) == ("SETTLED", 2)
-    assert updates["UpdateItem"] == 20 + 1 + 1
+    assert updates["claims"] == 20 + 1 + 1  # key writes: claims (one a request, or batched)
     assert_stream_is_exactly(kinesis, stack, batch)
 
 
@@ -478,8 +482,11 @@ def test_an_sdk_retry_of_a_ledger_write_that_had_applied_is_recognised(
 ) -> None:
     # GIVEN the ledger's SDK retries once, and five claims (or group settles) are applied but
     # their responses are lost on the wire, so the SDK sends the very same request again
-    # (a longer lease: the SDK's backoff must not make claims short enough to be renewed)
-    stack = make_stack(ledger_max_retry_attempts=1, lease_s=30.0)
+    # (a longer lease: the SDK's backoff must not make claims short enough to be renewed;
+    # claims one a request: a batch's retry is test_ledger_contract.py's)
+    stack = make_stack(
+        ledger_max_retry_attempts=1, lease_s=30.0, ledger_batch_claims=BatchClaims.OFF
+    )
     batch = messages(20)
     outcomes: list[Outcome] = []
     injected = Counter[str]()
@@ -509,9 +516,11 @@ def test_an_sdk_retry_of_a_ledger_write_that_had_applied_is_recognised(
     ],
 )
 def test_a_claim_that_fails_sends_nothing_and_a_second_send_delivers_once(
-    stack: Stack, kinesis: Any, kind: FaultKind
+    make_stack: StackFactory, kinesis: Any, kind: FaultKind
 ) -> None:
-    # GIVEN DynamoDB fails five claims
+    # GIVEN DynamoDB fails five claims, claimed one a request (a batch's faults:
+    # test_ledger_contract.py's batch cases)
+    stack = make_stack(ledger_batch_claims=BatchClaims.OFF)
     batch = messages(30)
     with FaultInjector(stack.ledger.client, seed=5) as faults:
         faults.add(kind, operations=["UpdateItem"], target=UpdateTarget.CLAIM, count=5)
