@@ -40,6 +40,14 @@ def bench(
     reconcile: Annotated[
         str, typer.Option(help="stale-claim counts for the reconciler, comma-separated")
     ] = "100,10000",
+    reconcile_lease_s: Annotated[
+        float,
+        typer.Option(
+            min=4.0,
+            help="the lease of the stale claims the reconciler resolves (fence off): the "
+            "wait before it runs",
+        ),
+    ] = 10.0,
     repeat: Annotated[
         int,
         typer.Option(
@@ -143,6 +151,7 @@ def bench(
             replay_tasks=_ints(replay_tasks),
             recovery_rows=recovery_rows,
             recovery_lease_s=recovery_lease_s,
+            reconcile_lease_s=reconcile_lease_s,
             say=_say,
         )
     target = output or Path("bench/results") / f"{time.strftime('%Y-%m-%d')}.json"

@@ -243,16 +243,18 @@ class Bench:
             **({"ledger_ceiling": _mean_ceiling(before, after)} if before and after else {}),
         }
 
-    def reconcile(self, stale: int, *, shards: int = 4) -> dict[str, Any]:
+    def reconcile(self, stale: int, *, shards: int = 4, lease_s: float = 10.0) -> dict[str, Any]:
         """Resolve ``stale`` claims whose records are in the stream but were never marked:
-        what producers that crashed after their put leave behind."""
+        what producers that crashed after their put leave behind. They are stale once their
+        lease is over: the bench waits it out (``lease_s``, which must cover claiming a chunk
+        of 500 and putting it, on a busy machine), then times the reconciler."""
         settings = self._fresh(
             "reconcile",
             shards=shards,
             put_connect_timeout_s=1.0,
             put_read_timeout_s=1.0,
             clock_skew_s=0.5,
-            lease_s=10.0,  # covers claiming a chunk of 500 and putting it, on a busy machine
+            lease_s=lease_s,
             # the fence off: the reconciler's pace does not depend on it, and a lease shorter
             # than the signature window keeps the wait for the claims to expire short
             put_fence=PutFence.OFF,
@@ -273,6 +275,7 @@ class Bench:
         return {
             "stale_claims": stale,
             "shards": shards,
+            "lease_s": lease_s,
             "resolved": report.delivered,
             "seconds": round(seconds, 3),
             "claims_per_second": round(report.delivered / seconds, 1),
@@ -743,6 +746,7 @@ def run(
     replay_tasks: Sequence[int] = (10, 40, 200),
     recovery_rows: int = 100_000,
     recovery_lease_s: float = 10.0,
+    reconcile_lease_s: float = 10.0,
 ) -> dict[str, Any]:
     load_at_start = load_average()
     bench = Bench(base, say=say)
@@ -773,7 +777,7 @@ def run(
     reconciles = []
     for stale in reconcile_sizes:
         say(f"reconciler: {stale} stale claims")
-        reconciles.append(bench.reconcile(stale))
+        reconciles.append(bench.reconcile(stale, lease_s=reconcile_lease_s))
     replay = _replay(
         bench,
         messages=replay_messages,

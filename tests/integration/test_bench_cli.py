@@ -45,7 +45,8 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     output = tmp_path / "bench.json"
     env = {**os.environ, **emulators.as_env()}
     # WHEN a tiny benchmark runs, two ceiling/producer pairs at one concurrency
-    tiny = ["--messages", "100", "--concurrency", "4", "--reconcile", "10", "--repeat", "2"]
+    tiny = ["--messages", "100", "--concurrency", "4", "--repeat", "2"]
+    tiny += ["--reconcile", "10", "--reconcile-lease-s", "4"]
     # AND replay mode's runs, its batch in tasks and its two recoveries, as small
     tiny += ["--replay-messages", "600", "--rows-per-task", "200", "--replay-tasks", "3"]
     tiny += ["--recovery-rows", "400", "--recovery-lease-s", "4"]
@@ -76,6 +77,8 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
         "provisioned_per_day_at_2_billion_usd",
     }
     assert run["delivered"] == 100
+    (stale,) = results["reconcile"]
+    assert (stale["stale_claims"], stale["resolved"], stale["lease_s"]) == (10, 10, 4)
     # AND replay mode's figures next to key mode's: every row delivered, and a bill
     replay = results["replay"]
     assert replay["producer"]["delivered"] == 600
