@@ -9,6 +9,7 @@ back), its deaggregator re-encodes user data as base64 while raw records come ba
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,11 @@ MAGIC = b"\xf3\x89\x9a\xc2"
 _DIGEST_BYTES = 16
 
 
-def _import_library() -> Any:
+@functools.cache
+def _library() -> tuple[Any, Any, Any]:
+    """aws-kinesis-agg's aggregator, deaggregator and protobuf messages, imported on first use:
+    protobuf's import is about a tenth of a second of every command's start, and most sends
+    and reads never meet an aggregate."""
     saved = list(sys.path)
     try:
         from aws_kinesis_agg import aggregator, deaggregator, messages_pb2
@@ -32,7 +37,6 @@ def _import_library() -> Any:
     return aggregator, deaggregator, messages_pb2
 
 
-_aggregator, _deaggregator, _messages_pb2 = _import_library()
 # The aggregate's own partition key counts against the record limit too: up to 256
 # characters of up to 4 UTF-8 bytes each.
 _AGGREGATE_KEY_RESERVE_BYTES = 1024
@@ -44,7 +48,8 @@ class Aggregate:
 
     def __init__(self, max_record_bytes: int) -> None:
         limit = min(max_record_bytes, 1024 * 1024) - _AGGREGATE_KEY_RESERVE_BYTES
-        self._record = _aggregator.AggRecord(max_size=limit)
+        aggregator, _, _ = _library()
+        self._record = aggregator.AggRecord(max_size=limit)
 
     def add(self, partition_key: str, data: bytes, explicit_hash_key: str | None) -> bool:
         """Add a user record; False when it does not fit (start another aggregate)."""
@@ -105,7 +110,8 @@ def deaggregate(shard_id: str, record: dict[str, Any]) -> Iterator[UserRecord]:
     produced = 0
     # the library needs every field GetRecords returns; tests and tools may omit the time
     complete = {"ApproximateArrivalTimestamp": None, **record}
-    for user in _deaggregator.iter_deaggregate_records([complete], data_format="Boto3"):
+    _, deaggregator, _ = _library()
+    for user in deaggregator.iter_deaggregate_records([complete], data_format="Boto3"):
         body = user["kinesis"]
         # the library reports table entry 0 for user records that have no explicit hash key
         has_ehk = produced < expected and entries[produced].HasField("explicit_hash_key_index")
@@ -139,7 +145,8 @@ def user_record_count(shard_id: str, record: dict[str, Any]) -> int:
 
 
 def _parse(data: bytes) -> Any:
-    message = _messages_pb2.AggregatedRecord()
+    _, _, messages_pb2 = _library()
+    message = messages_pb2.AggregatedRecord()
     message.ParseFromString(data[len(MAGIC) : -_DIGEST_BYTES])
     return message
 

@@ -63,7 +63,7 @@ def with_digest(body: bytes) -> bytes:
 
 
 def agg_message(partition_keys: list[str], records: list[dict[str, Any]]) -> bytes:
-    message = kpl._messages_pb2.AggregatedRecord()
+    message = kpl._library()[2].AggregatedRecord()
     message.partition_key_table.extend(partition_keys)
     for fields in records:
         message.records.add(**fields)
@@ -255,8 +255,9 @@ def fresh_library_import(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_importing_kpl_leaves_sys_path_unchanged(fresh_library_import: Any) -> None:
     # GIVEN the library's deaggregator, whose import puts its folder first on sys.path
     path_before = list(sys.path)
-    # WHEN our wrapper is (re)loaded and imports it afresh
+    # WHEN our wrapper is (re)loaded and imports it afresh (on first use: an aggregate)
     importlib.reload(kpl)
+    kpl.Aggregate(1024)
     # THEN the library really was imported again ...
     assert sys.modules["aws_kinesis_agg.deaggregator"] is not fresh_library_import
     # ... and sys.path is exactly as it was: nothing of ours is shadowed by the library's folder
