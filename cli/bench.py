@@ -105,6 +105,14 @@ def bench(
     spark_rows: Annotated[
         int, typer.Option(min=100, help="rows each Spark sink and keo send write")
     ] = 20_000,
+    spark_stream_records: Annotated[
+        int,
+        typer.Option(
+            min=100,
+            help="records of the stream readStream.format('keo') and the relay read, timed "
+            "against a boto3 GetRecords loop and an at-least-once relay",
+        ),
+    ] = 50_000,
     spark_output: Annotated[
         Path | None,
         typer.Option(help="Spark JSON results (default bench/results/spark-writers-<date>.json)"),
@@ -128,9 +136,11 @@ def bench(
     and a plain foreachBatch put_records sink each write the same --spark-rows
     rows (200 bytes) into a stream of their own, new then again (DUPLICATE);
     format('keo') with dedupe=replay, metered, in rounds with the plain sink;
-    and each writer's interface is timed by itself. Writes
-    bench/results/spark-writers-<date>.json and the Spark table in
-    docs/performance.md.
+    and each writer's interface is timed by itself; readStream.format('keo')
+    reads a stream of --spark-stream-records records next to a boto3
+    GetRecords loop, and the relay copies it exactly once next to at least
+    once. Writes bench/results/spark-writers-<date>.json and the Spark table
+    in docs/performance.md.
     """
     from devstack.bench import run
 
@@ -164,7 +174,12 @@ def bench(
     if spark_bench is None:
         return
     with exit_on_errors():
-        spark_results = spark_bench.bench(_endpoints(settings), rows=spark_rows, say=_say)
+        spark_results = spark_bench.bench(
+            _endpoints(settings),
+            rows=spark_rows,
+            stream_records=spark_stream_records,
+            say=_say,
+        )
     spark_target = spark_output or spark_bench.default_output()
     spark_bench.write(spark_results, spark_target)
     spark_table = render_spark_table(spark_results)
@@ -416,6 +431,8 @@ def render_spark_table(results: dict[str, Any]) -> str:
             f"{again['dynamodb_requests_per_message']} and "
             f"{again['billed_write_units_per_message']} ({_operations(again)}).",
         ]
+    if "streaming" in results:
+        lines += ["", *render_streaming(results["streaming"], machine)]
     interface = results["interface"]
     counts = list(interface["arrow"])
     repeats = len(interface["arrow"][counts[0]]["seconds"])
@@ -433,6 +450,51 @@ def render_spark_table(results: dict[str, Any]) -> str:
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list[str]:
+    """``readStream.format("keo")`` against a boto3 GetRecords loop, and the relay exactly
+    once against at least once: each pair's rates and its median ratio over the rounds
+    (``machine``: the master and the load average of the run)."""
+    read, relay = streaming["read"], streaming["relay"]
+
+    def row(label: str, figures: dict[str, Any], ratio: str) -> str:
+        seconds = ", ".join(f"{s:.2f}" for s in figures["seconds"])
+        return f"| {label} | {figures['records_per_s']:,.0f} | {seconds} | {ratio} |"
+
+    def ratio(pair: dict[str, Any]) -> str:
+        rounds = ", ".join(f"{r:.2f}" for r in pair["ratio_per_round"])
+        return f"**{pair['median_ratio']:.2f}** ({rounds})"
+
+    return [
+        f"Streaming: stream A of {streaming['records']:,} records of "
+        f"{streaming['payload_bytes']} bytes, read in {streaming['rounds']} rounds, each "
+        f"measure next to its reference; {machine['master']}, {_load(machine)}.",
+        "",
+        "| streaming | records/s (median) | seconds per round | of the reference, median "
+        "(per round) |",
+        "|---|---|---|---|",
+        row(
+            'readStream.format("keo"), `Trigger.AvailableNow`, into `noop`',
+            read["keo_read_stream"],
+            ratio(read),
+        ),
+        row(
+            "reference: a boto3 GetRecords loop, a thread per shard",
+            read["boto3_get_records"],
+            "1",
+        ),
+        row(
+            "relay A to B, exactly once (`dedupe=replay`)",
+            relay["relay_exactly_once"],
+            ratio(relay),
+        ),
+        row(
+            "reference: relay A to B at least once (`foreachBatch` put_records)",
+            relay["relay_at_least_once"],
+            "1",
+        ),
+    ]
 
 
 def _operations(figures: dict[str, Any]) -> str:

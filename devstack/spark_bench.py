@@ -4,7 +4,8 @@ the same rows.
 
 ::
 
-    python -m devstack.spark_bench [--rows 20000] [--interface-rows 400000] [--repeats 3] [--out F]
+    python -m devstack.spark_bench [--rows 20000] [--interface-rows 400000] [--repeats 3]
+                                   [--stream-records 50000] [--out F]
 
 ``keo bench`` runs it too (``--spark``, the default), so ``make bench`` writes both files.
 Two measures, on one local SparkSession and the embedded stack (started in a temporary
@@ -41,6 +42,9 @@ folder unless both ``KEO_*_ENDPOINT_URL`` are set), every row ``PAYLOAD_BYTES`` 
 
   ``ratios`` divides each sink's rate by ``keo send``'s (new and DUPLICATE) and by the
   plain sink's (new; the median of its rounds).
+- **streaming** (:mod:`devstack.stream_bench`), ``--stream-records`` records:
+  ``readStream.format("keo")`` against a plain boto3 ``GetRecords`` loop, and the relay
+  exactly once (replay mode) against at least once, in ``--repeats`` rounds each.
 
 On the emulators the ledger bounds the exactly-once rates (dynalite is a single Node process
 sharing 2 cores with Spark), so the figures show what Spark adds to the protocol, not what
@@ -63,7 +67,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
-from devstack import emulators
+from devstack import emulators, stream_bench
 from devstack.bench import (
     load_average,
     metered_dynamodb,
@@ -173,7 +177,7 @@ def _ratios(end_to_end: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
+def fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
     """``format("keo")`` options per label, each naming a new stream and table, all ready.
 
     Created at once: dynalite takes about 2 s to make a table ACTIVE, whatever the load.
@@ -183,7 +187,7 @@ def _fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[s
     def fresh(label: str) -> dict[str, str]:
         name = f"bench-spark-{label.replace('_', '-')}-{stamp}"
         options = {**settings, "stream": name, "table": name}
-        parsed = producer_settings(_as_env(options))
+        parsed = producer_settings(as_env(options))
         ledger_from(parsed).create_table(wait=True)
         create_stream(kinesis_client(parsed, for_put=False), name, PARTITIONS, timeout_s=60)
         return options
@@ -192,7 +196,7 @@ def _fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[s
         return dict(zip(labels, pool.map(fresh, labels), strict=True))
 
 
-def _as_env(options: Mapping[str, str]) -> dict[str, str]:
+def as_env(options: Mapping[str, str]) -> dict[str, str]:
     """``format("keo")`` options as the ``KEO_*`` values the producer reads."""
     return {f"KEO_{name.upper()}": value for name, value in options.items()}
 
@@ -204,6 +208,8 @@ def run(
     rows: int = DEFAULT_ROWS,
     interface_rows: Sequence[int] = DEFAULT_INTERFACE_ROWS,
     repeats: int = DEFAULT_REPEATS,
+    stream_records: int = stream_bench.DEFAULT_RECORDS,
+    stream_warm_up: bool = True,
     say: Say = log.info,
 ) -> dict[str, Any]:
     """Every measure; ``settings`` are options of ``format("keo")`` (endpoints, region), and
@@ -212,7 +218,11 @@ def run(
     register(spark)
     spark.dataSource.register(InterfaceBenchSource)
     say("spark: a stream and a ledger table for each measure")
-    streams = _fresh_streams(settings, ["interface", CLI_SEND, *INTERFACES, REPLAY, PLAIN_SINK])
+    streaming_labels = {label: f"stream-{label}" for label in stream_bench.STREAMS}
+    streams = fresh_streams(
+        settings,
+        ["interface", CLI_SEND, *INTERFACES, REPLAY, PLAIN_SINK, *streaming_labels.values()],
+    )
     interface = _interface(
         spark,
         streams["interface"],
@@ -234,6 +244,16 @@ def run(
     rounds = _replay_and_plain(spark, streams, rows=rows, repeats=repeats, say=say)
     end_to_end[REPLAY] = rounds.pop(REPLAY)
     end_to_end[PLAIN_SINK] = rounds.pop(PLAIN_SINK)
+    with tempfile.TemporaryDirectory(prefix="keo-stream-bench-") as folder:
+        streaming = stream_bench.run(
+            spark,
+            {label: as_env(streams[name]) for label, name in streaming_labels.items()},
+            Path(folder),
+            records=stream_records,
+            repeats=repeats,
+            warm_up=stream_warm_up,
+            say=say,
+        )
     return {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
@@ -242,6 +262,7 @@ def run(
         "end_to_end": end_to_end,
         "ratios": _ratios(end_to_end),
         "replay_vs_plain": rounds,
+        "streaming": streaming,
     }
 
 
@@ -274,7 +295,7 @@ def _keo_send(options: dict[str, str], folder: Path, rows: int, say: Say) -> dic
     """``keo send`` on the rows, new then DUPLICATE, and its start on an empty file."""
     env = {
         **os.environ,
-        **_as_env(options),
+        **as_env(options),
         # the code this process runs, not whatever copy the interpreter has installed
         "PYTHONPATH": worker_python_path(),
     }
@@ -305,12 +326,12 @@ def _replay_and_plain(
     its own per write would be new settings, new clients, each write). Every replay-mode
     write's DynamoDB calls, the tasks' and the driver's, are priced by that proxy's meter:
     the bill per row, with ``rows / PARTITIONS`` rows per task."""
-    sink = AtLeastOnceSink(_as_env(streams[PLAIN_SINK]))
+    sink = AtLeastOnceSink(as_env(streams[PLAIN_SINK]))
     plain_frame, replay_frame = _frame(spark, rows, PLAIN_SINK), _frame(spark, rows, REPLAY)
     plain_s: list[float] = []
     replay_s: list[float] = []
     bills: list[dict[str, Any]] = []
-    with metered_dynamodb(producer_settings(_as_env(streams[REPLAY]))) as (endpoint, meter):
+    with metered_dynamodb(producer_settings(as_env(streams[REPLAY]))) as (endpoint, meter):
         options = {**streams[REPLAY], "dynamodb_endpoint_url": endpoint, "dedupe": "replay"}
 
         def replay_write(run_id: str) -> float:
@@ -367,6 +388,7 @@ def bench(
     rows: int = DEFAULT_ROWS,
     interface_rows: Sequence[int] = DEFAULT_INTERFACE_ROWS,
     repeats: int = DEFAULT_REPEATS,
+    stream_records: int = stream_bench.DEFAULT_RECORDS,
     say: Say = log.info,
 ) -> dict[str, Any]:
     """:func:`run` in a local SparkSession of its own, stopped at the end; ``endpoints`` are
@@ -375,12 +397,21 @@ def bench(
     spark = local_session("keo-spark-bench")
     try:
         figures = run(
-            spark, endpoints, rows=rows, interface_rows=interface_rows, repeats=repeats, say=say
+            spark,
+            endpoints,
+            rows=rows,
+            interface_rows=interface_rows,
+            repeats=repeats,
+            stream_records=stream_records,
+            say=say,
         )
     finally:
         spark.stop()
     more = "".join(f" --interface-rows {n}" for n in interface_rows)
-    command = f"python -m devstack.spark_bench --rows {rows}{more} --repeats {repeats}"
+    command = (
+        f"python -m devstack.spark_bench --rows {rows}{more} --repeats {repeats} "
+        f"--stream-records {stream_records}"
+    )
     return {**figures, "command": command}
 
 
@@ -410,31 +441,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, default=DEFAULT_REPEATS, help="runs of the interface measure"
     )
+    parser.add_argument(
+        "--stream-records",
+        type=int,
+        default=stream_bench.DEFAULT_RECORDS,
+        help="records of the stream readStream.format('keo') and the relay read",
+    )
     parser.add_argument("--out", type=Path, default=default_output(), help="where figures go")
     return parser.parse_args(argv)
+
+
+def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
+    """``format("keo")`` options of the stack the ``KEO_*_ENDPOINT_URL`` variables name, or
+    else of an embedded stack started in a temporary folder (stopped by ``cleanup``)."""
+    endpoints = {
+        "kinesis_endpoint_url": os.environ.get("KEO_KINESIS_ENDPOINT_URL", ""),
+        "dynamodb_endpoint_url": os.environ.get("KEO_DYNAMODB_ENDPOINT_URL", ""),
+    }
+    if not all(endpoints.values()):
+        state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="keo-bench-")))
+        started = emulators.up(state)
+        cleanup.callback(emulators.down, state)
+        endpoints = {
+            "kinesis_endpoint_url": started.kinesis,
+            "dynamodb_endpoint_url": started.dynamodb,
+        }
+    return {**endpoints, "region": os.environ.get("KEO_REGION", emulators.REGION)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     with ExitStack() as cleanup:
-        endpoints = {
-            "kinesis_endpoint_url": os.environ.get("KEO_KINESIS_ENDPOINT_URL", ""),
-            "dynamodb_endpoint_url": os.environ.get("KEO_DYNAMODB_ENDPOINT_URL", ""),
-        }
-        if not all(endpoints.values()):
-            state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="keo-bench-")))
-            started = emulators.up(state)
-            cleanup.callback(emulators.down, state)
-            endpoints = {
-                "kinesis_endpoint_url": started.kinesis,
-                "dynamodb_endpoint_url": started.dynamodb,
-            }
         results = bench(
-            {**endpoints, "region": os.environ.get("KEO_REGION", emulators.REGION)},
+            local_endpoints(cleanup),
             rows=args.rows,
             interface_rows=args.interface_rows or DEFAULT_INTERFACE_ROWS,
             repeats=args.repeats,
+            stream_records=args.stream_records,
         )
     write(results, args.out)
     log.info("figures written to %s", args.out)

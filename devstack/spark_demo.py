@@ -167,7 +167,8 @@ def _put_client(values: Mapping[str, str]) -> Any:
 
 @dataclass(frozen=True)
 class AtLeastOncePartitionWriter:
-    """Executor side of the plain sink: ``(key, data)`` rows, 500 records per request."""
+    """Executor side of the plain sink: ``(key, data)`` rows (data a string, or binary as
+    ``readStream.format("keo")`` reads it), 500 records per request."""
 
     settings: dict[str, str]
     stream: str
@@ -177,7 +178,8 @@ class AtLeastOncePartitionWriter:
         entries: list[dict[str, Any]] = []
         written = 0
         for key, data in rows:
-            entries.append(put_entry(key, data.encode("utf-8")))
+            payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            entries.append(put_entry(key, payload))
             if len(entries) == MAX_RECORDS_PER_PUT:
                 put_at_least_once(client, self.stream, entries)
                 written += len(entries)

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 # The tail of a shard is looked for in the last 10 s first, then in windows 10 times wider.
 _TAIL_WINDOW_MS = 10_000
 _TAIL_WIDENING = 10
+# A window holding more records than this is halved, down to a second, before it is read.
+_TAIL_PAGE = 1_000
+_TAIL_NARROWEST_MS = 1_000
 
 
 def raise_lost(error: ShardPositionLostError) -> None:
@@ -277,9 +280,11 @@ class KinesisReader:
 
         Read from a little before now (the last 10 s, then windows 10 times wider), so that
         finding the tip of a busy shard reads seconds of it, not all of it. A window that finds
-        nothing is widened only while records after ``start`` may lie before it: one page read
+        nothing is widened only while records after ``start`` may lie before it: one record read
         from ``start`` says whether there are any, and the window stops widening once it reaches
-        back to the first of them (``margin_ms`` covers arrival times out of order).
+        back to the first of them (``margin_ms`` covers arrival times out of order). A window
+        holding more than ``_TAIL_PAGE`` records is narrowed before it is read
+        (:meth:`_last_since`): a shard quiet since a burst is not read whole for its last record.
         """
         window_ms = _TAIL_WINDOW_MS
         first: SeenRecord | None = None
@@ -287,11 +292,11 @@ class KinesisReader:
             since_ms = now_ms - window_ms
             if start.kind is StartKind.AT_TIMESTAMP and start.timestamp_ms is not None:
                 since_ms = max(since_ms, start.timestamp_ms)  # nothing before the start counts
-            last = self._last_since(shard_id, since_ms)
+            last = self._last_since(shard_id, since_ms, now_ms)
             if last is not None:
                 return last if start.is_before(last.sequence_number) else None
             if first is None:
-                first = self._first_after(shard_id, start)
+                first = self._first(shard_id, start)
                 if first is None:
                     return None
             if since_ms <= first.arrival_ms - margin_ms:
@@ -299,15 +304,52 @@ class KinesisReader:
                 return self._last_after(shard_id, start)
             window_ms *= _TAIL_WIDENING
 
-    def _last_since(self, shard_id: str, since_ms: int) -> SeenRecord | None:
-        last: SeenRecord | None = None
-        for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0))):
-            if page.records:
-                last = _seen(page.records[-1])
-        return last
+    def _last_since(self, shard_id: str, since_ms: int, now_ms: int) -> SeenRecord | None:
+        """The shard's last record, read from ``since_ms`` (None: nothing arrived since).
 
-    def _first_after(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
-        for page in self._pages(shard_id, start, check=False):
+        A window holding more than a page is halved first, keeping its later half while a
+        record arrived in it (one GetRecords of one record a step), down to a second, which is
+        read to the tip. Whatever the order of arrival times, a read that starts at a record
+        and goes on to the tip ends at the shard's last record; each step keeps a start where
+        a record was found.
+        """
+        last, whole = self._last_reading(shard_id, since_ms, at_most=_TAIL_PAGE)
+        if whole:
+            return last
+        low, high = since_ms, now_ms
+        while high - low > _TAIL_NARROWEST_MS:
+            middle = (low + high) // 2
+            if self._first(shard_id, ShardStart.at_timestamp(max(middle, 0))) is not None:
+                low = middle
+            else:
+                high = middle
+        found, _ = self._last_reading(shard_id, low, at_most=None)
+        return found if found is not None else last  # None only if trimmed meanwhile
+
+    def _last_reading(
+        self, shard_id: str, since_ms: int, *, at_most: int | None
+    ) -> tuple[SeenRecord | None, bool]:
+        """The last record read from ``since_ms`` to the tip, and True; or, once more than
+        ``at_most`` records were read before the tip, the last so far and False."""
+        last: SeenRecord | None = None
+        read = 0
+
+        def size() -> int:
+            if at_most is None:
+                return self._page_limit
+            return max(1, at_most - read)  # past at_most, one more record says it is more
+
+        for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0)), limit=size):
+            if page.records:
+                if at_most is not None and read >= at_most:
+                    return last, False
+                last = _seen(page.records[-1])
+                read += len(page.records)
+        return last, True
+
+    def _first(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
+        """The first record from ``start`` on, read one record a call."""
+        for page in self._pages(shard_id, start, check=False, limit=lambda: 1):
             if page.records:
                 return _seen(page.records[0])
         return None

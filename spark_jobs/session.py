@@ -54,9 +54,12 @@ def _prepare_workers() -> str:
     return python_path
 
 
-def local_session(app_name: str, *, java_options: str | None = None) -> Any:
+def local_session(app_name: str, *, threads: int = 2, java_options: str | None = None) -> Any:
+    """``local[threads]``: that many tasks at once (a test that freezes some tasks mid-batch
+    needs a thread for each, and one more for the rest)."""
     python_path = _prepare_workers()
-    return _classic_session("local[2]", app_name, _local_options(python_path), java_options)
+    options = _local_options(python_path, parallelism=threads)
+    return _classic_session(f"local[{threads}]", app_name, options, java_options)
 
 
 def cluster_session(

@@ -157,16 +157,18 @@ def tail(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")[-4000:]
 
 
-def start_driver(job: dict[str, Any], logs: Path, **env: str) -> subprocess.Popen[bytes]:
-    """cluster_job.py running ``job``, working in ``job["work_dir"]``; its output goes to
-    ``logs`` + ``.out`` / ``.err``."""
+def start_driver(
+    job: dict[str, Any], logs: Path, *, script: Path = JOB, **env: str
+) -> subprocess.Popen[bytes]:
+    """``script`` (cluster_job.py) running ``job``, working in ``job["work_dir"]``; its output
+    goes to ``logs`` + ``.out`` / ``.err``."""
     environment = {**os.environ, "PYTHONPATH": worker_python_path()}
     for inherited in ("SPARK_HOME", "KEO_FAILPOINTS"):
         environment.pop(inherited, None)
     environment.update(env)
     with logs.with_suffix(".out").open("wb") as out, logs.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, str(JOB), json.dumps(job)],
+            [sys.executable, str(script), json.dumps(job)],
             env=environment,
             stdout=out,
             stderr=err,
@@ -175,9 +177,11 @@ def start_driver(job: dict[str, Any], logs: Path, **env: str) -> subprocess.Pope
 
 
 @contextlib.contextmanager
-def running(job: dict[str, Any], logs: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    job: dict[str, Any], logs: Path, *, script: Path = JOB, **env: str
+) -> Iterator[subprocess.Popen[bytes]]:
     """:func:`start_driver`, killed on the way out if it still runs, and waited for."""
-    driver = start_driver(job, logs, **env)
+    driver = start_driver(job, logs, script=script, **env)
     try:
         yield driver
     finally:

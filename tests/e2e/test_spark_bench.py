@@ -1,5 +1,6 @@
 """The Spark bench, tiny, on the session's SparkSession: every figure ``make bench`` promises
-is in its results, and ``keo bench`` renders them. Nothing about speed is asserted."""
+is in its results (the writers', and the streaming read's and the relay's), and ``keo bench``
+renders them. Nothing about speed is asserted."""
 
 from __future__ import annotations
 
@@ -30,8 +31,17 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
         "dynamodb_endpoint_url": emulators.dynamodb,
         "region": local_stack.REGION,
     }
-    # WHEN the bench runs on 200 rows, once each
-    results = spark_bench.run(spark, endpoints, rows=200, interface_rows=(), repeats=1)
+    # WHEN the bench runs on 200 rows, once each, and its streaming part on 200 records,
+    # not warmed up
+    results = spark_bench.run(
+        spark,
+        endpoints,
+        rows=200,
+        interface_rows=(),
+        repeats=1,
+        stream_records=200,
+        stream_warm_up=False,
+    )
     # THEN every sink has its rate end to end, new and (but for the plain sink) DUPLICATE
     end_to_end = results["end_to_end"]
     assert set(end_to_end) == set(SINKS)
@@ -57,6 +67,16 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
     assert replay["duplicate"]["billed_write_units_per_message"] > 0
     assert isinstance(results["ratios"]["replay"]["new_vs_plain_foreach_batch"], float)
     assert len(results["replay_vs_plain"]["ratio_per_round"]) == 1
+    # AND readStream.format("keo") next to a boto3 GetRecords loop, and the relay exactly once
+    # next to at least once, each having seen every record (or it would have raised)
+    streaming = results["streaming"]
+    for pair, names in (
+        ("read", ("keo_read_stream", "boto3_get_records")),
+        ("relay", ("relay_exactly_once", "relay_at_least_once")),
+    ):
+        for name in names:
+            assert streaming[pair][name]["records_per_s"] > 0
+        assert isinstance(streaming[pair]["median_ratio"], float)
     # AND the load average at the start and at the end, for reading noisy figures
     load = results["machine"]["load_average"]
     assert len(load["start"]) == len(load["end"]) == 3
@@ -67,3 +87,5 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
     assert "`dedupe=replay` against the plain sink in 1 rounds" in table
     assert "\n| `keo send`" in table
     assert "\n| plain `foreachBatch`" in table
+    assert '\n| readStream.format("keo")' in table
+    assert "\n| relay A to B, exactly once" in table

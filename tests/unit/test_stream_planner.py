@@ -280,6 +280,25 @@ def test_the_tail_of_a_busy_shard_is_found_reading_its_last_seconds_only() -> No
     assert counting[0].records_returned <= 3
 
 
+def test_the_tail_of_a_shard_quiet_since_a_burst_is_found_without_reading_the_burst() -> None:
+    # GIVEN a shard that took 5,000 records in 5 s, a minute ago, and nothing since
+    counting: list[Counting] = []
+    world = World(shard_count=1, client=lambda fake: counting.append(Counting(fake)) or counting[0])
+    for burst in range(50):
+        world.put(*(f"b{burst}-{i}" for i in range(100)))
+        world.kinesis.advance(100)
+    world.kinesis.advance(60_000)
+    # WHEN the first batch's end is fixed
+    end = world.planner.latest(world.planner.initial(), None)
+    # THEN it is the last record, found by reading the burst's last second, not all of it
+    assert end.progress("shardId-000000000000").after == world.kinesis.visible()[-1].sequence_number
+    # (a page of 1,000 says the window holds more, then one record a step, then its last records)
+    assert counting[0].records_returned <= 1_200
+    # AND a batch reads every record of the burst
+    batches, _ = world.run()
+    assert len(keys(batches)) == 5_000
+
+
 def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
     world = World(shard_count=1)
     world.put(*(f"k{i}" for i in range(5)))

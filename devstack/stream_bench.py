@@ -1,0 +1,328 @@
+"""``readStream.format("keo")`` and the relay (#24), timed on the local stack against what a
+user would write without them; ``devstack.spark_bench`` runs it (so ``keo bench`` and
+``make bench`` do), its figures under ``"streaming"``. By itself::
+
+    python -m devstack.stream_bench [--records 50000] [--repeats 3] [--out F]
+
+Stream A, of ``PARTITIONS`` shards, is filled first with ``records`` records of
+``PAYLOAD_BYTES`` bytes (plain ``put_records``), and only read after. Then, in ``repeats``
+rounds, each measure next to its reference (the ratio is taken within a round, where the
+machine's drift is shared, and its median reported):
+
+- **read**: ``spark.readStream.format("keo")`` over A, ``Trigger.AvailableNow`` (one batch,
+  every shard to its tail when the query starts) into Spark's ``noop`` sink, a new checkpoint
+  each round, timed from ``start()`` to its end (the query's planning included: finding each
+  shard's tail), against a plain boto3 ``GetRecords`` loop over the same shards, a thread per
+  shard as Spark runs a task per shard, from TRIM_HORIZON to the tip, 10,000 records a call;
+- **relay**: A into a stream B, exactly once (:func:`spark_jobs.relay.start_relay`, replay
+  mode, a new query name and checkpoint each round), against at least once: the same read
+  into ``foreachBatch`` of the demo's plain ``put_records`` sink
+  (:class:`devstack.spark_demo.AtLeastOnceSink`), into a stream of its own.
+
+Both Spark paths are warmed up first, untimed, on a small stream (a query's first batch
+starts Python workers), unless ``warm_up`` is off (a smoke run's figures mean nothing).
+The load average at the start and the end is in the figures. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Final
+
+from devstack.bench import load_average
+from devstack.spark_demo import AtLeastOnceSink
+from kinesis_store.entries import put_entry
+from producer.settings import Dedupe
+from producer.wiring import kinesis_client
+from spark_jobs.options import setting_options
+from spark_jobs.relay import start_relay
+from spark_jobs.writer import producer_settings
+
+__all__ = ["DEFAULT_RECORDS", "measure", "run"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RECORDS: Final = 50_000
+WARM_RECORDS: Final = 500
+PAYLOAD_BYTES: Final = 200
+PUTS_IN_FLIGHT: Final = 4
+READ: Final = "keo_read_stream"
+GET_RECORDS: Final = "boto3_get_records"
+EXACTLY_ONCE: Final = "relay_exactly_once"
+AT_LEAST_ONCE: Final = "relay_at_least_once"
+STREAMS: Final = ("source", "warm", "exactly_once", "at_least_once")
+
+Say = Callable[[str], None]
+
+
+def fill(settings: Mapping[str, str], records: int) -> None:
+    """``records`` records into the settings' stream, 500 a call, what failed put again."""
+    parsed = producer_settings(settings)
+    client = kinesis_client(parsed, for_put=False)
+
+    def put(start: int) -> None:
+        entries = [
+            put_entry(f"fill-{i}", f"{i:0{PAYLOAD_BYTES}d}".encode())
+            for i in range(start, min(records, start + 500))
+        ]
+        while entries:
+            answer = client.put_records(StreamName=parsed.stream, Records=entries)
+            entries = [
+                entry
+                for entry, result in zip(entries, answer["Records"], strict=True)
+                if result.get("ErrorCode")
+            ]
+
+    with ThreadPoolExecutor(PUTS_IN_FLIGHT) as pool:
+        list(pool.map(put, range(0, records, 500)))
+
+
+def get_records_loop(settings: Mapping[str, str]) -> int:
+    """Every record of the stream read with plain boto3, a thread per shard: the count."""
+    parsed = producer_settings(settings)
+    client = kinesis_client(parsed, for_put=False)
+    shards = client.list_shards(StreamName=parsed.stream)["Shards"]
+
+    def read(shard_id: str) -> int:
+        iterator = client.get_shard_iterator(
+            StreamName=parsed.stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        count = 0
+        while iterator is not None:
+            page = client.get_records(ShardIterator=iterator, Limit=10_000)
+            count += len(page["Records"])
+            iterator = page.get("NextShardIterator")
+            if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
+                break  # the tip
+        return count
+
+    with ThreadPoolExecutor(len(shards)) as pool:
+        return sum(pool.map(read, [shard["ShardId"] for shard in shards]))
+
+
+def _timed(run: Callable[[], int]) -> tuple[float, int]:
+    started = time.perf_counter()
+    count = run()
+    return time.perf_counter() - started, count
+
+
+def _ended(query: Any) -> int:
+    """Waits for an availableNow query to end; the rows it read."""
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"the bench's query failed: {query.exception()}")
+    return sum(progress.numInputRows for progress in query.recentProgress)
+
+
+class _Queries:
+    """The streaming queries the measures start, each with a checkpoint of its own."""
+
+    def __init__(self, spark: Any, folder: Path) -> None:
+        self.spark = spark
+        self.folder = folder
+        self.started = 0
+
+    def _checkpoint(self, label: str) -> str:
+        self.started += 1
+        return str(self.folder / f"{label}-{self.started}")
+
+    def _read(self, source: Mapping[str, str]) -> Any:
+        options = setting_options(source)
+        return self.spark.readStream.format("keo").options(**options).load()
+
+    def read(self, source: Mapping[str, str]) -> int:
+        query = (
+            self._read(source)
+            .writeStream.format("noop")
+            .option("checkpointLocation", self._checkpoint("read"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return _ended(query)
+
+    def exactly_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
+        checkpoint = self._checkpoint("relay")
+        query = start_relay(
+            self.spark,
+            settings=target,
+            source=producer_settings(source).stream,
+            target=producer_settings(target).stream,
+            checkpoint=checkpoint,
+            query_name=f"bench-{Path(checkpoint).name}-{time.time_ns()}",
+            dedupe=Dedupe.REPLAY,
+        )
+        return _ended(query)
+
+    def at_least_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
+        query = (
+            self._read(source)
+            .select("key", "data")
+            .writeStream.foreachBatch(AtLeastOnceSink(target))
+            .option("checkpointLocation", self._checkpoint("plain"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return _ended(query)
+
+
+def _figures(records: int, seconds: list[float]) -> dict[str, Any]:
+    return {
+        "seconds": [round(s, 3) for s in seconds],
+        "records_per_s": round(records / statistics.median(seconds), 1),
+    }
+
+
+def _side_by_side(
+    records: int,
+    repeats: int,
+    measure: tuple[str, Callable[[], int]],
+    reference: tuple[str, Callable[[], int]],
+    say: Say,
+) -> dict[str, Any]:
+    """``repeats`` rounds of ``reference`` then ``measure``; each must see every record."""
+    seconds: dict[str, list[float]] = {measure[0]: [], reference[0]: []}
+    for number in range(1, repeats + 1):
+        for name, run in (reference, measure):
+            say(f"spark: {name}, {records} records ({number}/{repeats})")
+            took, count = _timed(run)
+            if count != records:
+                raise RuntimeError(f"{name} saw {count} records of {records}")
+            seconds[name].append(took)
+    per_round = [
+        round(r / m, 3) for m, r in zip(seconds[measure[0]], seconds[reference[0]], strict=True)
+    ]
+    return {
+        measure[0]: _figures(records, seconds[measure[0]]),
+        reference[0]: _figures(records, seconds[reference[0]]),
+        "ratio_per_round": per_round,
+        "median_ratio": round(statistics.median(per_round), 3),
+    }
+
+
+def run(
+    spark: Any,
+    streams: Mapping[str, Mapping[str, str]],
+    folder: Path,
+    *,
+    records: int = DEFAULT_RECORDS,
+    repeats: int = 3,
+    warm_up: bool = True,
+    say: Say = log.info,
+) -> dict[str, Any]:
+    """Both measures. ``streams`` holds the ``KEO_*`` settings of four new streams (and
+    ledger tables), by label: ``source`` (A), ``warm``, ``exactly_once`` and
+    ``at_least_once`` (the relay's targets); ``folder`` takes the checkpoints."""
+    source, warm = streams["source"], streams["warm"]
+    say(f"spark: streaming, {records} records into stream A ({PUTS_IN_FLIGHT} puts in flight)")
+    fill(source, records)
+    queries = _Queries(spark, folder)
+    if warm_up:
+        say("spark: warming up readStream.format('keo') and both relays")
+        fill(warm, WARM_RECORDS)
+        queries.read(warm)
+        queries.exactly_once(warm, streams["exactly_once"])
+        queries.at_least_once(warm, streams["at_least_once"])
+    read = _side_by_side(
+        records,
+        repeats,
+        (READ, lambda: queries.read(source)),
+        (GET_RECORDS, lambda: get_records_loop(source)),
+        say,
+    )
+    relay = _side_by_side(
+        records,
+        repeats,
+        (EXACTLY_ONCE, lambda: queries.exactly_once(source, streams["exactly_once"])),
+        (AT_LEAST_ONCE, lambda: queries.at_least_once(source, streams["at_least_once"])),
+        say,
+    )
+    return {
+        "records": records,
+        "payload_bytes": PAYLOAD_BYTES,
+        "rounds": repeats,
+        "read": read,
+        "relay": relay,
+    }
+
+
+def measure(
+    spark: Any,
+    endpoints: Mapping[str, str],
+    *,
+    records: int = DEFAULT_RECORDS,
+    repeats: int = 3,
+    say: Say = log.info,
+) -> dict[str, Any]:
+    """:func:`run` on new streams and tables (``endpoints`` are ``format("keo")`` options:
+    endpoints, region), the checkpoints in a temporary folder; the machine beside."""
+    from devstack.spark_bench import as_env, fresh_streams
+
+    load_at_start = load_average()
+    created = fresh_streams(endpoints, [f"stream-{label}" for label in STREAMS])
+    streams = {label: as_env(created[f"stream-{label}"]) for label in STREAMS}
+    with tempfile.TemporaryDirectory(prefix="keo-stream-bench-") as folder:
+        figures = run(spark, streams, Path(folder), records=records, repeats=repeats, say=say)
+    return {
+        **figures,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "master": spark.sparkContext.master,
+            "load_average": {"start": load_at_start, "end": load_average()},
+        },
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack.stream_bench",
+        description="Time readStream.format('keo') against a boto3 GetRecords loop, and the "
+        "relay exactly once against at least once.",
+    )
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="records in A")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of each measure")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results") / f"streaming-{time.strftime('%Y-%m-%d')}.json",
+        help="where figures go",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from devstack.spark_bench import local_endpoints, write
+    from spark_jobs import register
+    from spark_jobs.session import local_session
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    with ExitStack() as cleanup:
+        endpoints = local_endpoints(cleanup)
+        spark = local_session("keo-stream-bench")
+        cleanup.callback(spark.stop)
+        register(spark)
+        figures = measure(spark, endpoints, records=args.records, repeats=args.repeats)
+    command = f"python -m devstack.stream_bench --records {args.records} --repeats {args.repeats}"
+    write(
+        {
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": command,
+            "streaming": figures,
+        },
+        args.out,
+    )
+    log.info("figures written to %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
