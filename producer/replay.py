@@ -274,7 +274,8 @@ class ReplayAttempt:
         earlier = earlier_of(run, registration.task_attempts, me)
         if earlier and registration.registered and not complete:
             earlier = self._supersede(run, registration.task_attempts, earlier)
-        now_ms = context.clock.now_ms()  # after the reads: what they showed finished, had
+        # read after the ledger answered: an execution it showed finished put everything before
+        now_ms = context.clock.now_ms()
         self.step = recovery_step(
             run_complete=complete,
             superseded=registration.superseded,
