@@ -90,6 +90,14 @@ def bench(
             "off): how long the replay of a half-put run may wait",
         ),
     ] = 10.0,
+    resend_messages: Annotated[
+        int,
+        typer.Option(
+            min=100,
+            help="the resend path: delivered keys sent again (every one DUPLICATE) through "
+            "the metering proxy",
+        ),
+    ] = 20_000,
     output: Annotated[
         Path | None, typer.Option(help="JSON results (default bench/results/<date>.json)")
     ] = None,
@@ -121,6 +129,15 @@ def bench(
         Path, typer.Option(help="markdown page whose results table is rewritten")
     ] = Path("docs/performance.md"),
     state_dir: Annotated[Path, typer.Option(help="state of the local stack")] = Path(".keo"),
+    dynamodb_emulator: Annotated[
+        str,
+        typer.Option(
+            "--dynamodb-emulator",
+            envvar="KEO_DYNAMODB_EMULATOR",
+            help="the local stack's DynamoDB, when the endpoints are not set: dynalite (no "
+            "PartiQL: key mode claims a key a request) or dynamodb-local (25 a request)",
+        ),
+    ] = "dynalite",
 ) -> None:
     """Run the benchmark on the embedded local stack (started if needed): the plain
     put_records baseline, the exactly-once producer at several concurrencies next to the
@@ -143,10 +160,16 @@ def bench(
     in docs/performance.md.
     """
     from devstack.bench import run
+    from devstack.emulators import DYNAMODB_EMULATORS
 
+    if dynamodb_emulator not in DYNAMODB_EMULATORS:
+        raise typer.BadParameter(
+            f"{dynamodb_emulator!r}: one of {', '.join(DYNAMODB_EMULATORS)}",
+            param_hint="'--dynamodb-emulator' / KEO_DYNAMODB_EMULATOR",
+        )
     concurrencies, reconcile_sizes = _ints(concurrency), _ints(reconcile)
     spark_bench = _spark_bench() if spark else None  # missing pyspark fails before the run
-    use_local_stack(state_dir, "bench")
+    use_local_stack(state_dir, "bench", dynamodb=dynamodb_emulator)
     settings = load_settings()
     with exit_on_errors():
         results = run(
@@ -162,6 +185,7 @@ def bench(
             recovery_rows=recovery_rows,
             recovery_lease_s=recovery_lease_s,
             reconcile_lease_s=reconcile_lease_s,
+            resend_messages=resend_messages,
             say=_say,
         )
     target = output or Path("bench/results") / f"{time.strftime('%Y-%m-%d')}.json"
@@ -242,6 +266,16 @@ def render_table(results: dict[str, Any]) -> str:
                 f"| {path['billed_read_units_per_message']} "
                 f"| {path['client_cpu_ms_per_message']} | {run['mean_batch_fill']} |"
             )
+    if "resend" in results:
+        resend = results["resend"]
+        lines += [
+            "",
+            f"The resend path alone: {resend['messages']:,} delivered keys sent again (every "
+            f"one DUPLICATE) at concurrency {resend['concurrency']}, through the metering "
+            f"proxy: {resend['dynamodb_requests_per_message']} DynamoDB requests/msg "
+            f"({_operations(resend)}), {resend['billed_write_units_per_message']} billed "
+            f"WU/msg, {resend['billed_read_units_per_message']} billed RU/msg.",
+        ]
     cost = results["best"]["cost"]
     lines += [
         "",

@@ -284,6 +284,28 @@ class Bench:
             "get_records_calls_per_shard": round(report.get_records_calls / shards, 2),
         }
 
+    def resend(self, count: int, size: int, concurrency: int) -> dict[str, Any]:
+        """The resend path alone (issue 25): ``count`` messages delivered, then the same keys
+        sent again (every one DUPLICATE) by a producer whose DynamoDB calls go through a
+        :class:`MeteringProxy`, which counts and prices each as AWS bills it. Its start's calls
+        are left out; its rate is a proxied one (one hop longer per call)."""
+        settings = self._fresh("resend", ledger_concurrency=concurrency)
+        messages = _messages(count, size, "resend")
+        with build_stack(settings).producer(owner="bench") as producer:
+            _send_all(producer, messages)
+        with metered_dynamodb(settings) as (endpoint, meter):
+            stack = build_stack(settings.model_copy(update={"dynamodb_endpoint_url": endpoint}))
+            with stack.producer(owner="bench") as producer:
+                started = meter.snapshot()
+                timed = _timed(lambda: _send_all(producer, messages))
+                bill = meter.snapshot()
+        return {
+            "messages": count,
+            "concurrency": concurrency,
+            **timed,
+            **per_message(bill, count, since=started),
+        }
+
     # --- replay mode (dedupe=replay) -----------------------------------------------------------
 
     def replay_send(self, count: int, size: int) -> dict[str, Any]:
@@ -727,9 +749,21 @@ def machine(load_at_start: list[float]) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "backends": "kinesalite 3.3.3 + dynalite 4.0.0 on 127.0.0.1 (LevelDB on local disk)",
+        "backends": f"kinesalite 3.3.3 + {_dynamodb_backend()} on 127.0.0.1",
         "load_average": {"start": load_at_start, "end": load_average()},
     }
+
+
+# what answers at KEO_DYNAMODB_ENDPOINT_URL, by KEO_DYNAMODB_EMULATOR (set by the local stack)
+_DYNAMODB_BACKENDS: Final = {
+    "dynalite": "dynalite 4.0.0 (LevelDB on local disk; no PartiQL: a claim a request)",
+    "dynamodb-local": "DynamoDB Local 2026-05-28 (SQLite; PartiQL: 25 claims a request)",
+}
+
+
+def _dynamodb_backend() -> str:
+    name = os.environ.get("KEO_DYNAMODB_EMULATOR", "dynalite")
+    return _DYNAMODB_BACKENDS.get(name, name)
 
 
 def run(
@@ -747,6 +781,7 @@ def run(
     recovery_rows: int = 100_000,
     recovery_lease_s: float = 10.0,
     reconcile_lease_s: float = 10.0,
+    resend_messages: int = 20_000,
 ) -> dict[str, Any]:
     load_at_start = load_average()
     bench = Bench(base, say=say)
@@ -774,6 +809,8 @@ def run(
     best = max(runs, key=lambda r: r["messages_per_second"])
     say(f"exactly-once with aggregation at concurrency {best['concurrency']}")
     aggregated = bench.exactly_once(messages, size, best["concurrency"], aggregate=True)
+    say(f"the resend path: {resend_messages} delivered keys again, through the metering proxy")
+    resend = bench.resend(resend_messages, size, best["concurrency"])
     reconciles = []
     for stale in reconcile_sizes:
         say(f"reconciler: {stale} stale claims")
@@ -809,6 +846,7 @@ def run(
             "cost": best["cost"],
         },
         "aggregation": {"off": best, "on": aggregated},
+        "resend": resend,
         "reconcile": reconciles,
         "replay": replay,
         "modes": _modes(best, replay),

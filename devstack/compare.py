@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from devstack import emulators
+
 # Runs in the revision under test (its tree first on sys.path): only names every revision
 # since the first ledger has.
 _PRODUCER_RUN = """
@@ -173,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=4000, help="per producer run")
     parser.add_argument("--concurrency", type=int, default=32, help="ledger concurrency")
     parser.add_argument("--state-dir", type=Path, default=Path(".keo"), help="local stack")
+    parser.add_argument(
+        "--dynamodb-emulator",
+        choices=emulators.DYNAMODB_EMULATORS,
+        default=os.environ.get("KEO_DYNAMODB_EMULATOR", emulators.DYNALITE),
+        help="the local stack's DynamoDB, when the endpoints are not set (default "
+        "$KEO_DYNAMODB_EMULATOR, else dynalite; dynamodb-local runs PartiQL)",
+    )
     parser.add_argument("--output", type=Path, help="default bench/results/compare-<date>.json")
     args = parser.parse_args(argv)
 
@@ -187,9 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (
         os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL")
     ):
-        from devstack import emulators
-
-        os.environ.update(emulators.up(args.state_dir).as_env())
+        os.environ.update(emulators.up(args.state_dir, dynamodb=args.dynamodb_emulator).as_env())
     results = compare(
         args.before,
         rounds=args.rounds,

@@ -50,6 +50,7 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     # AND replay mode's runs, its batch in tasks and its two recoveries, as small
     tiny += ["--replay-messages", "600", "--rows-per-task", "200", "--replay-tasks", "3"]
     tiny += ["--recovery-rows", "400", "--recovery-lease-s", "4"]
+    tiny += ["--resend-messages", "100"]
     tiny.append("--no-spark")  # the Spark part has its own test, on the session's Spark
     done = subprocess.run(
         [KEO, "bench", *tiny, "--output", str(output), "--docs", str(docs)],
@@ -77,6 +78,10 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
         "provisioned_per_day_at_2_billion_usd",
     }
     assert run["delivered"] == 100
+    # AND the resend path through the metering proxy: every key a DUPLICATE, its requests
+    resend = results["resend"]
+    assert (resend["messages"], resend["delivered"]) == (100, 100)
+    assert resend["dynamodb_requests_per_message"] > 0
     (stale,) = results["reconcile"]
     assert (stale["stale_claims"], stale["resolved"], stale["lease_s"]) == (10, 10, 4)
     # AND replay mode's figures next to key mode's: every row delivered, and a bill
@@ -105,3 +110,26 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     assert "old" not in page
     assert page.startswith("# perf\n")
     assert page.endswith("<!-- bench:end -->\ntail\n")
+
+
+def test_keo_bench_refuses_an_unknown_dynamodb_emulator_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    # GIVEN no endpoints set, and a DynamoDB emulator the local stack does not have
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"KEO_KINESIS_ENDPOINT_URL", "KEO_DYNAMODB_ENDPOINT_URL"}
+    }
+    # WHEN keo bench is asked for it
+    done = subprocess.run(
+        [KEO, "bench", "--dynamodb-emulator", "nope", "--state-dir", str(tmp_path / "stack")],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    # THEN it is a usage error naming the ones there are, and no stack was started
+    assert done.returncode == 2, done.stderr.decode()
+    assert b"dynalite, dynamodb-local" in done.stderr
+    assert not (tmp_path / "stack").exists()
