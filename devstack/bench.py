@@ -311,8 +311,8 @@ class Bench:
     def replay_send(self, count: int, size: int) -> dict[str, Any]:
         """Replay mode as ``keo send --dedupe replay --run-id R`` drives it, in this process
         (``ReplayProducer.send_run``, the Python API): one attempt at a new run over
-        ``count`` messages (a write to register it, the puts, a write to end its lease, a write
-        to complete the run), then the same run again (COMPLETE: every message DUPLICATE,
+        ``count`` messages (two writes to register it, the puts, one to finish it, one to
+        complete the run), then the same run again (COMPLETE: every message DUPLICATE,
         nothing sent). Metered: a few ledger calls a run cost the meter nothing measurable,
         so the metered rate is the rate."""
         settings = self._fresh("replay")
