@@ -23,7 +23,7 @@ from kinesis_store.shards import OpenShards
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.hooks import Hooks
-from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage
+from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage, chunked
 from producer.readback import ReadBackResolver
 from producer.retries import wait_full_jitter
 
@@ -164,7 +164,7 @@ class SendContext(LedgerCalls):
         batches, one where it does not), the requests concurrent on the ledger pool."""
         requests = [self._claim_request(item) for item in items]
         size = self.ledger.claims_per_request
-        batches = [requests[i : i + size] for i in range(0, len(requests), size)]
+        batches = chunked(requests, size)
         results = [
             r for answer in self.map(lambda b: self._claim_batch(b, group), batches) for r in answer
         ]

@@ -283,6 +283,7 @@ class ReplayAttempt:
             now_ms=now_ms,
             lease=context.lease,
         )
+        running = still_running(earlier, now_ms, context.lease)
         metrics.REPLAY_ATTEMPTS.labels(context.stream, self.step.value).inc()
         if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
             metrics.REPLAY_RECOVERIES.labels(context.stream).inc()
@@ -293,7 +294,6 @@ class ReplayAttempt:
                 final=self.step is RecoveryStep.RECOVER,
                 keep_alive=self._keep_lease,
             )
-            running = still_running(earlier, now_ms, context.lease)
             self._earlier_end_ms = max((e.lease_expires_at_ms for e in running), default=0)
         log.info(
             "replay attempt stream=%s run=%s attempt=%s execution=%s task=%s task_attempt=%d "
@@ -306,7 +306,7 @@ class ReplayAttempt:
             task.task_attempt,
             self.step,
             len(earlier),
-            len(still_running(earlier, now_ms, context.lease)),
+            len(running),
         )
 
     def _supersede(
