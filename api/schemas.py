@@ -438,7 +438,7 @@ class OpenRunsPage(BaseModel):
     )
 
     stream: str
-    stale_only: bool = Field(description="true: only runs left open past every attempt's lease")
+    stale_only: bool = Field(description="true: only runs left open past every execution's lease")
     as_of: dt.datetime = Field(description="the time leases were compared with")
     items: list[ReplayRunState] = Field(
         description="OPEN runs, re-read consistently, bucket after bucket of the index"

@@ -71,8 +71,8 @@ def bench(
     replay_tasks: Annotated[
         str,
         typer.Option(
-            help="replay mode: tasks per metered batch, comma-separated (the run item lists "
-            "every attempt: its writes grow with the tasks)"
+            help="replay mode: tasks per metered batch, comma-separated (each task's attempts "
+            "have an item of their own: the cost per row stays flat as tasks grow)"
         ),
     ] = "10,40,200",
     recovery_rows: Annotated[

@@ -91,7 +91,7 @@ def reconcile(
 
     Safe to run several at once: every write is conditional on the attempt seen.
 
-    Replay-mode runs (dedupe=replay) left OPEN past every attempt's lease are reported, never
+    Replay-mode runs (dedupe=replay) left OPEN past every execution's lease are reported, never
     acted on: a warning per run, their names in the JSON report ("open_runs"), the
     keo_replay_runs_open gauge. Their driver did not commit them and the ledger holds none of
     their rows, so there is nothing to resend: a replay of the run (Spark restarting the query,

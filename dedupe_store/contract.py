@@ -92,7 +92,8 @@ class LedgerReader(Protocol):
         within a page, by run name.
 
         ``now_ms``: only the runs left OPEN past their leases, every execution's lease ended
-        (or every attempt finished) before ``now_ms`` (a reconciler passes its clock less the skew); None: every OPEN run.
+        (or every attempt finished) before ``now_ms`` (a reconciler passes its clock less the
+        skew); None: every OPEN run.
         A run completed since the index was read is left out.
         """
         ...
