@@ -135,7 +135,8 @@ def bench(
             "--dynamodb-emulator",
             envvar="KEO_DYNAMODB_EMULATOR",
             help="the local stack's DynamoDB, when the endpoints are not set: dynalite (no "
-            "PartiQL: key mode claims a key a request) or dynamodb-local (25 a request)",
+            "PartiQL: key mode claims a key a request) or dynamodb-local (25 a request; started "
+            "with its JVM tuned for throughput)",
         ),
     ] = "dynalite",
 ) -> None:
@@ -169,7 +170,7 @@ def bench(
         )
     concurrencies, reconcile_sizes = _ints(concurrency), _ints(reconcile)
     spark_bench = _spark_bench() if spark else None  # missing pyspark fails before the run
-    use_local_stack(state_dir, "bench", dynamodb=dynamodb_emulator)
+    use_local_stack(state_dir, "bench", dynamodb=dynamodb_emulator, for_bench=True)
     settings = load_settings()
     with exit_on_errors():
         results = run(

@@ -47,6 +47,15 @@ def up(
             envvar="KEO_DYNAMODB_EMULATOR",
         ),
     ] = "dynalite",
+    dynamodb_local_jvm: Annotated[
+        str,
+        typer.Option(
+            "--dynamodb-local-jvm",
+            help="how DynamoDB Local's JVM is tuned: startup (quick compiler, small heap: "
+            "tests and short runs) or throughput (optimizing compiler: benches, long runs)",
+            envvar="KEO_DYNAMODB_LOCAL_JVM",
+        ),
+    ] = "startup",
     kinesis_local: Annotated[
         bool,
         typer.Option(
@@ -84,6 +93,12 @@ def up(
             f"{dynamodb_emulator!r}: one of {', '.join(emulators.DYNAMODB_EMULATORS)}",
             param_hint="'--dynamodb-emulator' / KEO_DYNAMODB_EMULATOR",
         )
+    profiles = [profile.value for profile in emulators.JvmProfile]
+    if dynamodb_local_jvm not in profiles:
+        raise typer.BadParameter(
+            f"{dynamodb_local_jvm!r}: one of {', '.join(profiles)}",
+            param_hint="'--dynamodb-local-jvm' / KEO_DYNAMODB_LOCAL_JVM",
+        )
     requested = {
         emulators.KINESALITE: kinesis_port,
         dynamodb_emulator: dynamodb_port,
@@ -95,6 +110,7 @@ def up(
             state_dir,
             dynamodb=dynamodb_emulator,
             kinesis_local=kinesis_local,
+            dynamodb_local_jvm=emulators.JvmProfile(dynamodb_local_jvm),
             timeout_s=timeout_s,
             ports=ports,
         )

@@ -139,17 +139,26 @@ def _caused_by_missing_credentials(exc: BaseException) -> bool:
     return False
 
 
-def use_local_stack(state_dir: Path, command: str, *, dynamodb: str | None = None) -> bool:
+def use_local_stack(
+    state_dir: Path, command: str, *, dynamodb: str | None = None, for_bench: bool = False
+) -> bool:
     """Point ``KEO_*_ENDPOINT_URL`` at the embedded stack under ``state_dir``, starting what is
     not running, unless both endpoints are already set. True when the local stack is used.
     ``dynamodb`` names its DynamoDB emulator (``devstack.emulators.DYNAMODB_EMULATORS``;
-    default dynalite)."""
+    default dynalite); ``for_bench`` starts DynamoDB Local tuned for throughput
+    (``devstack.emulators.JvmProfile``)."""
     if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
         return False
     from devstack import emulators
 
     try:
-        endpoints = emulators.up(state_dir, dynamodb=dynamodb or emulators.DYNALITE)
+        endpoints = emulators.up(
+            state_dir,
+            dynamodb=dynamodb or emulators.DYNALITE,
+            dynamodb_local_jvm=emulators.JvmProfile.THROUGHPUT
+            if for_bench
+            else emulators.JvmProfile.STARTUP,
+        )
     except emulators.EmulatorError as exc:
         typer.echo(f"keo {command}: {exc}", err=True)
         raise typer.Exit(ExitCode.UNAVAILABLE) from None

@@ -26,7 +26,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from botocore.exceptions import ClientError
+
+from dedupe_store.batch_claims import insert_statement, split
 from dedupe_store.model import data_client
+from dedupe_store.records import ClaimRequest
 from devstack.cost_meter import BillingMeter, MeterReading, ledger_table_spec
 from devstack.failpoints import FailpointError, Failpoints
 from devstack.metering_proxy import MeteringProxy
@@ -190,6 +194,54 @@ class Bench:
             "writes_per_second": round(writes_per_second, 1),
             # the protocol's floor: one conditional write per message (its claim)
             "messages_per_second_ceiling": round(writes_per_second, 1),
+        }
+
+    def ledger_batch_ceiling(self, count: int, concurrency: int) -> dict[str, Any] | None:
+        """The emulator's own rate of claims written 25 to a ``BatchExecuteStatement`` (the
+        ledger's ``INSERT`` of a new key, the same item a claim writes) at this concurrency:
+        the floor of batched claims, so the ceiling of key mode in messages per second. None
+        when the emulator has no PartiQL (dynalite)."""
+        settings = self._fresh("batch-ceiling", shards=1)
+        client = data_client(
+            replace(settings.ledger_connection(), max_pool_connections=max(concurrency, 10))
+        )
+        claim = ClaimRequest(
+            stream=settings.stream,
+            key="ceiling",
+            payload_digest="0" * 43,
+            routing_hash_key=str(2**127),
+        )
+        now_ms = int(time.time() * 1000)
+
+        def write(batch: Sequence[int]) -> None:
+            statements = [
+                insert_statement(
+                    settings.table,
+                    f"{settings.stream}#ceiling-{i}",
+                    claim,
+                    group_id=f"ceiling-{batch[0]}",
+                    now_ms=now_ms,
+                    expires_at_s=now_ms // 1000 + 3600,
+                    token=f"token-{i}",
+                )
+                for i in batch
+            ]
+            client.batch_execute_statement(Statements=statements)
+
+        try:
+            write([count])  # one statement past the timed ones: PartiQL or not
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "UnknownOperationException":
+                return None
+            raise
+        started = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(write, split(range(count))))
+        seconds = time.perf_counter() - started
+        return {
+            "claims": count,
+            "concurrency": concurrency,
+            "claims_per_second": round(count / seconds, 1),
         }
 
     def exactly_once(

@@ -5,6 +5,13 @@ the revision out into a temporary git worktree and alternates, round by round on
 emulators: the ledger ceiling and the plain ``put_records`` baseline (this revision's bench
 code), then one producer run of each revision, each in a process of its own.
 
+Before the timed rounds, ``--warm-up`` rounds run both producers untimed: a JVM emulator
+(DynamoDB Local) compiles its hot paths during its first minute, and the first producer to
+run would pay for it. When the command starts the local stack itself, DynamoDB Local's JVM is
+tuned for throughput (``devstack.emulators.JvmProfile``), and ``--in-memory`` keeps its SQLite
+in memory (on disk, SQLite syncs every write). Where the emulator runs PartiQL, each round
+also measures its rate of claims written 25 to a request: the ceiling of batched claims.
+
 A shared machine's speed drifts by a third within minutes, and ``keo bench`` runs taken
 minutes apart drift apart. Runs taken side by side drift together: the ratio of the two
 producers' rates holds when the rates themselves do not. It is also the ratio of their
@@ -81,8 +88,23 @@ def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def median(figure: Callable[[dict[str, Any]], float]) -> float:
         return round(statistics.median(figure(r) for r in rounds), 4)
 
+    batched = [r for r in rounds if r.get("batch_ceiling_claims_per_second")]
+
     def side(name: str) -> dict[str, float]:
         return {
+            **(
+                {
+                    "batch_ceiling_fraction": round(
+                        statistics.median(
+                            r[name]["messages_per_second"] / r["batch_ceiling_claims_per_second"]
+                            for r in batched
+                        ),
+                        4,
+                    )
+                }
+                if batched
+                else {}
+            ),
             "messages_per_second": median(lambda r: r[name]["messages_per_second"]),
             "client_cpu_ms_per_message": median(lambda r: r[name]["client_cpu_ms_per_message"]),
             "ratio_to_baseline": median(
@@ -100,6 +122,15 @@ def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rounds": len(rounds),
         "baseline_messages_per_second": median(lambda r: r["baseline_messages_per_second"]),
         "ceiling_messages_per_second": median(lambda r: r["ceiling_messages_per_second"]),
+        **(
+            {
+                "batch_ceiling_claims_per_second": round(
+                    statistics.median(r["batch_ceiling_claims_per_second"] for r in batched), 1
+                )
+            }
+            if batched
+            else {}
+        ),
         "before": side("before"),
         "after": side("after"),
         "after_over_before": {
@@ -122,7 +153,13 @@ def _revision(ref: str, cwd: Path) -> str:
 
 
 def compare(
-    before: str, *, rounds: int, count: int, concurrency: int, say: Callable[[str], None]
+    before: str,
+    *,
+    rounds: int,
+    count: int,
+    concurrency: int,
+    say: Callable[[str], None],
+    warm_up: int = 0,
 ) -> dict[str, Any]:
     from devstack.bench import Bench, load_average, machine
     from producer.settings import ProducerSettings
@@ -139,13 +176,23 @@ def compare(
             check=True,
         )
         try:
+            for n in range(1, warm_up + 1):
+                say(f"warm-up {n}/{warm_up} (untimed): {before}, this tree")
+                producer_run(tree, count, concurrency)
+                producer_run(here, count, concurrency)
             for n in range(1, rounds + 1):
-                say(f"round {n}/{rounds}: ceiling, baseline, {before}, this tree")
+                say(f"round {n}/{rounds}: ceilings, baseline, {before}, this tree")
                 ceiling = bench.ledger_ceiling(count, concurrency)
+                batch_ceiling = bench.ledger_batch_ceiling(count, concurrency)
                 baseline = bench.baseline(count, 200)
                 results.append(
                     {
                         "ceiling_messages_per_second": ceiling["messages_per_second_ceiling"],
+                        **(
+                            {"batch_ceiling_claims_per_second": batch_ceiling["claims_per_second"]}
+                            if batch_ceiling is not None
+                            else {}
+                        ),
                         "baseline_messages_per_second": baseline["messages_per_second"],
                         "before": producer_run(tree, count, concurrency),
                         "after": producer_run(here, count, concurrency),
@@ -161,6 +208,7 @@ def compare(
         "before": {"ref": before, "revision": _revision(before, here)},
         "after": {"ref": "this tree", "revision": _revision("HEAD", here)},
         "messages": count,
+        "warm_up_rounds": warm_up,
         "message_bytes": 200,
         "concurrency": concurrency,
         "summary": summary(results),
@@ -182,6 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the local stack's DynamoDB, when the endpoints are not set (default "
         "$KEO_DYNAMODB_EMULATOR, else dynalite; dynamodb-local runs PartiQL)",
     )
+    parser.add_argument(
+        "--warm-up", type=int, default=1, help="untimed rounds of both producers first (default 1)"
+    )
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="when the stack is started here: its emulators keep their stores in memory",
+    )
     parser.add_argument("--output", type=Path, help="default bench/results/compare-<date>.json")
     args = parser.parse_args(argv)
 
@@ -196,13 +252,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (
         os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL")
     ):
-        os.environ.update(emulators.up(args.state_dir, dynamodb=args.dynamodb_emulator).as_env())
+        started = emulators.up(
+            args.state_dir,
+            dynamodb=args.dynamodb_emulator,
+            in_memory=args.in_memory,
+            dynamodb_local_jvm=emulators.JvmProfile.THROUGHPUT,
+        )
+        os.environ.update(started.as_env())
     results = compare(
         args.before,
         rounds=args.rounds,
         count=args.messages,
         concurrency=args.concurrency,
         say=say,
+        warm_up=args.warm_up,
     )
     target = args.output or Path("bench/results") / f"compare-{time.strftime('%Y-%m-%d')}.json"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -68,6 +69,7 @@ __all__ = [
     "EmulatorTimeoutError",
     "Endpoints",
     "JavaNotFoundError",
+    "JvmProfile",
     "NodeModulesMissingError",
     "NodeNotFoundError",
     "PortInUseError",
@@ -102,17 +104,30 @@ _AUTO_PORT_ATTEMPTS: Final = 3
 _PROBE_TIMEOUT_S: Final = 1.0
 _POLL_INTERVAL_S: Final = 0.05
 _LOG_TAIL_LINES: Final = 20
-# DynamoDB Local keeps its tables in SQLite (under data/, or in memory with in_memory): the
-# heap holds requests and, in memory, a test run's few tables. Small and fixed, with the serial collector and the quick compiler: it shares two cores
-# with the other emulators and Spark in CI, for a run of seconds to minutes.
-_DYNAMODB_LOCAL_JVM_OPTIONS: Final = (
-    "-Xms32m",
-    "-Xmx192m",
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
-    # an IPv4 socket: 127.0.0.1 alone, as the Node emulators listen
-    "-Djava.net.preferIPv4Stack=true",
-)
+
+
+class JvmProfile(StrEnum):
+    """How DynamoDB Local's JVM is tuned (``keo emulators up --dynamodb-local-jvm``).
+
+    DynamoDB Local keeps its tables in SQLite (under data/, or in memory with in_memory): the
+    heap holds requests and, in memory, a run's few tables.
+
+    - ``startup``: a small fixed heap, the serial collector and the quick compiler (C1 only).
+      For runs of seconds to minutes on two cores shared with the other emulators and Spark
+      (the tests): the optimizing compiler would spend more than it saves.
+    - ``throughput``: the optimizing compiler (C2) and the parallel collector, a larger heap.
+      For benches and long runs: once warm it spends about a third less CPU an item written
+      (docs/performance.md), so a bench measures the client more and the emulator less.
+    """
+
+    STARTUP = "startup"
+    THROUGHPUT = "throughput"
+
+
+_DYNAMODB_LOCAL_JVM_OPTIONS: Final = {
+    JvmProfile.STARTUP: ("-Xms32m", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"),
+    JvmProfile.THROUGHPUT: ("-Xms256m", "-Xmx512m", "-XX:+UseParallelGC"),
+}
 _DYNAMODB_LOCAL_LAUNCHER: Final = "DynamoDBLocalOnLoopback.java"
 # the processes up() starts, recognised in /proc/<pid>/cmdline by their launcher
 _LAUNCHERS: Final = (b"serve.js", _DYNAMODB_LOCAL_LAUNCHER.encode())
@@ -301,6 +316,7 @@ def up(
     dynamodb: str = DYNALITE,
     kinesis_local: bool = False,
     in_memory: bool = False,
+    dynamodb_local_jvm: JvmProfile = JvmProfile.STARTUP,
     timeout_s: float = 30,
     ports: Mapping[str, int] | None = None,
     node_modules: Path | None = None,
@@ -314,6 +330,8 @@ def up(
     others get free ports. A running emulator is reused whatever port it has. ``in_memory``:
     those this call starts keep their store in memory, not under ``data/`` (a test run: nothing
     to keep, and DynamoDB Local's SQLite on disk syncs every write, several times slower).
+    ``dynamodb_local_jvm`` tunes the DynamoDB Local this call starts (:class:`JvmProfile`); a
+    running one is reused as it was started.
     ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's.
     """
     if dynamodb not in DYNAMODB_EMULATORS:
@@ -348,7 +366,12 @@ def up(
         if missing:
             running.update(
                 _start(
-                    _Launcher.of(_node_modules_dir(node_modules), state_dir, in_memory=in_memory),
+                    _Launcher.of(
+                        _node_modules_dir(node_modules),
+                        state_dir,
+                        in_memory=in_memory,
+                        dynamodb_local_jvm=dynamodb_local_jvm,
+                    ),
                     missing,
                     requested,
                     timeout_s,
@@ -481,11 +504,27 @@ class _Launcher:
     node_modules: Path
     state_dir: Path
     in_memory: bool
+    dynamodb_local_jvm: JvmProfile
 
     @classmethod
-    def of(cls, node_modules: Path, state_dir: Path, *, in_memory: bool) -> _Launcher:
+    def of(
+        cls,
+        node_modules: Path,
+        state_dir: Path,
+        *,
+        in_memory: bool,
+        dynamodb_local_jvm: JvmProfile,
+    ) -> _Launcher:
         node, java = shutil.which("node"), shutil.which("java")
-        return cls(node, java, _serve_js(node_modules), node_modules, state_dir, in_memory)
+        return cls(
+            node,
+            java,
+            _serve_js(node_modules),
+            node_modules,
+            state_dir,
+            in_memory,
+            dynamodb_local_jvm,
+        )
 
     def program(self, spec: _Spec) -> str:
         """What ``spec`` runs on, ``java`` or ``node``; raises when it is not on PATH."""
@@ -512,7 +551,9 @@ class _Launcher:
         launcher = self.serve_js.with_name(_DYNAMODB_LOCAL_LAUNCHER)
         return [
             java,
-            *_DYNAMODB_LOCAL_JVM_OPTIONS,
+            *_DYNAMODB_LOCAL_JVM_OPTIONS[self.dynamodb_local_jvm],
+            # an IPv4 socket: 127.0.0.1 alone, as the Node emulators listen
+            "-Djava.net.preferIPv4Stack=true",
             # its SQLite's native libraries
             f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}",
             "-cp",

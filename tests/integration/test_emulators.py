@@ -260,6 +260,41 @@ def test_up_command_points_the_stack_at_the_dynamodb_emulator_chosen(
     )
     assert unknown.exit_code == ExitCode.USAGE
     assert "one of dynalite, dynamodb-local" in unknown.output
+    # AND so is a JVM profile it does not know, named with the variable that set it
+    profile = CliRunner().invoke(
+        emulators_cli,
+        ["up", "--state-dir", str(emulator_state_dir)],
+        env={"KEO_DYNAMODB_LOCAL_JVM": "fast"},
+    )
+    assert profile.exit_code == ExitCode.USAGE
+    assert "one of startup, throughput" in profile.output
+    assert "KEO_DYNAMODB_LOCAL_JVM" in profile.output
+
+
+@pytest.mark.parametrize(
+    ("profile", "present", "absent"),
+    [
+        (local_stack.JvmProfile.STARTUP, "-XX:TieredStopAtLevel=1", "-XX:+UseParallelGC"),
+        (local_stack.JvmProfile.THROUGHPUT, "-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"),
+    ],
+)
+def test_dynamodb_local_runs_on_the_jvm_profile_asked_for(
+    tmp_path: Path, profile: local_stack.JvmProfile, present: str, absent: str
+) -> None:
+    # GIVEN a launcher for that profile
+    launcher = local_stack._Launcher.of(
+        local_stack._node_modules_dir(None),
+        tmp_path,
+        in_memory=True,
+        dynamodb_local_jvm=profile,
+    )
+    # WHEN it builds DynamoDB Local's command line
+    command = launcher.command(local_stack._SPECS[local_stack.DYNAMODB_LOCAL], 1234, None, tmp_path)
+    # THEN the JVM gets that profile's options, on IPv4 loopback, and the store in memory
+    assert present in command
+    assert absent not in command
+    assert "-Djava.net.preferIPv4Stack=true" in command
+    assert "-inMemory" in command
 
 
 def test_requested_port_in_use_gives_a_clear_error(tmp_path: Path) -> None:
