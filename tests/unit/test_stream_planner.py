@@ -391,3 +391,16 @@ def test_an_unknown_stream_fails_the_query_at_its_start_saying_so() -> None:
     )
     with pytest.raises(StreamNotFoundError, match="'no-such-stream' does not exist"):
         planner.initial()
+
+
+def test_a_stream_deleted_mid_query_fails_the_next_batch_saying_so() -> None:
+    # GIVEN a query that has read a batch
+    world = World()
+    world.put("k1")
+    batches, offset = world.run()
+    assert keys(batches) == ["k1"]
+    # WHEN the stream is deleted (every call naming it now gets ResourceNotFoundException)
+    world.kinesis.stream = "deleted-meanwhile"
+    # THEN the next batch's planning fails, naming the stream, instead of reading nothing
+    with pytest.raises(StreamNotFoundError, match=f"'{STREAM}' does not exist"):
+        world.planner.latest(offset, None)
