@@ -132,7 +132,8 @@ def new_stream(emulators: Any, table: str, name: str, timing: Mapping[str, str])
 
 def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[str, Any]:
     """A job for cluster_job.py: the streaming query ``query`` over the event files in
-    ``work_dir/in`` (its checkpoint in ``work_dir``), then nothing: no batch write, no read."""
+    ``work_dir/in`` (its checkpoint in ``work_dir``), then nothing: no batch write, no read,
+    no streaming read."""
     return {
         "run": "first",
         "work_dir": str(work_dir),
@@ -144,6 +145,7 @@ def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[
         },
         "batch_rows": None,
         "read": False,
+        "stream_read": None,
     }
 
 

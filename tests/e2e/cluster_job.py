@@ -4,18 +4,20 @@ process of its own: a process has one SparkContext, and the tests kill this one 
 
     python cluster_job.py '{"run": "first", "work_dir": ..., "options": {...}, "stream": {...},
                             "batch_rows": [[key, data], ...] | null, "read": true | false,
+                            "stream_read": {"settings": {KEO_*...}, "checkpoint": ...} | null,
                             "task_failpoints": [{...}, ...]}'
 
 In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, available
 now, one file per micro-batch, two partitions each), then the batch write of ``batch_rows``,
-then ``spark.read.format("keo")`` of the stream. ``KEO_FAILPOINTS`` arms the data source's
-hooks for all of them (``batch_before_complete=stop`` freezes the driver's commit of the first
-batch, after the executors' puts and before the batch is recorded); ``task_failpoints`` arm a
-step in one task attempt only (:class:`OnTasks`). Each executor-side put leaves a file
-``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so the test sees which executors did
-the work, and every Python process that reaches a hook logs the product's INFO lines to
-``<work_dir>/logs/<pid>.log``. Prints one JSON line per finished step, at once, with the
-seconds since the start.
+then ``spark.read.format("keo")`` of the stream, then ``spark.readStream.format("keo")`` of a
+stream of its own across a split and a merge (:func:`run_stream_read`). ``KEO_FAILPOINTS``
+arms the data source's hooks for all of them (``batch_before_complete=stop`` freezes the
+driver's commit of the first batch, after the executors' puts and before the batch is
+recorded); ``task_failpoints`` arm a step in one task attempt only (:class:`OnTasks`). Each
+executor-side put leaves a file ``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so
+the test sees which executors did the work, and every Python process that reaches a hook logs
+the product's INFO lines to ``<work_dir>/logs/<pid>.log``. Prints one JSON line per finished
+step, at once, with the seconds since the start.
 """
 
 from __future__ import annotations
@@ -30,13 +32,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.functions import expr
+from stream_reads import WAVES, Batches, merge, put_resharded_wave, run_query, split
+
 import spark_jobs
 from devstack.failpoints import Failpoints, from_env
 from producer.hooks import Hooks, Step
+from producer.wiring import kinesis_client
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import cluster_session
+from spark_jobs.writer import producer_settings
 
 PARTITIONS = 2
+FIRST_SHARD = "shardId-000000000000"
+# The working directory of the JVM that evaluates it, in the JVM (no Python worker of its own):
+# an executor's is <SPARK_HOME>/work/<application id>/<executor id>
+WORKING_DIRECTORY = "reflect('java.lang.System', 'getProperty', 'user.dir')"
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,61 @@ def run_read(spark: Any, job: dict[str, Any]) -> None:
     report("read", keys=keys)
 
 
+class ByExecutor(Batches):
+    """:class:`Batches` of a read with a ``working_directory`` column: notes the executors
+    whose tasks read the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.executors: set[str] = set()
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        rows = frame.collect()
+        self.executors.update(Path(row.working_directory).name for row in rows)
+        self.keep(batch_id, rows)
+
+
+def run_stream_read(spark: Any, job: dict[str, Any]) -> None:
+    """``spark.readStream.format("keo")`` of a stream of two shards, from one checkpoint, in
+    three availableNow runs: a wave of records (``put_resharded_wave``), a run; shard 0 split,
+    a wave, a run; its children merged, a wave, a run. Reports each run's batch ids, every
+    batch's rows, the shards, and the executors that read rows."""
+    spec = job["stream_read"]
+    settings = producer_settings(spec["settings"])
+    kinesis = kinesis_client(settings, for_put=False)
+    sink, runs = ByExecutor(), []
+
+    def read_a_wave(wave: str) -> None:
+        put_resharded_wave(kinesis, settings.stream, wave)
+        earlier = set(sink.rows)
+        run_query(
+            spark,
+            spec["settings"],
+            Path(spec["checkpoint"]),
+            sink,
+            through=lambda frame: frame.withColumn("working_directory", expr(WORKING_DIRECTORY)),
+        )
+        runs.append(sorted(set(sink.rows) - earlier))
+
+    before, after_split, after_merge = WAVES
+    read_a_wave(before)
+    children = split(kinesis, settings.stream, FIRST_SHARD)
+    read_a_wave(after_split)
+    merged = merge(kinesis, settings.stream, children)
+    read_a_wave(after_merge)
+    report(
+        "stream_read",
+        runs=runs,
+        batches=[
+            [batch_id, [[*row[:4], bytes(row[4]).decode()] for row in rows]]
+            for batch_id, rows in sorted(sink.rows.items())
+        ],
+        replayed=len(sink.replayed),
+        shards={"parent": FIRST_SHARD, "children": children, "merged": merged},
+        executors=sorted(sink.executors),
+    )
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
     spark = cluster_session("keo-cluster-test", Path(job["work_dir"]))
@@ -203,6 +269,8 @@ def main() -> None:
             run_batch(spark, job)
         if job["read"]:
             run_read(spark, job)
+        if job["stream_read"]:
+            run_stream_read(spark, job)
     finally:
         spark.stop()
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import planting
 from prometheus_client.parser import text_string_to_metric_families
+from stream_reads import Place
 
 from dedupe_store.records import ClaimRequest
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
@@ -26,6 +27,7 @@ from producer.retries import poll_until
 from producer.wiring import Stack
 
 SHARDS = 2
+OUTSIDE = "agg-outside"  # an aggregated user record outside its shard's range: KCL drops it
 # short leases so a lost race or a replay settles in seconds
 FAST_LEASES = {
     "KEO_PUT_CONNECT_TIMEOUT_S": "1",
@@ -85,6 +87,16 @@ def write_event_files(source: Path, files: int, per_file: int) -> list[str]:
             lines.append(json.dumps({"key": key, "data": f"body {key}", "routing_key": routing}))
         (source / f"events-{f}.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return keys
+
+
+def visible_places(kinesis: Any, stream: str) -> list[Place]:
+    """Every user record a KCL consumer gets (but ``OUTSIDE``'s), read by the oracle."""
+    contents = streamcheck.read_stream(kinesis, stream)
+    return [
+        (r.shard_id, r.sequence_number, r.sub_sequence_number if r.aggregated else -1)
+        for r in contents.records
+        if r.partition_key != OUTSIDE
+    ]
 
 
 def plant_unverifiable(stack: Stack, key: str, data: str) -> str:

@@ -9,16 +9,20 @@ One scenario for the module, since every driver start launches a cluster (second
    commit before it records the batch; the test kills the driver (its Python process, its JVM,
    which holds the standalone master and workers, and the frozen commit worker) with SIGKILL;
 2. a new driver restarts the query from the checkpoint (Spark replays batch 0, then runs
-   batch 1), writes a batch of other rows, and reads the stream back with ``format("keo")``.
+   batch 1), writes a batch of other rows, and reads the stream back with ``format("keo")``;
+   then, on a stream of its own, it puts waves of plain and KPL-aggregated records and reads
+   them with ``readStream.format("keo")`` from one checkpoint: a wave and a run, shard 0 split,
+   a wave and a run, its children merged, a wave and a run.
 
 The tests then check what each part left: every key once in the stream, the writes spread
-over both executors, the read, and no process left behind by the killed driver.
+over both executors, the read, the streaming read across the reshards, and no process left
+behind by the killed driver.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +36,10 @@ from spark_support import (
     assert_exactly_these,
     events,
     streamcheck,
+    visible_places,
     write_event_files,
 )
+from stream_reads import RANGES, WAVES, place, wave_data
 
 from dedupe_store.records import BatchRecord
 from producer.wiring import Stack, build_stack
@@ -60,6 +66,7 @@ class ClusterRun:
     work_dir: Path
     stack: Stack
     kinesis: Any
+    read_stream: str  # the streaming read's, resharded
     first_steps: dict[str, Any] = field(default_factory=dict)
     second_steps: dict[str, Any] = field(default_factory=dict)
     records_at_kill: int = -1
@@ -102,12 +109,14 @@ def cluster_run(
     pytest.importorskip("pyspark.sql")
     work_dir = tmp_path_factory.mktemp("keo-cluster")
     settings = cluster_driver.new_stream(emulators, spark_table, "cluster", FAST_LEASES)
+    resharded = cluster_driver.new_stream(emulators, spark_table, "cluster-reshard", FAST_LEASES)
     run = ClusterRun(
         stream_keys=write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE),
         batch_keys=[key for key, _ in events(BATCH_ROWS, prefix="cluster-batch")],
         work_dir=work_dir,
         stack=build_stack(producer_settings(settings)),
         kinesis=streamcheck.kinesis_client(emulators.kinesis),
+        read_stream=resharded["KEO_STREAM"],
     )
     job = cluster_driver.stream_job(work_dir, settings, QUERY)
     drivers: list[subprocess.Popen[bytes]] = []
@@ -123,7 +132,8 @@ def cluster_run(
         run.orphans = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
 
         batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
-        job.update(run="second", batch_rows=batch_rows, read=True)
+        stream_read = {"settings": resharded, "checkpoint": str(work_dir / "read-checkpoint")}
+        job.update(run="second", batch_rows=batch_rows, read=True, stream_read=stream_read)
         drivers.append(cluster_driver.start_driver(job, work_dir / "second"))
         assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(work_dir / "second.err")
         run.second_steps = cluster_driver.steps(work_dir / "second.out")
@@ -181,6 +191,52 @@ def test_the_reader_on_the_cluster_reads_each_key_once(cluster_run: ClusterRun) 
     read = Counter(cluster_run.second_steps["read"]["keys"])
     # THEN it found every key, each once, and nothing else
     assert read == Counter(cluster_run.stream_keys + cluster_run.batch_keys)
+
+
+def test_a_streaming_read_across_a_split_and_a_merge_gives_every_record_once_in_order_per_key(
+    cluster_run: ClusterRun,
+) -> None:
+    # GIVEN six partition keys, two in each quarter of shard 0 and two in shard 1, and a wave of
+    # five records per key (plain, three in a KPL aggregate, plain) before shard 0's split,
+    # between the split and the merge of its children, and after the merge
+    # WHEN the restarted driver read the stream with readStream.format("keo") after each wave,
+    # three availableNow runs from one checkpoint
+    read = cluster_run.second_steps["stream_read"]
+    batches: dict[int, list[list[Any]]] = dict(read["batches"])
+    rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
+
+    # THEN every user record came once (the oracle reads the stream with plain boto3)
+    keys = [key for ranged in RANGES.values() for key in ranged]
+    assert len(rows) == len(keys) * len(WAVES) * len(wave_data(""))
+    assert sorted(map(place, rows)) == sorted(
+        visible_places(cluster_run.kinesis, cluster_run.read_stream)
+    )
+    # AND each key's records came in the order written, wave after wave
+    data_of: dict[str, list[str]] = defaultdict(list)
+    for _, _, _, key, data in rows:
+        data_of[key].append(data)
+    assert data_of == {key: [data for wave in WAVES for data in wave_data(wave)] for key in keys}
+    # AND each run read its own wave, and only it: a restart goes on where the last run ended
+    for wave, run_batches in zip(WAVES, read["runs"], strict=True):
+        in_run = [row[4] for batch_id in run_batches for row in batches[batch_id]]
+        assert sorted(in_run) == sorted(wave_data(wave) * len(keys))
+    assert read["replayed"] == 0
+    # AND shard 0 was read to its end before its children, and they before the merged shard
+    batches_of: dict[str, set[int]] = defaultdict(set)
+    for batch_id, batch_rows in batches.items():
+        for row in batch_rows:
+            batches_of[row[0]].add(batch_id)
+    shards = read["shards"]
+    children = set().union(*(batches_of[child] for child in shards["children"]))
+    assert max(batches_of[shards["parent"]]) < min(children)
+    assert max(children) < min(batches_of[shards["merged"]])
+
+
+def test_the_streaming_read_ran_on_both_executors(cluster_run: ClusterRun) -> None:
+    # GIVEN streaming batches of one partition per shard that moved (two, in most of them)
+    # WHEN the restarted driver ran them on a cluster of two one-core executors
+    # THEN each executor read some of the rows
+    assert cluster_run.second_steps["stream_read"]["executors"] == ["0", "1"]
 
 
 def test_no_process_outlives_its_driver(cluster_run: ClusterRun) -> None:

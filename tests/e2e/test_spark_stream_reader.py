@@ -15,82 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_support import free_port, sample, scrape_until, streamcheck
+from spark_support import OUTSIDE, free_port, sample, scrape_until, visible_places
+from stream_reads import QUARTER, Batches, merge, put, run_query, split
 
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
-from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
+from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.kpl import Aggregate
-from kinesis_store.provisioning import wait_active
 from producer.wiring import Stack
-from spark_jobs.options import setting_options
 
 pytestmark = pytest.mark.spark
-
-QUARTER = 2**126  # shard 0 of 2 covers [0, 2**127): its split point
-OUTSIDE = "agg-outside"  # an aggregated user record outside its shard's range: KCL drops it
-Place = tuple[str, str, int]  # shard, sequence number, sub-sequence number (-1: not aggregated)
-
-
-class Batches:
-    """A ``foreachBatch`` function keeping each batch's rows, and a replayed batch's apart."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, list[tuple[Any, ...]]] = {}
-        self.replayed: dict[int, list[tuple[Any, ...]]] = {}
-
-    def __call__(self, frame: Any, batch_id: int) -> None:
-        rows = [
-            (row.shard_id, row.sequence_number, row.sub_sequence_number, row.key, row.data)
-            for row in frame.collect()
-        ]
-        (self.replayed if batch_id in self.rows else self.rows)[batch_id] = rows
-
-    def places(self, batch_ids: Any = None) -> list[Place]:
-        chosen = sorted(self.rows) if batch_ids is None else batch_ids
-        return [_place(row) for batch_id in chosen for row in self.rows[batch_id]]
-
-    def batch_of(self) -> dict[Place, int]:
-        return {_place(row): batch_id for batch_id, rows in self.rows.items() for row in rows}
-
-
-def _place(row: tuple[Any, ...]) -> Place:
-    sub = row[2] if row[2] is not None else -1
-    return (row[0], row[1], sub)
-
-
-def run_query(
-    keo: Any, settings: dict[str, str], checkpoint: Path, sink: Batches, **options: str
-) -> None:
-    """One availableNow run of the streaming read, from the checkpoint, until it stops."""
-    query = (
-        keo.readStream.format("keo")
-        .options(**setting_options(settings), **options)
-        .load()
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180), "the availableNow query did not stop"
-    assert query.exception() is None
-
-
-def put(kinesis: Any, stream: str, keys: list[str], hash_key: int | None = None) -> None:
-    entries = [
-        put_entry(key, f"data of {key}".encode(), None if hash_key is None else str(hash_key))
-        for key in keys
-    ]
-    kinesis.put_records(StreamName=stream, Records=entries)
-
-
-def visible_places(kinesis: Any, stream: str) -> list[Place]:
-    """Every user record a KCL consumer gets, read by the oracle."""
-    contents = streamcheck.read_stream(kinesis, stream)
-    return [
-        (r.shard_id, r.sequence_number, r.sub_sequence_number if r.aggregated else -1)
-        for r in contents.records
-        if r.partition_key != OUTSIDE
-    ]
 
 
 def assert_in_shard_order(sink: Batches) -> None:
@@ -166,19 +99,10 @@ def test_a_split_and_a_merge_between_batches_read_each_parent_to_its_end_before_
     put(kinesis, stream, [f"parent-{i}" for i in range(4)], hash_key=5)
     put(kinesis, stream, [f"other-{i}" for i in range(3)], hash_key=2**127 + 5)
     parent = "shardId-000000000000"
-    kinesis.split_shard(StreamName=stream, ShardToSplit=parent, NewStartingHashKey=str(QUARTER))
-    wait_active(kinesis, stream, timeout_s=30)
+    children = split(kinesis, stream, parent)
     put(kinesis, stream, [f"low-{i}" for i in range(3)], hash_key=5)
     put(kinesis, stream, [f"high-{i}" for i in range(3)], hash_key=QUARTER + 5)
-    children = sorted(
-        s["ShardId"]
-        for s in kinesis.list_shards(StreamName=stream)["Shards"]
-        if s.get("ParentShardId") == parent
-    )
-    kinesis.merge_shards(
-        StreamName=stream, ShardToMerge=children[0], AdjacentShardToMerge=children[1]
-    )
-    wait_active(kinesis, stream, timeout_s=30)
+    merged = merge(kinesis, stream, children)
     put(kinesis, stream, [f"merged-{i}" for i in range(3)], hash_key=5)
     run_query(keo, settings, checkpoint, sink, max_records_per_trigger="5")
 
@@ -186,11 +110,6 @@ def test_a_split_and_a_merge_between_batches_read_each_parent_to_its_end_before_
     assert sorted(sink.places()) == sorted(visible_places(kinesis, stream))
     assert_in_shard_order(sink)
     # AND each parent was read to its end in batches before any of its children's records
-    merged = next(
-        s["ShardId"]
-        for s in kinesis.list_shards(StreamName=stream)["Shards"]
-        if s.get("AdjacentParentShardId")
-    )
     batch_of = sink.batch_of()
     by_shard: dict[str, list[int]] = defaultdict(list)
     for place, batch_id in batch_of.items():
