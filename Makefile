@@ -23,7 +23,7 @@ MESSAGES ?= 400
 VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 
-.PHONY: help setup venv node_modules test lint settings-doc demo bench bench-compare soak emulators-up \
+.PHONY: help setup venv node_modules test lint settings-doc demo demo-relay bench bench-compare soak emulators-up \
 	emulators-down emulators-status clean distclean
 
 help: ## list the targets
@@ -59,6 +59,9 @@ settings-doc: setup ## regenerate docs/settings.md from the settings classes' fi
 
 demo: setup ## the end-to-end demo on the local stack
 	$(BIN)/keo demo
+
+demo-relay: setup ## the relay demo: stream A into stream B through Spark, under faults, B audited
+	$(BIN)/keo demo --relay
 
 bench: setup ## keo bench: the producer, then the Spark data source; figures go to files
 	$(BIN)/keo bench

@@ -1,5 +1,6 @@
 """``keo demo``: at-least-once, ``dedupe=key`` and ``dedupe=replay`` side by side, under the same
-faults, on the local stack: what each stream holds, and what DynamoDB bills for each."""
+faults, on the local stack: what each stream holds, and what DynamoDB bills for each. With
+``--relay``: a Kinesis stream relayed into another by Spark under faults, audited against it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final, TypeAlias
 from urllib.parse import quote
@@ -57,6 +58,17 @@ def demo(
             "--no-spark, through three producers in this process (faster, no JVM)",
         ),
     ] = True,
+    relay: Annotated[
+        bool,
+        typer.Option(
+            "--relay",
+            help="the relay instead: the events put into a Kinesis stream A, relayed by Spark "
+            "into a stream B (readStream.format('keo') to writeStream.format('keo'), "
+            "dedupe=replay) under throttled and expired reads, lost and throttled writes and a "
+            "driver killed after a batch's puts; then B audited against A (on Spark: not with "
+            "--no-spark)",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(help="seed of the fault schedule (Spark demo)")] = 7,
     lose_every: Annotated[
         int,
@@ -94,6 +106,17 @@ def demo(
     and per message. The key-mode stream is audited per key (each key once), the
     replay-mode stream against the rows sent (each row as often as it was sent).
 
+    With --relay, Spark reads instead of files a Kinesis stream A, filled with the
+    events, and relays it into a stream B (the query of python -m
+    spark_jobs.relay: readStream.format('keo'), writeStream.format('keo') with
+    dedupe=replay, a few micro-batches) with every Kinesis call through the
+    seeded fault proxy: GetRecords throttled or answered with an expired
+    iterator, PutRecords responses lost after the write and records throttled;
+    the driver is killed after one batch's puts, before its commit, and the
+    relay restarted from its checkpoint, so Spark replays the batch. Then B is
+    audited against A: every record of A in B once, as a multiset of key and
+    data, and nothing else. Exit 0 when it is.
+
     The local stack (kinesalite, dynalite) is started under --state-dir, unless
     KEO_KINESIS_ENDPOINT_URL and KEO_DYNAMODB_ENDPOINT_URL are set: then those
     endpoints are used.
@@ -103,6 +126,8 @@ def demo(
     """
     from rich.console import Console
 
+    if relay and not spark:
+        raise typer.BadParameter("the relay runs on Spark: drop --no-spark", param_hint="'--relay'")
     console = Console()
     started_stack = _use_local_stack(console, state_dir)
     settings = load_settings(table=DEMO_TABLE, **DEMO_LEASES)
@@ -110,14 +135,14 @@ def demo(
     workdir = (state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     with exit_on_errors():
         if spark:
-            results = _run_spark(console, settings, messages, seed, workdir)
+            results = _run_spark(console, settings, messages, seed, workdir, relay=relay)
         else:
             from devstack.demo import run_demo
 
             results = run_demo(
                 settings, count=messages, lose_every=lose_every, say=console.print, workdir=workdir
             )
-    console.print(demo_table(results))
+    console.print(demo_table(results, relay=relay))
     console.print(f"demo finished in {time.monotonic() - started:.0f} s")
     _next_steps(console, results, settings, state_dir if started_stack else None, workdir)
     if not demo_passed(results):
@@ -138,11 +163,18 @@ def _use_local_stack(console: Console, state_dir: Path) -> bool:
 
 
 def _run_spark(
-    console: Console, settings: ProducerSettings, messages: int, seed: int, workdir: Path
+    console: Console,
+    settings: ProducerSettings,
+    messages: int,
+    seed: int,
+    workdir: Path,
+    *,
+    relay: bool,
 ) -> list[DemoResult]:
     # The CLI is an entry point: it may wire the Spark job. Only here does producer reach into
     # spark_jobs, lazily, so `producer` itself never imports it (nor pyspark).
     try:
+        from devstack.relay_demo import run_relay_demo
         from devstack.spark_demo import DemoFaults, demo_session, run_spark_demo
     except ImportError as exc:
         exit_without_spark("demo", exc)
@@ -152,18 +184,24 @@ def _run_spark(
         logging.getLogger("py4j").setLevel(logging.CRITICAL)
     console.print("[bold]starting Spark[/bold] (local[2], one session for the whole demo)")
     session = demo_session(workdir)
+    faults = DemoFaults(seed=seed)
     try:
-        results = run_spark_demo(
-            session,
-            settings,
-            messages=messages,
-            workdir=workdir,
-            say=console.print,
-            faults=DemoFaults(seed=seed),
+        if relay:
+            return [
+                run_relay_demo(
+                    session,
+                    settings,
+                    messages=messages,
+                    workdir=workdir,
+                    say=console.print,
+                    faults=faults,
+                )
+            ]
+        return run_spark_demo(
+            session, settings, messages=messages, workdir=workdir, say=console.print, faults=faults
         )
     finally:
         session.stop()
-    return results
 
 
 def _reconciled(result: DemoResult) -> object:
@@ -209,17 +247,28 @@ _SECTIONS: Final[Sequence[Sequence[Row]]] = (
 )
 
 
-def demo_table(results: Sequence[DemoResult]) -> Table:
+# the relay's table names its streams: the rows of A went in, stream B is audited
+_RELAY_ROWS: Final[Mapping[str, Row]] = {
+    "audited as": ("audited as", lambda _: "each row of A once"),
+    "messages in": ("records in A", lambda r: r.messages_in),
+    "records in the stream": ("records in B", lambda r: r.audit.records),
+}
+
+
+def demo_table(results: Sequence[DemoResult], *, relay: bool = False) -> Table:
     """The results side by side: one column per writer; the audit, the bill, the time, then
-    the faults injected and the verdict."""
+    the faults injected and the verdict. ``relay``: the relay demo's one column, B audited
+    against A."""
     from rich.table import Table
 
-    table = Table(title="the same events, the same faults")
+    title = "stream A relayed into B, under faults" if relay else "the same events, the same faults"
+    table = Table(title=title)
     table.add_column("")
     for result in results:
         table.add_column(result.name, justify="right")
     for section in _SECTIONS:
-        for label, value in section:
+        for row in section:
+            label, value = _RELAY_ROWS.get(row[0], row) if relay else row
             table.add_row(label, *(str(value(r)) for r in results))
         table.add_section()
     labels = list(dict.fromkeys(label for r in results for label in r.faults))
@@ -267,10 +316,11 @@ def _next_steps(
             f"audit {result.name}:  {env}.venv/bin/keo audit --stream {result.stream} {how} "
             f"--expected {expected}"
         )
-    lines.append(
-        "  (the at-least-once stream was written without the ledger: its records are "
-        "'unknown to ledger')"
-    )
+    if any(result.column.dedupe is None for result in results):
+        lines.append(
+            "  (the at-least-once stream was written without the ledger: its records are "
+            "'unknown to ledger')"
+        )
     lines += [
         f"serve the API:  {env}KEO_API_TOKEN={token} .venv/bin/keo serve "
         f"--table {settings.table} --port 8080",

@@ -74,6 +74,8 @@ THROTTLED_PUTS: Final = "throttled puts"  # PutRecords with some records refused
 DRIVER_KILLS: Final = "driver kills"  # after a batch's puts, before its commit
 SHARD_SPLITS: Final = "shard splits"  # between two batches
 STALLED_WRITERS: Final = "stalled writer"  # past its lease, right before its put
+THROTTLED_READS: Final = "throttled reads"  # GetRecords refused: rate exceeded
+EXPIRED_ITERATORS: Final = "expired iterators"  # GetRecords refused: its iterator expired
 # the plain producer keeps resending, as users' retry loops do; bounded so a dead endpoint ends
 PLAIN_MAX_ATTEMPTS: Final = 20
 MICRO_BATCH: Final = 500

@@ -37,19 +37,22 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from dedupe_store.settings import ENV_PREFIX
+from devstack.cost_meter import MeterReading
 from devstack.demo import (
     AT_LEAST_ONCE,
     COLUMNS,
     DRIVER_KILLS,
+    EXPIRED_ITERATORS,
     LOST_RESPONSES,
     SHARD_SPLITS,
     THROTTLED_PUTS,
+    THROTTLED_READS,
     Column,
     DemoResult,
     audited,
@@ -76,7 +79,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARDS: Final = 2
 DEFAULT_EVENT_FILES: Final = 5
 QUERY_TIMEOUT_S: Final = 600
-_ACTIVE_TIMEOUT_S: Final = 60
+ACTIVE_TIMEOUT_S: Final = 60
 
 Say = Callable[[str], None]
 
@@ -101,6 +104,10 @@ class DemoFaults:
     throttled_fraction: float = 0.1  # ... this share of its records
     crash_batch: int = 1  # the driver dies after this batch's puts
     split_batch: int = 3  # a shard is split before this batch (once the one before settled)
+    # the relay's reads (keo demo --relay): each drawn fault costs the reader a backoff, so few
+    read_throttle_probability: float = 0.1  # per GetRecords: throttled, not answered
+    expired_iterator_probability: float = 0.1  # per GetRecords: its iterator had expired
+    read_faults_limit: int = 4  # at most this many of each, drawn
 
     def __post_init__(self) -> None:
         if self.split_batch < 1:
@@ -108,26 +115,83 @@ class DemoFaults:
             raise ValueError(f"split_batch must be at least 1, got {self.split_batch}")
 
     def schedule(self) -> FaultSchedule:
-        return FaultSchedule(
-            [
-                FaultRule("PutRecords", "drop_response", self.lost_response_probability),
-                FaultRule(
-                    "PutRecords",
-                    "partial",
-                    self.throttle_probability,
-                    fraction=self.throttled_fraction,
-                ),
-            ],
-            seed=self.seed,
+        """The writes' faults: what the three queries of the Spark demo meet."""
+        return FaultSchedule(self._write_rules(), seed=self.seed)
+
+    def relay_schedule(self) -> FaultSchedule:
+        """The relay's: the writes' faults and the reads', each met by the first calls of its
+        operation (so a relay of a few hundred records meets all four), then drawn."""
+        drawn = [
+            *self._write_rules(),
+            FaultRule(
+                "GetRecords",
+                "throttle",
+                self.read_throttle_probability,
+                limit=self.read_faults_limit,
+            ),
+            FaultRule(
+                "GetRecords",
+                "expire_iterator",
+                self.expired_iterator_probability,
+                limit=self.read_faults_limit,
+            ),
+        ]
+        first = [FaultRule(r.operation, r.fault, limit=1, fraction=r.fraction) for r in drawn]
+        return FaultSchedule(first + drawn, seed=self.seed)
+
+    def _write_rules(self) -> list[FaultRule]:
+        return [
+            FaultRule("PutRecords", "drop_response", self.lost_response_probability),
+            FaultRule(
+                "PutRecords", "partial", self.throttle_probability, fraction=self.throttled_fraction
+            ),
+        ]
+
+    def on_the_driver(self, admin: Mapping[str, str], *, split: bool = True) -> DriverFaults:
+        """The driver's share; ``admin`` holds the ``KEO_*`` values of a client that reaches
+        the stream directly, not through the fault proxy. Without ``split``, the driver only
+        dies."""
+        return DriverFaults(
+            dict(admin),
+            crash_batch=self.crash_batch,
+            split_batch=self.split_batch if split else None,
         )
 
-    def on_the_driver(self, admin: Mapping[str, str]) -> DriverFaults:
-        """The driver's share; ``admin`` holds the ``KEO_*`` values of a client that reaches
-        the stream directly, not through the fault proxy."""
-        return DriverFaults(dict(admin), crash_batch=self.crash_batch, split_batch=self.split_batch)
+
+# the table's names of the proxy's faults, by the schedule's (rule's operation and fault)
+_FAULT_LABELS: Final = {
+    ("PutRecords", "drop_response"): LOST_RESPONSES,
+    ("PutRecords", "partial"): THROTTLED_PUTS,
+    ("GetRecords", "throttle"): THROTTLED_READS,
+    ("GetRecords", "expire_iterator"): EXPIRED_ITERATORS,
+}
+
+
+def injected_faults(schedule: FaultSchedule) -> dict[str, int]:
+    """What the proxy injected, by the table's labels: every fault the schedule holds, 0 for
+    one that was never drawn."""
+    return {
+        _FAULT_LABELS[rule.operation, rule.fault]: schedule.injected.get(
+            f"{rule.operation}:{rule.fault}", 0
+        )
+        for rule in schedule.rules
+    }
 
 
 # --- the sample data ---------------------------------------------------------------------------
+
+
+def sample_events(count: int) -> list[Message]:
+    """``count`` order events, ``data`` a JSON object in UTF-8."""
+    return [
+        Message(
+            f"order-{i:06d}",
+            json.dumps(
+                {"order": i, "amount_cents": (i * 7919) % 100_000, "currency": "EUR"}
+            ).encode("utf-8"),
+        )
+        for i in range(count)
+    ]
 
 
 def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) -> list[Message]:
@@ -135,15 +199,13 @@ def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) 
     events as the sinks send them (``data`` as UTF-8)."""
     directory.mkdir(parents=True, exist_ok=True)
     files = max(1, min(files, count))
-    events: list[Message] = []
+    events = sample_events(count)
     per_file = -(-count // files)
     for number in range(files):
-        lines = []
-        for i in range(number * per_file, min(count, (number + 1) * per_file)):
-            key = f"order-{i:06d}"
-            data = json.dumps({"order": i, "amount_cents": (i * 7919) % 100_000, "currency": "EUR"})
-            events.append(Message(key, data.encode("utf-8")))
-            lines.append(json.dumps({"key": key, "data": data, "routing_key": None}))
+        lines = [
+            json.dumps({"key": m.key, "data": m.data.decode("utf-8"), "routing_key": None})
+            for m in events[number * per_file : (number + 1) * per_file]
+        ]
         path = directory / f"events-{number:03d}.json"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         # the file source orders files by modification time: keep the numbering's order
@@ -224,7 +286,7 @@ class DriverFaults:
 
     admin: dict[str, str]
     crash_batch: int | None
-    split_batch: int
+    split_batch: int | None
 
     def at(self, step: Step, *, batch_id: int | None = None) -> None:
         if batch_id is None:
@@ -232,7 +294,11 @@ class DriverFaults:
         if step is Step.BATCH_AFTER_PUTS and batch_id == self.crash_batch:
             log.info("demo: the driver dies after the puts of batch %d", batch_id)
             raise DriverKilledError(batch_id)
-        if step is Step.BATCH_BEFORE_COMPLETE and batch_id == self.split_batch - 1:
+        if (
+            step is Step.BATCH_BEFORE_COMPLETE
+            and self.split_batch is not None
+            and batch_id == self.split_batch - 1
+        ):
             settings = producer_settings(self.admin)
             admin = kinesis_client(settings, for_put=False)
             if not closed_shards(admin, settings.stream):
@@ -283,7 +349,7 @@ def split_a_shard(admin: Any, stream: str) -> None:
         ShardToSplit=widest["ShardId"],
         NewStartingHashKey=str((start + end) // 2),
     )
-    wait_active(admin, stream, timeout_s=_ACTIVE_TIMEOUT_S)
+    wait_active(admin, stream, timeout_s=ACTIVE_TIMEOUT_S)
     log.info("shard split stream=%s shard=%s", stream, widest["ShardId"])
 
 
@@ -381,6 +447,9 @@ def run_spark_demo(
 
 # Starts a side's query, its driver meeting these faults.
 Start = Callable[[DriverFaults], Any]
+# A side's query, given the settings (``kinesis_endpoint_url``, ``dynamodb_endpoint_url``) that
+# reach the emulators through the side's proxies: how it writes (for the log), how it starts.
+Query = Callable[[dict[str, str]], tuple[str, Start]]
 
 
 def _run_side(
@@ -396,35 +465,94 @@ def _run_side(
     say: Say,
 ) -> DemoResult:
     admin = kinesis_client(settings, for_put=False)
-    create_stream(admin, settings.stream, shards, timeout_s=_ACTIVE_TIMEOUT_S)
+    create_stream(admin, settings.stream, shards, timeout_s=ACTIVE_TIMEOUT_S)
+
+    def query(through: dict[str, str]) -> tuple[str, Start]:
+        if column is AT_LEAST_ONCE:
+            values = sink_values(settings, **through)
+            return "foreachBatch, put_records with the usual retries", _plain_query(
+                spark, source, checkpoint, values
+            )
+        options = keo_options(settings, **through, query_name=settings.stream)
+        return f'writeStream.format("keo"), {column.name}', _keo_query(
+            spark, source, checkpoint, options
+        )
+
+    run = run_under_faults(
+        column,
+        settings,
+        schedule=faults.schedule(),
+        on_the_driver=faults.on_the_driver(sink_values(settings)),
+        query=query,
+        say=say,
+    )
+    return audited_side(
+        column,
+        settings,
+        events,
+        run,
+        faults={**run.faults, SHARD_SPLITS: closed_shards(admin, settings.stream)},
+        replayed_run=f"{settings.stream}/{faults.crash_batch}",
+    )
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """A side's query, run to the end of its input under the faults."""
+
+    seconds: float
+    restarts: int  # of the query from its checkpoint, after its driver died
+    faults: dict[str, int]  # injected by the fault proxy, and the driver's staged deaths
+    bill: MeterReading  # DynamoDB's, for every call the query made
+
+
+def run_under_faults(
+    column: Column,
+    settings: ProducerSettings,
+    *,
+    schedule: FaultSchedule,
+    on_the_driver: DriverFaults,
+    query: Query,
+    say: Say,
+) -> SideRun:
+    """Run ``query`` with Kinesis behind a fault proxy drawing from ``schedule`` and DynamoDB
+    behind a metering proxy, its driver meeting ``on_the_driver``, restarted from its
+    checkpoint until it reaches the end of its input."""
     kinesis_url, dynamodb_url = local_endpoints(settings)
-    on_the_driver = faults.on_the_driver(sink_values(settings))
     started = time.monotonic()
     # the proxy stands for Kinesis: it enforces the signature window the fence relies on
     window_s = settings.signature_window_s if settings.fenced else None
     with (
-        FaultProxy(kinesis_url, faults.schedule(), signature_window_s=window_s) as proxy,
+        FaultProxy(kinesis_url, schedule, signature_window_s=window_s) as proxy,
         MeteringProxy(dynamodb_url, settings.table) as metered,
     ):
-        through = {
-            "kinesis_endpoint_url": proxy.endpoint,
-            "dynamodb_endpoint_url": metered.endpoint,
-        }
-        if column is AT_LEAST_ONCE:
-            how = "foreachBatch, put_records with the usual retries"
-            start = _plain_query(spark, source, checkpoint, sink_values(settings, **through))
-        else:
-            how = f'writeStream.format("keo"), {column.name}'
-            options = keo_options(settings, **through, query_name=settings.stream)
-            start = _keo_query(spark, source, checkpoint, options)
+        how, start = query(
+            {"kinesis_endpoint_url": proxy.endpoint, "dynamodb_endpoint_url": metered.endpoint}
+        )
         say(
             f"[bold]{column.name}[/bold] ({how}): streaming into {settings.stream} through the "
             f"fault proxy at {proxy.endpoint}"
         )
-        restarts, kills = _run_until_done(start, on_the_driver, say=say)
-        injected = dict(proxy.schedule.injected)
-    seconds = time.monotonic() - started
+        restarts, kills = run_until_done(start, on_the_driver, say=say)
+    return SideRun(
+        seconds=time.monotonic() - started,
+        restarts=restarts,
+        faults={**injected_faults(schedule), DRIVER_KILLS: kills},
+        bill=metered.meter.snapshot(),
+    )
 
+
+def audited_side(
+    column: Column,
+    settings: ProducerSettings,
+    sent: Sequence[Message],
+    run: SideRun,
+    *,
+    faults: dict[str, int],
+    replayed_run: str,
+) -> DemoResult:
+    """The side's stream audited against ``sent`` (:func:`devstack.demo.audited`), once the
+    reconciler has looked at what an exactly-once side left behind."""
     reconciled = None
     if column.dedupe is not None:
         stack = build_stack(settings)
@@ -432,18 +560,13 @@ def _run_side(
     return audited(
         column,
         settings,
-        events,
-        seconds=seconds,
-        batches_replayed=restarts,
-        bill=metered.meter.snapshot(),
-        faults={
-            LOST_RESPONSES: injected.get("PutRecords:drop_response", 0),
-            THROTTLED_PUTS: injected.get("PutRecords:partial", 0),
-            DRIVER_KILLS: kills,
-            SHARD_SPLITS: closed_shards(admin, settings.stream),
-        },
+        sent,
+        seconds=run.seconds,
+        batches_replayed=run.restarts,
+        bill=run.bill,
+        faults=faults,
         reconciled=reconciled,
-        replayed_run=f"{settings.stream}/{faults.crash_batch}",
+        replayed_run=replayed_run,
     )
 
 
@@ -484,7 +607,7 @@ def _keo_query(spark: Any, source: Path, checkpoint: Path, options: dict[str, st
     return start
 
 
-def _run_until_done(
+def run_until_done(
     start: Start, faults: DriverFaults, *, say: Say, max_restarts: int = 5
 ) -> tuple[int, int]:
     """Run the query to the end of its input, restarting it from its checkpoint each time it

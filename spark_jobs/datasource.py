@@ -324,12 +324,13 @@ def _abort(
         _count(plan, done, report, BatchResult.FAILED, FailureReason.ABORTED)
     log.warning(
         "write aborted stream=%s query=%s batch=%s partitions_done=%d sent=%d: a replay "
-        "resolves the rest through the per-key claims",
+        "resolves the rest %s",
         plan.stream,
         plan.options.query_name,
         batch_id,
         len(done),
         report.counts["sent"],
+        "by reading the stream back" if plan.options.replay else "through the per-key claims",
     )
 
 

@@ -17,10 +17,12 @@ from typer.testing import CliRunner
 
 from cli.demo import DEMO_LEASES, demo, demo_passed, demo_table
 from cli.exit_codes import ExitCode
+from dedupe_store.states import RunState
 from devstack.demo import EXPECTED_ROWS
 from producer.audit import AuditReport
 from producer.row_audit import RowAuditReport
 from producer.settings import ProducerSettings
+from producer.wiring import ledger_from
 
 
 def _cells(text: str, label: str) -> list[str]:
@@ -80,6 +82,71 @@ def test_the_spark_demo_duplicates_at_least_once_and_delivers_exactly_once_in_bo
     assert 0 < replay.bill.total_write_units < 100, text
     assert replay.bill.requests < key.bill.requests / 10, text
     assert (tmp_path / EXPECTED_ROWS).read_text(encoding="utf-8").count("\n") == 600
+
+
+@pytest.mark.spark
+def test_the_relay_demo_delivers_every_record_of_a_to_b_once_under_faults_and_a_driver_kill(
+    spark: Any, emulators: Any, spark_table: str, tmp_path: Path
+) -> None:
+    from devstack.relay_demo import run_relay_demo
+    from devstack.spark_demo import DemoFaults
+
+    # GIVEN the demo's settings on the session's local stack
+    settings = ProducerSettings(
+        table=spark_table,
+        region="us-east-1",
+        kinesis_endpoint_url=emulators.kinesis,
+        dynamodb_endpoint_url=emulators.dynamodb,
+        **DEMO_LEASES,
+    )
+    console = Console(record=True, width=160, force_terminal=False)
+
+    # WHEN 300 events in stream A are relayed into stream B in one micro-batch (the fewest
+    # that meet every fault), through the fault proxy, the driver dying after its puts
+    result = run_relay_demo(
+        spark,
+        settings,
+        messages=300,
+        workdir=tmp_path,
+        say=console.print,
+        faults=DemoFaults(crash_batch=0, read_faults_limit=1),
+        batches=1,
+    )
+    console.print(demo_table([result], relay=True))
+    text = console.export_text()
+
+    # THEN B holds every record of A once (strictly: nothing else), and the table says so
+    assert isinstance(result.report, RowAuditReport)
+    assert result.report.strict
+    assert result.report.clean, result.report.as_json()
+    assert demo_passed([result]), text
+    assert _cells(text, "records in A") == ["records in A", "300"], text
+    assert _cells(text, "records in B") == ["records in B", "300"], text
+    assert _cells(text, "duplicated keys / rows")[1:] == ["0"], text
+    assert _cells(text, "missing keys / rows")[1:] == ["0"], text
+    assert _cells(text, "verdict")[1:] == ["exactly once"], text
+    # AND every fault fired: the reads' and the writes' at the proxy, and the driver's death,
+    # after which the query was restarted from its checkpoint
+    assert result.batches_replayed >= 1, text
+    for label in (
+        "lost responses",
+        "throttled puts",
+        "throttled reads",
+        "expired iterators",
+        "driver kills",
+    ):
+        assert result.faults[label] >= 1, (label, text)
+        assert int(_cells(text, f"injected: {label}")[1]) >= 1, text
+    # AND the replayed batch found in B all that its killed run had put, and sent none again
+    assert result.replayed_run is not None
+    replayed = ledger_from(settings).get_run(result.stream, result.replayed_run)
+    assert replayed is not None
+    assert replayed.state is RunState.COMPLETE
+    assert replayed.counts["sent"] == 0, replayed.counts
+    assert replayed.counts["duplicates"] == 300, replayed.counts
+    # AND DynamoDB billed a few writes per batch and task, none per record
+    assert 0 < result.bill.total_write_units < 60, text
+    assert (tmp_path / EXPECTED_ROWS).read_text(encoding="utf-8").count("\n") == 300
 
 
 def test_keo_demo_without_spark_uses_the_endpoints_it_is_given(

@@ -212,6 +212,15 @@ def test_a_flag_refuses_a_value_as_its_help_says() -> None:
     assert result.exit_code == 2
 
 
+def test_the_relay_demo_runs_on_spark_only() -> None:
+    # GIVEN the relay demo asked for without Spark
+    # WHEN keo demo parses it
+    result = runner.invoke(app, ["demo", "--relay", "--no-spark"])
+    # THEN it is a usage error that says why, before anything starts
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "the relay runs on Spark" in result.output
+
+
 def test_version_prints_the_package_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
