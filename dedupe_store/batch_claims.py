@@ -5,12 +5,15 @@ absent, RELEASED or past its TTL -> CLAIMED(attempt + 1, G). Most keys a produce
 and for a new key that write is an ``INSERT`` of the item an ``UpdateItem`` would have written
 (attempt 1): an ``INSERT`` of a key that exists fails on its own (``DuplicateItem``), leaving the
 item as it was. So a batch of ``INSERT`` s claims the new keys, one statement each, with each
-statement's own result, at one request per 25 keys; every key that was not new is judged from
-its item, read in batches of 100, and only those an ``UpdateItem`` could still claim (RELEASED,
-expired) take today's path, one write each. The items written are the same, in the same states:
-a producer that claims one key at a time and one that claims in batches share a table.
+statement's own result, at one request per 25 keys; every key that was not new is left pending
+(:class:`PendingClaim`) and judged from its item, read 100 to a request (the pending keys of
+several batches together: a resend of 500 delivered keys costs 20 batches and 5 reads), and
+only those an ``UpdateItem`` could still claim (RELEASED, expired) take today's path, one write
+each. The items written are the same, in the same states: a producer that claims one key at a
+time and one that claims in batches share a table.
 
-Pure: the statements, and what each statement's result means. The ledger does the I/O.
+Pure: the statements, what each statement's result means, and what a pending claim's item
+says (:func:`judged`). The ledger does the I/O.
 
 ::
 
@@ -20,6 +23,10 @@ Pure: the statements, and what each statement's result means. The ledger does th
                      └─ anything else ───────────── UNKNOWN: it may have applied; read it
     a whole request ── throttled: RETRY every statement; failed in transport or a 5xx:
                        UNKNOWN every statement (read back, as a lost claim is)
+
+    EXISTS or UNKNOWN: pending ── its item holds our token ───────── won (the INSERT applied)
+                                ├─ absent, RELEASED, past its TTL ── claim it singly
+                                └─ any other ─────────────────────── lost to its holder
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from dedupe_store.records import ClaimRequest
+from dedupe_store.records import ClaimRequest, ClaimResult, KeyClaim, PendingClaim
 from dedupe_store.states import KeyState
 
 __all__ = [
+    "MAX_READS",
     "MAX_STATEMENTS",
     "StatementResult",
     "insert_statement",
+    "judged",
     "result_of",
     "split",
 ]
@@ -44,6 +53,8 @@ _T = TypeVar("_T")
 
 # BatchExecuteStatement's limit
 MAX_STATEMENTS = 25
+# BatchGetItem's limit: the pending claims judged from one read
+MAX_READS = 100
 
 # the attributes an UpdateItem claim of an absent key writes (dedupe_store.expressions CLAIM)
 _FIELDS = (
@@ -120,6 +131,20 @@ def result_of(response: Mapping[str, Any]) -> StatementResult:
     if code in _THROTTLED:
         return StatementResult.RETRY
     return StatementResult.UNKNOWN
+
+
+def judged(
+    pending: PendingClaim, current: KeyClaim | None, *, now_ms: int
+) -> ClaimResult | ClaimRequest:
+    """What a pending claim's key item (``current``, read consistently; None when absent)
+    says: ours (it holds the INSERT's token: the statement applied though its answer was lost)
+    is won; one a claim can take (absent, RELEASED, past its TTL, as ``x.CLAIMABLE`` says) is
+    the request back, to claim singly; any other is lost to its holder."""
+    if current is not None and current.write_token == pending.token:
+        return ClaimResult.won(current)
+    if current is None or current.state is KeyState.RELEASED or current.is_expired(now_ms):
+        return pending.request
+    return ClaimResult.lost(current)
 
 
 def split(items: Sequence[_T]) -> list[Sequence[_T]]:

@@ -23,6 +23,7 @@ from dedupe_store.records import (
     KeyClaim,
     KeyUpdate,
     LedgerRecord,
+    PendingClaim,
     Position,
     ReplayRun,
     RunAttempt,
@@ -171,7 +172,36 @@ class Ledger(LedgerReader, Protocol):
         self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
     ) -> list[ClaimResult | LedgerError]:
         """:meth:`claim` of each request, in order: its result, or the ledger error it got
-        (one key's error never fails the others)."""
+        (one key's error never fails the others). :meth:`insert_claims`, then
+        :meth:`judge_claims` of the claims it left pending, then :meth:`claim` of those the
+        judge hands back, one after the other."""
+        ...
+
+    # claim_many in two halves, for a caller that runs each half's requests concurrently and
+    # judges the pending claims of several insert_claims calls together (100 to a read)
+
+    def insert_claims(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | PendingClaim]:
+        """The first half of :meth:`claim_many`, ``claims_per_request`` keys to a request: a
+        result or a ledger error for each request it decided, in order, and a
+        :class:`PendingClaim` for each key whose item must decide (it existed, or the write
+        may have applied). A backend that claims one key a request leaves none pending."""
+        ...
+
+    @property
+    def judged_per_request(self) -> int:
+        """How many pending claims one :meth:`judge_claims` request reads (100)."""
+        ...
+
+    def judge_claims(
+        self, pending: Sequence[PendingClaim], *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
+        """The second half: each pending claim judged from its key item, read consistently,
+        ``judged_per_request`` to a request, in order. Ours (the INSERT's token) is won; one a
+        claim can take (absent, RELEASED, past its TTL) is its :class:`ClaimRequest` back, to
+        :meth:`claim` singly; any other is lost to its holder. A read that fails gives each
+        of its keys its ledger error."""
         ...
 
     def get_claim(self, stream: str, key: str) -> KeyClaim | None: ...

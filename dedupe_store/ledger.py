@@ -90,6 +90,7 @@ from dedupe_store.records import (
     KeyClaim,
     KeyUpdate,
     LedgerRecord,
+    PendingClaim,
     Position,
     RenewalRefused,
     ReplayRun,
@@ -1032,6 +1033,12 @@ class DynamoDBLedger:
         PartiQL batches (or it is not known yet), 1 where it does not."""
         return 1 if self.batch_claims is False else batch_claims.MAX_STATEMENTS
 
+    @property
+    def judged_per_request(self) -> int:
+        """How many pending claims :meth:`judge_claims` reads in one request (BatchGetItem's
+        limit)."""
+        return batch_claims.MAX_READS
+
     def claim_many(
         self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
     ) -> list[ClaimResult | LedgerError]:
@@ -1039,11 +1046,28 @@ class DynamoDBLedger:
         are INSERTed 25 to a request; the others are judged from their items (read 100 to a
         request), and only those a claim can still take (RELEASED, past their TTL) are claimed
         one by one. Without PartiQL (dynalite), one claim each."""
+        inserted = self.insert_claims(requests, group, now_ms=now_ms)
+        pending = [r for r in inserted if isinstance(r, PendingClaim)]
+        verdicts = iter(self.judge_claims(pending, now_ms=now_ms))
+        results: list[ClaimResult | LedgerError] = []
+        for result in inserted:
+            verdict = next(verdicts) if isinstance(result, PendingClaim) else result
+            if isinstance(verdict, ClaimRequest):
+                verdict = self._claim_or_error(verdict, group, now_ms=now_ms)
+            results.append(verdict)
+        return results
+
+    def insert_claims(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | PendingClaim]:
+        """New keys INSERTed 25 to a request (statements throttled are sent again, up to
+        ``_INSERT_ROUNDS`` rounds); a key whose INSERT failed (it exists) or may have applied
+        is left pending, for :meth:`judge_claims`. Without PartiQL (dynalite), one claim each:
+        none pending."""
         if self.batch_claims is False:
             return [self._claim_or_error(r, group, now_ms=now_ms) for r in requests]
-        results: dict[int, ClaimResult | LedgerError] = {}
+        results: dict[int, ClaimResult | LedgerError | PendingClaim] = {}
         tokens = {index: secrets.token_hex(8) for index in range(len(requests))}
-        to_judge: list[int] = []
         pending = list(range(len(requests)))
         for round_number in range(_INSERT_ROUNDS):
             if not pending:
@@ -1066,14 +1090,24 @@ class DynamoDBLedger:
                     elif answer is StatementResult.RETRY:
                         throttled.append(index)
                     else:
-                        to_judge.append(index)
+                        results[index] = PendingClaim(requests[index], tokens[index])
             pending = throttled
         for index in pending:
             results[index] = LedgerThrottledError(
                 "DynamoDB throttled a batched claim", table=self.table_name, key=requests[index].key
             )
-        self._judge(to_judge, requests, tokens, group=group, now_ms=now_ms, into=results)
         return [results[index] for index in range(len(requests))]
+
+    def judge_claims(
+        self, pending: Sequence[PendingClaim], *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
+        """Each pending claim judged from its key item (:func:`batch_claims.judged`), the
+        items read consistently 100 to a BatchGetItem; a read that fails gives each of its
+        keys its error."""
+        verdicts: list[ClaimResult | LedgerError | ClaimRequest] = []
+        for start in range(0, len(pending), batch_claims.MAX_READS):
+            verdicts.extend(self._judge(pending[start : start + batch_claims.MAX_READS], now_ms))
+        return verdicts
 
     def _insert(
         self,
@@ -1129,38 +1163,20 @@ class DynamoDBLedger:
         )
 
     def _judge(
-        self,
-        indexes: Sequence[int],
-        requests: Sequence[ClaimRequest],
-        tokens: Mapping[int, str],
-        *,
-        group: Group,
-        now_ms: int,
-        into: dict[int, ClaimResult | LedgerError],
-    ) -> None:
-        """The claims whose INSERT did not apply, or may have: each key's item, read in
-        batches, says. Ours (our token: a statement applied though its answer was lost) is
-        won; one a claim can take (absent, RELEASED, past its TTL) is claimed as ever; any
-        other is lost to its holder."""
-        if not indexes:
-            return
-        pks = {i: ledger_pk(requests[i].stream, requests[i].key) for i in indexes}
+        self, pending: Sequence[PendingClaim], now_ms: int
+    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
+        """One read's worth of pending claims (at most 100 keys: one BatchGetItem, its
+        unprocessed keys asked again), judged."""
+        pks = [ledger_pk(p.request.stream, p.request.key) for p in pending]
         try:
-            items = self._batch_get_items(list(pks.values()), "read keys a batch did not claim")
+            items = self._batch_get_items(pks, "read keys a batch did not claim")
         except LedgerError as exc:
-            for index in indexes:
-                into[index] = exc
-            return
-        by_pk = {str(item["pk"]["S"]): item for item in items}
-        now_s = now_ms // 1000
-        for index in indexes:
-            item = by_pk.get(pks[index])
-            if item is not None and _text(item, "write_token") == tokens[index]:
-                into[index] = ClaimResult.won(_claim_of(item))
-            elif item is None or _claimable(item, now_s):
-                into[index] = self._claim_or_error(requests[index], group, now_ms=now_ms)
-            else:
-                into[index] = ClaimResult.lost(_claim_of(item))
+            return [exc] * len(pending)
+        by_pk = {str(item["pk"]["S"]): _claim_of(item) for item in items}
+        return [
+            batch_claims.judged(p, by_pk.get(pk), now_ms=now_ms)
+            for p, pk in zip(pending, pks, strict=True)
+        ]
 
     def _claim_or_error(
         self, request: ClaimRequest, group: Group, *, now_ms: int
@@ -1427,15 +1443,6 @@ def _number(item: Mapping[str, Any], name: str) -> int | None:
 def _binary(value: Any) -> bytes:
     # botocore returns bytes; a raw item from an error response may carry base64 text
     return value if isinstance(value, bytes) else base64.b64decode(value)
-
-
-def _claimable(item: Mapping[str, Any], now_s: int) -> bool:
-    """What a claim's condition (``x.CLAIMABLE``) takes besides an absent item: RELEASED, or
-    at or past its TTL second."""
-    expires = item.get(TTL_ATTRIBUTE, {}).get("N")
-    return item["state"]["S"] == KeyState.RELEASED.value or (
-        expires is not None and int(expires) <= now_s
-    )
 
 
 def _claim_of(item: Mapping[str, Any]) -> KeyClaim:

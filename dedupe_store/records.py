@@ -198,6 +198,17 @@ class ClaimResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A batched claim its ``INSERT`` did not decide: the key's item existed, or the statement
+    may have applied though its answer was lost. The item, read consistently, decides
+    (:meth:`dedupe_store.contract.Ledger.judge_claims`); ``token`` is the one the ``INSERT``
+    carried, so an item holding it is ours."""
+
+    request: ClaimRequest
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
 class KeyUpdate:
     """A conditional update of a key item: applied, or lost to whoever changed it first."""
 

@@ -18,7 +18,7 @@ from tenacity import wait_exponential
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from dedupe_store.errors import LedgerError
-from dedupe_store.records import ClaimRequest, ClaimResult, Group, KeyClaim
+from dedupe_store.records import ClaimRequest, ClaimResult, Group, KeyClaim, PendingClaim
 from kinesis_store.shards import OpenShards
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
@@ -161,24 +161,64 @@ class SendContext(LedgerCalls):
     ) -> list[ClaimResult | LedgerError]:
         """Claim each item's key for ``group``; a result or a ledger error each, in order.
         ``claims_per_request`` keys to a ledger request (25 where DynamoDB runs PartiQL
-        batches, one where it does not), the requests concurrent on the ledger pool."""
+        batches, one where it does not), the requests concurrent on the ledger pool. The keys
+        those leave pending (not new) are judged together, ``judged_per_request`` (100) to a
+        read, concurrent too, and those a claim can still take are claimed one each: a group of
+        new keys makes no read, a resend of 500 delivered keys 20 batches and 5 reads."""
         requests = [self._claim_request(item) for item in items]
-        size = self.ledger.claims_per_request
-        batches = chunked(requests, size)
-        results = [
-            r for answer in self.map(lambda b: self._claim_batch(b, group), batches) for r in answer
-        ]
+        inserted = self._each_batch(
+            requests,
+            self.ledger.claims_per_request,
+            "claim",
+            lambda batch: self.ledger.insert_claims(batch, group, now_ms=self.clock.now_ms()),
+        )
+        pending = [r for r in inserted if isinstance(r, PendingClaim)]
+        verdicts = iter(
+            self._each_batch(
+                pending,
+                self.ledger.judged_per_request,
+                "judge",
+                lambda batch: self.ledger.judge_claims(batch, now_ms=self.clock.now_ms()),
+            )
+        )
+        judged = [next(verdicts) if isinstance(r, PendingClaim) else r for r in inserted]
+        singles = iter(
+            self.map(
+                lambda request: self._claim_one(request, group),
+                [r for r in judged if isinstance(r, ClaimRequest)],
+            )
+        )
+        results = [next(singles) if isinstance(r, ClaimRequest) else r for r in judged]
         for result in results:
             outcome = "error" if isinstance(result, LedgerError) else result.status.value.lower()
             metrics.CLAIMS.labels(self.stream, outcome).inc()
         return results
 
-    def _claim_batch(
-        self, requests: Sequence[ClaimRequest], group: Group
-    ) -> list[ClaimResult | LedgerError]:
+    def _each_batch(
+        self,
+        items: Sequence[_T],
+        size: int,
+        step: str,
+        call: Callable[[Sequence[_T]], list[_R]],
+    ) -> list[_R]:
+        """``call`` on ``items`` in batches of ``size``, concurrent on the ledger pool, each
+        timed into the metrics as ``step``; the answers joined, in order."""
+
+        def timed(batch: Sequence[_T]) -> list[_R]:
+            started = time.perf_counter()
+            try:
+                return call(batch)
+            finally:
+                metrics.LEDGER_SECONDS.labels(step).observe(time.perf_counter() - started)
+
+        return [answer for answers in self.map(timed, chunked(items, size)) for answer in answers]
+
+    def _claim_one(self, request: ClaimRequest, group: Group) -> ClaimResult | LedgerError:
         started = time.perf_counter()
         try:
-            return self.ledger.claim_many(requests, group, now_ms=self.clock.now_ms())
+            return self.ledger.claim(request, group, now_ms=self.clock.now_ms())
+        except LedgerError as exc:
+            return exc
         finally:
             metrics.LEDGER_SECONDS.labels("claim").observe(time.perf_counter() - started)
 

@@ -35,7 +35,7 @@ PUT_SECONDS = Histogram(
 )
 LEDGER_SECONDS = Histogram(
     "keo_ledger_call_duration_seconds",
-    "Ledger call latency, by protocol step (open, claim, settle)",
+    "Ledger call latency, by protocol step (open, claim, judge, settle)",
     ["operation"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from dedupe_store.contract import Ledger
-from dedupe_store.errors import InvalidStreamNameError
+from dedupe_store.errors import InvalidStreamNameError, LedgerError
 from dedupe_store.inflight import bucket_share
 from dedupe_store.records import (
     BatchRecord,
@@ -22,6 +22,7 @@ from dedupe_store.records import (
     ClaimStatus,
     Group,
     KeyClaim,
+    PendingClaim,
     Position,
     RunAttempt,
     RunExecution,
@@ -272,8 +273,33 @@ def test_claim_of_a_key_past_its_ttl_wins(ledger: Ledger) -> None:
     assert (record.state, record.position) == (LedgerState.IN_FLIGHT, None)
 
 
+def in_two_halves(
+    ledger: Ledger, requests: list[ClaimRequest], group: Group, *, now_ms: int
+) -> list[ClaimResult | LedgerError]:
+    """``claim_many`` as the producer makes it: ``insert_claims`` in batches of
+    ``claims_per_request``, ``judge_claims`` of all their pending claims together, then a
+    single ``claim`` of each request the judge handed back."""
+    size = ledger.claims_per_request
+    inserted = [
+        result
+        for start in range(0, len(requests), size)
+        for result in ledger.insert_claims(requests[start : start + size], group, now_ms=now_ms)
+    ]
+    verdicts = iter(
+        ledger.judge_claims([r for r in inserted if isinstance(r, PendingClaim)], now_ms=now_ms)
+    )
+    results: list[ClaimResult | LedgerError] = []
+    for result in inserted:
+        verdict = next(verdicts) if isinstance(result, PendingClaim) else result
+        if isinstance(verdict, ClaimRequest):
+            verdict = ledger.claim(verdict, group, now_ms=now_ms)
+        results.append(verdict)
+    return results
+
+
+@pytest.mark.parametrize("claim_all", ["claim_many", "in_two_halves"])
 def test_claims_in_a_batch_win_new_keys_and_judge_the_others_as_single_claims_do(
-    ledger: Ledger,
+    ledger: Ledger, claim_all: str
 ) -> None:
     # GIVEN a key alice holds, one she released, one delivered past its TTL (each claimed one
     # at a time: an older producer's items), and thirty keys no one claimed
@@ -285,9 +311,14 @@ def test_claims_in_a_batch_win_new_keys_and_judge_the_others_as_single_claims_do
     ledger.record_positions(expired, {"k-expired": POSITION}, settle=True, now_ms=T0_MS)
     new = [f"k-new-{i:02d}" for i in range(30)]
     keys = [*new[:10], "k-held", *new[10:20], "k-released", "k-expired", *new[20:]]
-    # WHEN bob claims all of them in one call (batches of 25 where the backend runs PartiQL)
+    # WHEN bob claims all of them in one call (batches of 25 where the backend runs PartiQL),
+    # or in the two halves the producer makes concurrently
     bobs = open_group(ledger, *keys, owner=BOB, now_ms=later_ms)
-    results = ledger.claim_many([request_for(k) for k in keys], bobs, now_ms=later_ms)
+    requests = [request_for(k) for k in keys]
+    if claim_all == "claim_many":
+        results = ledger.claim_many(requests, bobs, now_ms=later_ms)
+    else:
+        results = in_two_halves(ledger, requests, bobs, now_ms=later_ms)
     # THEN each result is what a single claim would have said, in the keys' order: the new
     # keys won at attempt 1, the released and expired ones won at attempt 2, the held one lost
     # to alice's claim
@@ -314,6 +345,35 @@ def test_claims_in_a_batch_win_new_keys_and_judge_the_others_as_single_claims_do
     assert current == won["k-new-00"]
     again = ledger.claim(request_for("k-new-00"), open_group(ledger, "k-new-00"), now_ms=later_ms)
     assert (again.status, again.claim) == (ClaimStatus.LOST, current)
+
+
+def test_pending_claims_are_judged_from_their_items_in_order_100_to_a_read(
+    ledger: Ledger,
+) -> None:
+    # GIVEN keys left pending by batched claims: one whose INSERT applied (its item holds the
+    # pending claim's token), one alice holds, one she released, one past its TTL, and 130
+    # never claimed (more than one read of 100)
+    later_ms = T0_MS + (TTL_S + 1) * 1000
+    bobs = open_group(ledger, "k-ours", owner=BOB, now_ms=later_ms)
+    ours = claim(ledger, "k-ours", bobs, now_ms=later_ms)
+    held = claim(ledger, "k-held", open_group(ledger, "k-held", now_ms=later_ms), now_ms=later_ms)
+    released = claim(ledger, "k-released", open_group(ledger, "k-released"))
+    assert ledger.release(released).applied
+    claimed(ledger, "k-expired")
+    absent = [f"k-absent-{i:03d}" for i in range(130)]
+    keys = [*absent[:60], "k-ours", "k-held", *absent[60:], "k-released", "k-expired"]
+    tokens = {"k-ours": ours.write_token}
+    pending = [PendingClaim(request_for(k), tokens.get(k) or f"token-{k}") for k in keys]
+    # WHEN they are judged together
+    verdicts = ledger.judge_claims(pending, now_ms=later_ms)
+    # THEN, in order: ours won, alice's lost to her claim, and the released, expired and
+    # absent keys handed back to be claimed singly; nothing was written
+    by_key = dict(zip(keys, verdicts, strict=True))
+    assert by_key.pop("k-ours") == ClaimResult.won(ours)
+    assert by_key.pop("k-held") == ClaimResult.lost(held)
+    assert by_key == {k: request_for(k) for k in [*absent, "k-released", "k-expired"]}
+    assert ledger.get_claim(STREAM, absent[0]) is None
+    assert ledger.judge_claims([], now_ms=later_ms) == []
 
 
 def test_a_claim_by_another_request_for_the_same_group_in_the_same_millisecond_loses(

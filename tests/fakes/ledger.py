@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import TypeVar
 
+from dedupe_store import batch_claims
 from dedupe_store.errors import (
     InvalidTransitionError,
     LedgerError,
@@ -58,6 +59,7 @@ from dedupe_store.records import (
     KeyClaim,
     KeyUpdate,
     LedgerRecord,
+    PendingClaim,
     Position,
     RenewalRefused,
     ReplayRun,
@@ -92,6 +94,7 @@ READ_OPERATIONS = frozenset(
         "batch_get_claims",
         "get_group",
         "batch_get_groups",
+        "judge_claims",
         # a replay run's calls: a fault there raises, nothing applied
         "register_attempt",
         "supersede_executions",
@@ -691,6 +694,36 @@ class InMemoryLedger:
             except LedgerError as exc:
                 results.append(exc)
         return results
+
+    def insert_claims(
+        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | PendingClaim]:
+        # a backend without PartiQL batches (dynalite's kind): one claim a key, none pending
+        return list(self.claim_many(requests, group, now_ms=now_ms))
+
+    @property
+    def judged_per_request(self) -> int:
+        return batch_claims.MAX_READS
+
+    def judge_claims(
+        self, pending: Sequence[PendingClaim], *, now_ms: int
+    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
+        verdicts: list[ClaimResult | LedgerError | ClaimRequest] = []
+        for start in range(0, len(pending), self.judged_per_request):
+            read = pending[start : start + self.judged_per_request]
+            with self._lock:
+                try:
+                    self._read_fault("judge_claims")
+                except LedgerError as exc:
+                    verdicts.extend([exc] * len(read))
+                    continue
+                verdicts.extend(
+                    batch_claims.judged(
+                        p, self._claims.get((p.request.stream, p.request.key)), now_ms=now_ms
+                    )
+                    for p in read
+                )
+        return verdicts
 
     def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
         def claimable(current: KeyClaim | None) -> bool:

@@ -14,6 +14,7 @@ the cases only DynamoDB can stage (a response lost on the wire, items written in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +22,10 @@ import pytest
 import stacks
 from moto.server import ThreadedMotoServer
 
-from dedupe_store.errors import LedgerSchemaError, LedgerThrottledError
+from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
-from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim
+from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, PendingClaim
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector, FaultKind
@@ -186,6 +187,50 @@ def test_new_keys_are_claimed_25_to_a_request_and_a_resend_costs_under_a_tenth_o
     ]
     assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.LOST for r in again)
     assert operations == ["BatchExecuteStatement"] * 4 + ["BatchGetItem"]
+
+
+def test_a_resend_in_batches_of_25_has_its_pending_claims_judged_100_to_a_read(
+    dynamodb_local_endpoint: str, names: Names
+) -> None:
+    # GIVEN 500 keys delivered, on DynamoDB Local
+    ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
+    keys = [f"k-{i:03d}" for i in range(500)]
+    requests = [request_for(k) for k in keys]
+    first = ledger.claim_many(requests, open_group(ledger, *keys), now_ms=T0_MS)
+    bobs = open_group(ledger, *keys, owner=BOB, now_ms=T0_MS + 1)
+    operations = _counted(ledger)
+    # WHEN they are claimed again as the producer claims a group: INSERTs 25 to a call, then
+    # every key they left pending judged in one call
+    inserted = [
+        result
+        for start in range(0, len(requests), 25)
+        for result in ledger.insert_claims(requests[start : start + 25], bobs, now_ms=T0_MS + 1)
+    ]
+    pending = [r for r in inserted if isinstance(r, PendingClaim)]
+    verdicts = ledger.judge_claims(pending, now_ms=T0_MS + 1)
+    # THEN every key was left pending by its INSERT, and each is lost to its first claim:
+    # 20 BatchExecuteStatement and 5 BatchGetItem (20 of each when each batch read its own)
+    assert len(pending) == 500
+    assert verdicts == [ClaimResult.lost(r.claim) for r in first if isinstance(r, ClaimResult)]
+    assert Counter(operations) == {"BatchExecuteStatement": 20, "BatchGetItem": 5}
+
+
+def test_a_judge_read_that_fails_gives_each_of_its_keys_the_error(
+    dynamodb_local_endpoint: str, names: Names
+) -> None:
+    # GIVEN 150 keys left pending (they exist), and the first read of them refused
+    ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
+    keys = [f"k-{i:03d}" for i in range(150)]
+    claimed(ledger, *keys)
+    pending = [PendingClaim(request_for(k), "not-ours") for k in keys]
+    with FaultInjector(ledger.client, seed=3) as faults:
+        faults.rejected(operations=["BatchGetItem"], count=1)
+        # WHEN they are judged
+        verdicts = ledger.judge_claims(pending, now_ms=T0_MS)
+    # THEN the first read's 100 keys each get its ledger error, the other 50 are judged
+    assert faults.injected == {FaultKind.REJECTED.value: 1}
+    assert all(isinstance(v, LedgerError) for v in verdicts[:100]), verdicts[:100]
+    assert all(isinstance(v, ClaimResult) and v.status is ClaimStatus.LOST for v in verdicts[100:])
 
 
 def test_a_backend_without_partiql_is_learned_once_and_claimed_one_key_a_request(

@@ -236,6 +236,39 @@ def test_300_messages_are_delivered_once_and_a_resend_adds_nothing(
     assert len(again.records) == 300
 
 
+def test_a_resend_of_a_500_key_group_judges_its_keys_100_to_a_read(
+    make_stack: StackFactory, kinesis: Any, emulators: local_stack.Endpoints
+) -> None:
+    # GIVEN 500 messages, one claim group (a longer lease: 500 claims take a while here)
+    stack = make_stack(lease_s=15.0)
+    batch = messages(500)
+    operations: list[str] = []
+    stack.ledger.client.meta.events.register(
+        "before-call.dynamodb.*", lambda model, **_: operations.append(model.name)
+    )
+    # WHEN they are sent
+    first = send(stack, batch)
+    # THEN, on DynamoDB Local, the group of new keys is opened, claimed 25 to a request and
+    # settled, and reads nothing
+    assert statuses(first) == {OutcomeStatus.SENT: 500}
+    batched = emulators.dynamodb_emulator == local_stack.DYNAMODB_LOCAL
+    if batched:
+        assert Counter(operations) == {"PutItem": 1, "BatchExecuteStatement": 20, "UpdateItem": 1}
+    # WHEN they are sent again
+    operations.clear()
+    second = send(stack, batch)
+    # THEN all are DUPLICATE: on DynamoDB Local the 20 batches' keys were judged together, 5
+    # reads of 100 (20 of 25 before), and their group read once: 28 requests for 500 messages;
+    # on dynalite (no PartiQL) a failed claim each
+    assert statuses(second) == {OutcomeStatus.DUPLICATE: 500}
+    assert Counter(operations) == (
+        {"PutItem": 1, "BatchExecuteStatement": 20, "BatchGetItem": 5 + 1, "UpdateItem": 1}
+        if batched
+        else {"PutItem": 1, "UpdateItem": 500 + 1, "BatchGetItem": 1}
+    )
+    assert_stream_is_exactly(kinesis, stack, batch)
+
+
 # --- PutRecords: whole-request faults -----------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""Claims 25 to a request: the PartiQL INSERT of a claim's item, and what each statement's
-result means (``dedupe_store.batch_claims``; the ledger's I/O is test_ledger_contract.py's)."""
+"""Claims 25 to a request: the PartiQL INSERT of a claim's item, what each statement's result
+means, and what a pending claim's item says (``dedupe_store.batch_claims``; the ledger's I/O
+is test_ledger_contract.py's)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,34 @@ from dedupe_store.batch_claims import (
     MAX_STATEMENTS,
     StatementResult,
     insert_statement,
+    judged,
     result_of,
     split,
 )
-from dedupe_store.records import ClaimRequest
+from dedupe_store.records import ClaimRequest, ClaimResult, KeyClaim, PendingClaim
+from dedupe_store.states import KeyState
 
 REQUEST = ClaimRequest("orders", "k-1", "digest-1", "12345")
+NOW_MS = 1_700_000_000_500
+PENDING = PendingClaim(REQUEST, token="ours")
+
+
+def item(
+    state: KeyState = KeyState.CLAIMED, *, holder: str = "theirs", expires_at_s: int = 1_700_003_600
+) -> KeyClaim:
+    """The key item as read; ``holder``: the token of the write that made it."""
+    return KeyClaim(
+        stream="orders",
+        key="k-1",
+        state=state,
+        attempt=1,
+        group_id="g-1",
+        claimed_at_ms=1_699_999_000_000,
+        payload_digest="digest-1",
+        routing_hash_key="12345",
+        expires_at_s=expires_at_s,
+        write_token=holder,
+    )
 
 
 def test_an_insert_writes_the_item_a_claim_of_an_absent_key_writes() -> None:
@@ -94,3 +117,46 @@ def test_requests_are_split_25_to_a_batch_in_order(count: int, sizes: list[int])
     assert [len(b) for b in batches] == sizes
     assert [i for b in batches for i in b] == items
     assert all(len(b) <= MAX_STATEMENTS for b in batches)
+
+
+def test_a_pending_claim_whose_item_holds_its_token_is_won() -> None:
+    # GIVEN a pending claim whose INSERT's answer was lost, and the item it wrote
+    ours = item(holder="ours")
+    # WHEN it is judged
+    # THEN it is won, as the item says
+    assert judged(PENDING, ours, now_ms=NOW_MS) == ClaimResult.won(ours)
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        None,
+        item(KeyState.RELEASED),
+        item(expires_at_s=NOW_MS // 1000),
+        item(KeyState.UNVERIFIABLE, expires_at_s=NOW_MS // 1000 - 1),
+    ],
+    ids=["absent", "released", "ttl-this-second", "expired-unverifiable"],
+)
+def test_a_pending_claim_a_claim_can_take_is_handed_back_to_claim_singly(
+    current: KeyClaim | None,
+) -> None:
+    # GIVEN a pending claim whose key is absent, RELEASED, or at or past its TTL second
+    # WHEN it is judged
+    # THEN its request comes back: a single conditional claim takes it (or loses the race)
+    assert judged(PENDING, current, now_ms=NOW_MS) is REQUEST
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        item(),
+        item(expires_at_s=NOW_MS // 1000 + 1),
+        item(KeyState.UNVERIFIABLE),
+    ],
+    ids=["held", "ttl-next-second", "unverifiable"],
+)
+def test_a_pending_claim_another_holds_is_lost_to_its_holder(current: KeyClaim) -> None:
+    # GIVEN a pending claim whose key another write holds, within its TTL
+    # WHEN it is judged
+    # THEN it is lost, with the holder's item (its group says DUPLICATE, CONFLICT or wait)
+    assert judged(PENDING, current, now_ms=NOW_MS) == ClaimResult.lost(current)

@@ -31,7 +31,7 @@ from ledger_contract import (
 )
 
 from dedupe_store.errors import LedgerThrottledError, LedgerUnavailableError
-from dedupe_store.records import ClaimStatus
+from dedupe_store.records import ClaimResult, ClaimStatus, PendingClaim
 from dedupe_store.states import GroupState, KeyState, LedgerState
 
 
@@ -192,6 +192,19 @@ def test_a_delayed_fault_needs_a_clock_to_move(ledger: InMemoryLedger) -> None:
 
 
 # --- batched reads (items written the way this backend can) ------------------------------
+
+
+def test_a_judge_read_that_fails_gives_each_of_its_keys_the_error(ledger: InMemoryLedger) -> None:
+    # GIVEN 150 keys left pending (they exist), and the first read of them refused
+    keys = [f"k-{i:03d}" for i in range(150)]
+    claimed(ledger, *keys)
+    pending = [PendingClaim(request_for(k), "not-ours") for k in keys]
+    ledger.inject("judge_claims", LedgerFault.UNAVAILABLE)
+    # WHEN they are judged
+    verdicts = ledger.judge_claims(pending, now_ms=T0_MS)
+    # THEN the first read's 100 keys each get its ledger error, the other 50 are judged
+    assert all(isinstance(v, LedgerUnavailableError) for v in verdicts[:100]), verdicts[:100]
+    assert all(isinstance(v, ClaimResult) and v.status is ClaimStatus.LOST for v in verdicts[100:])
 
 
 def test_batch_get_reads_250_keys_and_leaves_absent_ones_out(ledger: InMemoryLedger) -> None:
