@@ -89,6 +89,15 @@ OTHER_VARIABLES: Final = (
         "transactions, TTL); endpoints.env names the one it points at",
     ),
     OtherVariable(
+        "KEO_DYNAMODB_LOCAL_JVM",
+        "`keo emulators up` (cli/emulators.py)",
+        "`startup`",
+        "how the DynamoDB Local that `keo emulators up` starts is tuned: `startup` (the quick "
+        "compiler, a small heap: tests and short runs) or `throughput` (the optimizing "
+        "compiler, the parallel collector: benches; `keo bench` and `make bench-compare` "
+        "start it so)",
+    ),
+    OtherVariable(
         "KEO_KINESIS_LOCAL_ENDPOINT_URL",
         "written by `keo emulators up` (devstack/emulators.py)",
         "unset",
