@@ -54,16 +54,17 @@ class ChunkDelivery:
         self._held = HeldClaims(context, self._state, self._takeovers)
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
 
-    def run(self, claimed: threading.Event) -> dict[int, Outcome]:
-        """Deliver the chunk; ``claimed`` is set once its claims are made (or abandoned), so
-        the next chunk may start claiming. One outcome per item, by input index."""
+    def run(self, opened: threading.Event) -> dict[int, Outcome]:
+        """Deliver the chunk; ``opened`` is set once its group is open (or could not be), so
+        the next chunk may open its own and claim beside it. One outcome per item, by input
+        index."""
         try:
             own = self._open()
-            if own is None:
-                return self._state.outcomes
-            claims = self._context.claim_all(self._items, own.group)
         finally:
-            claimed.set()
+            opened.set()
+        if own is None:
+            return self._state.outcomes
+        claims = self._context.claim_all(self._items, own.group)
         to_send, to_wait = self._sort_claims(own, claims)
         self._rounds(to_send, to_wait)
         self._settle_groups()

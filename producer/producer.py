@@ -142,9 +142,12 @@ class ExactlyOnceProducer:
     def _deliver_all(self, items: list[PreparedMessage], decided: dict[int, Outcome]) -> None:
         """One group per chunk: at most ``group_size`` keys, and a group item of bounded size.
 
-        Groups are pipelined: a group opens and claims once the group before it has made its
-        claims, so its claims fill the time the other spends putting and settling (the ledger
-        and the client sit idle during a put otherwise). At most ``groups_in_flight`` at once.
+        Groups are pipelined: a group opens once the group before it is open (the groups open
+        in input order), then claims beside it: its claims fill the time the other spends
+        claiming, putting and settling (the ledger and the client sit idle during a put
+        otherwise, and a batched claim's last answers leave the ledger idle until the next
+        group claims). At most ``groups_in_flight`` at once; their keys are distinct (a key
+        repeated in ``messages`` is sent once).
         """
         chunks = batch_by_size(
             items,
@@ -163,10 +166,10 @@ class ExactlyOnceProducer:
                             item, "interrupted before it was claimed; send it again"
                         )
                     continue
-                claimed = threading.Event()
+                opened = threading.Event()
                 delivery = ChunkDelivery(self._context, chunk)
-                in_flight.append(self._groups.submit(delivery.run, claimed))
-                claimed.wait()
+                in_flight.append(self._groups.submit(delivery.run, opened))
+                opened.wait()
         finally:
             # every group started finishes its protocol, even when one of them raised
             failures: list[BaseException] = []
