@@ -5,6 +5,7 @@ range read), with no Spark. Time is the fake's manual clock.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -305,6 +306,46 @@ def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
     world.kinesis.advance(5 * 3_600_000)  # quiet for 5 hours
     batches, _ = world.run()
     assert len(keys(batches)) == 5
+
+
+class MeetingShards:
+    """Each shard's first iterator is given only once every shard has asked for one: looked
+    for one shard after another, the tails would never be found (the wait gives up after 5 s)."""
+
+    def __init__(self, fake: FakeKinesisClient, shards: int = 2) -> None:
+        self.fake = fake
+        self._all_asked = threading.Barrier(shards, timeout=5)
+        self._asked: set[str] = set()
+        self._lock = threading.Lock()
+
+    def get_shard_iterator(self, **kwargs: Any) -> Any:
+        with self._lock:
+            first = kwargs["ShardId"] not in self._asked
+            self._asked.add(kwargs["ShardId"])
+        if first:
+            self._all_asked.wait()
+        return self.fake.get_shard_iterator(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+@pytest.mark.parametrize("available_now", [False, True])
+def test_the_tails_of_all_shards_are_looked_for_at_once(available_now: bool) -> None:
+    # GIVEN two shards holding records, whose tails can only be found together
+    world = World(client=MeetingShards)
+    world.put(*(f"k{i:02d}" for i in range(20)))
+    world.kinesis.advance(60_000)
+    # WHEN a batch's end is fixed (under AvailableNow, when the run starts)
+    if available_now:
+        world.planner.freeze()
+    batches, _ = world.run()
+    # THEN every record is read, each shard to its tail
+    assert sorted(keys(batches)) == [f"k{i:02d}" for i in range(20)]
+    assert {record.shard_id for batch in batches for record in batch} == {
+        "shardId-000000000000",
+        "shardId-000000000001",
+    }
 
 
 # --- faults -------------------------------------------------------------------------------------
