@@ -121,6 +121,7 @@ class StreamPlanner:
         self._margin_ms = margin_ms
         self._listed: dict[str, Shard] = {}
         self._caps: dict[str, _Cap] | None = None
+        self.lags_ms: dict[str, int] = {}
 
     @property
     def stream(self) -> str:
@@ -171,7 +172,10 @@ class StreamPlanner:
     def latest(self, start: StreamOffset, budget: Budget | None) -> StreamOffset:
         """The end of the next batch: ``start`` moved on by every shard that may be read now
         (its parents finished), as far as the budget allows; equal to ``start`` when there
-        is nothing new."""
+        is nothing new. ``lags_ms`` then holds how far behind its tail each open shard's start
+        was (:meth:`ShardProgress.millis_behind`), for the shards whose tail this planning
+        knew (no budget, or an AvailableNow run's) and whose start has a time."""
+        self.lags_ms = {}
         listed = self._list()
         offset, gone = with_listing(start, listed)
         for shard_id in gone:
@@ -230,11 +234,18 @@ class StreamPlanner:
                 ends[shard.shard_id] = progress.advanced_to(None, finished=True)  # to its end
             elif cap is not None:
                 ends[shard.shard_id] = progress.advanced_to(cap.tail)
+                self._lag(shard.shard_id, progress, cap.tail)
             else:
                 searched[shard.shard_id] = progress.start
         for shard_id, tail in self._tails(searched).items():
             ends[shard_id] = offset.progress(shard_id).advanced_to(tail)
+            self._lag(shard_id, offset.progress(shard_id), tail)
         return {shard.shard_id: ends[shard.shard_id] for shard in shards}
+
+    def _lag(self, shard_id: str, progress: ShardProgress, tail: SeenRecord | None) -> None:
+        behind_ms = progress.millis_behind(tail)
+        if behind_ms is not None:
+            self.lags_ms[shard_id] = behind_ms
 
     def _counted(
         self, shards: Sequence[Shard], offset: StreamOffset, budget: Budget

@@ -22,7 +22,8 @@ shard from it. A task gives Spark its rows as Arrow record batches
 (:func:`spark_jobs.read_rows.arrow_batches_of`), not tuples Spark would convert one value at a
 time. With ``metrics_port``, each task counts the range it read
 (:meth:`spark_jobs.driver_metrics.MetricsEndpoint.record_read`): rows and bytes by shard, and
-how far behind the shard's tip its read ended.
+how far behind the shard's tip its read ended; and the driver, as it plans a batch, how far
+behind its tail each shard's batch starts (:meth:`~spark_jobs.driver_metrics.MetricsEndpoint.record_lags`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from kinesis_store.kpl import UserRecord
 from kinesis_store.read_pacing import ReadPacer
 from kinesis_store.reader import KinesisReader
 from producer.wiring import kinesis_read_client
-from spark_jobs.driver_metrics import STREAM_READ_QUERY, ShardRead
+from spark_jobs.driver_metrics import STREAM_READ_QUERY, PlannedLag, ShardRead
 from spark_jobs.options import StreamReadOptions
 from spark_jobs.read_rows import arrow_batches_of, rows_of
 from spark_jobs.stream_offsets import ShardRange, StreamOffset
@@ -105,7 +106,16 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - Spark's name
         planner = self.planner
-        return planner.latest(planner.parse(start), self._budget(limit)).as_json()
+        end = planner.latest(planner.parse(start), self._budget(limit))
+        if self.options.metrics is not None:
+            self.options.metrics.record_lags(
+                PlannedLag(
+                    query=self.options.query_name or STREAM_READ_QUERY,
+                    stream=planner.stream,
+                    millis_behind=planner.lags_ms,
+                )
+            )
+        return end.as_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
         total = self.options.max_records_per_trigger

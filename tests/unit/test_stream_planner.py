@@ -281,6 +281,28 @@ def test_the_tail_of_a_busy_shard_is_found_reading_its_last_seconds_only() -> No
     assert counting[0].records_returned <= 3
 
 
+def test_planning_a_batch_says_how_far_behind_its_tail_each_shard_starts() -> None:
+    # GIVEN a query that read a shard's first record, and 3 more records 4 s later
+    world = World(shard_count=1)
+    world.put("k0")
+    world.planner.latest(world.planner.initial(), None)
+    assert world.planner.lags_ms == {}  # the first batch starts at the trim horizon: no time
+    _, offset = world.run()
+    assert world.planner.lags_ms == {"shardId-000000000000": 0}  # caught up
+    world.kinesis.advance(4_000)
+    world.put("k1", "k2")
+    world.kinesis.advance(1_000)
+    world.put("k3")
+    # WHEN the next batch is planned
+    world.planner.latest(offset, None)
+    # THEN its start (k0) is behind the tail (k3) by their arrival times
+    visible = world.kinesis.visible()
+    assert world.planner.lags_ms == {
+        "shardId-000000000000": visible[-1].arrival_ms - visible[0].arrival_ms
+    }
+    assert world.planner.lags_ms["shardId-000000000000"] >= 5_000
+
+
 def test_a_page_short_of_what_was_asked_and_at_the_tip_ends_the_tail_search() -> None:
     # GIVEN a shard with 3 records just now
     world = World(shard_count=1)
