@@ -487,11 +487,16 @@ def render_spark_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PACED_LOOP: Final = "boto3_get_records_paced"
+
+
 def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list[str]:
-    """``readStream.format("keo")`` against a boto3 GetRecords loop, and the relay exactly
-    once against at least once: each pair's rates and its median ratio over the rounds
-    (``machine``: the master and the load average of the run)."""
+    """``readStream.format("keo")`` against a boto3 GetRecords loop (and the same loop paced to
+    AWS's read limits, in figures that have it), and the relay exactly once against at least
+    once: each pair's rates and its median ratio over the rounds (``machine``: the master and
+    the load average of the run)."""
     read, relay = streaming["read"], streaming["relay"]
+    paced = read.get("ratios", {}).get(PACED_LOOP)
 
     def row(label: str, figures: dict[str, Any], ratio: str) -> str:
         seconds = ", ".join(f"{s:.2f}" for s in figures["seconds"])
@@ -518,6 +523,18 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
             "reference: a boto3 GetRecords loop, a thread per shard",
             read["boto3_get_records"],
             "1",
+        ),
+        *(
+            [
+                row(
+                    "reference: the same loop paced to 5 calls and 2 MB a second per shard "
+                    '(readStream.format("keo") against it in the last column)',
+                    read[PACED_LOOP],
+                    ratio(paced),
+                )
+            ]
+            if paced is not None
+            else []
         ),
         row(
             "relay A to B, exactly once (`dedupe=replay`)",

@@ -13,7 +13,10 @@ machine's drift is shared, and its median reported):
   every shard to its tail when the query starts) into Spark's ``noop`` sink, a new checkpoint
   each round, timed from ``start()`` to its end (the query's planning included: finding each
   shard's tail), against a plain boto3 ``GetRecords`` loop over the same shards, a thread per
-  shard as Spark runs a task per shard, from TRIM_HORIZON to the tip, 10,000 records a call;
+  shard as Spark runs a task per shard, from TRIM_HORIZON to the tip, 10,000 records a call,
+  and against the same loop paced to AWS's read limits (``boto3_get_records_paced``: 5 calls
+  and 2 MB a second per shard, :class:`kinesis_store.read_pacing.ReadPacer`), as the read
+  is and as a loop on AWS must be (kinesalite enforces neither);
 - **relay**: A into a stream B, exactly once (:func:`spark_jobs.relay.start_relay`, replay
   mode, a new query name and checkpoint each round), against at least once: the same read
   into ``foreachBatch`` of the demo's plain ``put_records`` sink
@@ -21,7 +24,8 @@ machine's drift is shared, and its median reported):
 
 Both Spark paths are warmed up first, untimed, on a small stream (a query's first batch
 starts Python workers), unless ``warm_up`` is off (a smoke run's figures mean nothing).
-The load average at the start and the end is in the figures. Nothing is asserted.
+The load average at the start and the end is in the figures. Nothing is asserted. A
+measure's ``median_ratio`` is against its first reference; ``ratios`` has one per reference.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Final
 from devstack.bench import load_average
 from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.entries import put_entry
+from kinesis_store.read_pacing import ReadPacer
 from producer.settings import Dedupe
 from producer.wiring import kinesis_client
 from spark_jobs.options import setting_options
@@ -57,6 +62,7 @@ PAYLOAD_BYTES: Final = 200
 PUTS_IN_FLIGHT: Final = 4
 READ: Final = "keo_read_stream"
 GET_RECORDS: Final = "boto3_get_records"
+GET_RECORDS_PACED: Final = "boto3_get_records_paced"
 EXACTLY_ONCE: Final = "relay_exactly_once"
 AT_LEAST_ONCE: Final = "relay_at_least_once"
 STREAMS: Final = ("source", "warm", "exactly_once", "at_least_once")
@@ -86,8 +92,9 @@ def fill(settings: Mapping[str, str], records: int) -> None:
         list(pool.map(put, range(0, records, 500)))
 
 
-def get_records_loop(settings: Mapping[str, str]) -> int:
-    """Every record of the stream read with plain boto3, a thread per shard: the count."""
+def get_records_loop(settings: Mapping[str, str], *, pacer: ReadPacer | None = None) -> int:
+    """Every record of the stream read with plain boto3, a thread per shard: the count. With
+    ``pacer``, each shard's calls keep to its read limits (5 calls, 2 MB a second)."""
     parsed = producer_settings(settings)
     client = kinesis_client(parsed, for_put=False)
     shards = client.list_shards(StreamName=parsed.stream)["Shards"]
@@ -98,7 +105,13 @@ def get_records_loop(settings: Mapping[str, str]) -> int:
         )["ShardIterator"]
         count = 0
         while iterator is not None:
+            left_at_s = pacer.before_call(shard_id) if pacer is not None else 0.0
             page = client.get_records(ShardIterator=iterator, Limit=10_000)
+            if pacer is not None:
+                page_bytes = sum(
+                    len(raw["Data"]) + len(raw["PartitionKey"].encode()) for raw in page["Records"]
+                )
+                pacer.after_call(shard_id, left_at_s, page_bytes)
             count += len(page["Records"])
             iterator = page.get("NextShardIterator")
             if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
@@ -185,26 +198,32 @@ def _side_by_side(
     records: int,
     repeats: int,
     measure: tuple[str, Callable[[], int]],
-    reference: tuple[str, Callable[[], int]],
+    references: Sequence[tuple[str, Callable[[], int]]],
     say: Say,
 ) -> dict[str, Any]:
-    """``repeats`` rounds of ``reference`` then ``measure``; each must see every record."""
-    seconds: dict[str, list[float]] = {measure[0]: [], reference[0]: []}
+    """``repeats`` rounds of each reference then ``measure``; each must see every record."""
+    runs = [*references, measure]
+    seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
     for number in range(1, repeats + 1):
-        for name, run in (reference, measure):
+        for name, run in runs:
             say(f"spark: {name}, {records} records ({number}/{repeats})")
             took, count = _timed(run)
             if count != records:
                 raise RuntimeError(f"{name} saw {count} records of {records}")
             seconds[name].append(took)
-    per_round = [
-        round(r / m, 3) for m, r in zip(seconds[measure[0]], seconds[reference[0]], strict=True)
-    ]
+    ratios = {}
+    for name, _ in references:
+        per_round = [
+            round(r / m, 3) for m, r in zip(seconds[measure[0]], seconds[name], strict=True)
+        ]
+        ratios[name] = {
+            "ratio_per_round": per_round,
+            "median_ratio": round(statistics.median(per_round), 3),
+        }
     return {
-        measure[0]: _figures(records, seconds[measure[0]]),
-        reference[0]: _figures(records, seconds[reference[0]]),
-        "ratio_per_round": per_round,
-        "median_ratio": round(statistics.median(per_round), 3),
+        **{name: _figures(records, seconds[name]) for name, _ in runs},
+        **ratios[references[0][0]],
+        "ratios": ratios,
     }
 
 
@@ -235,14 +254,17 @@ def run(
         records,
         repeats,
         (READ, lambda: queries.read(source)),
-        (GET_RECORDS, lambda: get_records_loop(source)),
+        [
+            (GET_RECORDS, lambda: get_records_loop(source)),
+            (GET_RECORDS_PACED, lambda: get_records_loop(source, pacer=ReadPacer())),
+        ],
         say,
     )
     relay = _side_by_side(
         records,
         repeats,
         (EXACTLY_ONCE, lambda: queries.exactly_once(source, streams["exactly_once"])),
-        (AT_LEAST_ONCE, lambda: queries.at_least_once(source, streams["at_least_once"])),
+        [(AT_LEAST_ONCE, lambda: queries.at_least_once(source, streams["at_least_once"]))],
         say,
     )
     return {

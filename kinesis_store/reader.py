@@ -8,7 +8,9 @@ right after the last record read; every other botocore error is translated once 
 :mod:`kinesis_store.errors`, keeping the cause. Given a
 :class:`kinesis_store.read_pacing.ReadPacer`, GetRecords calls keep within each shard's 5
 calls and 2 MB a second; :meth:`KinesisReader.shard_reads` says what the reads of a shard
-brought back (records, bytes, and how far behind the tip the last page was).
+brought back (records, bytes, and how far behind the tip the last page was). One reader may
+read several shards on several threads at once (a planner looks for their tails together),
+never one shard on two threads.
 
 A read that goes on after a record already read (``AFTER_SEQUENCE_NUMBER``) first asks for
 that record itself (``AT_SEQUENCE_NUMBER``): when the shard no longer holds it, it is past the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import botocore.exceptions
+import botocore.utils
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -47,7 +51,7 @@ from kinesis_store.positions import Counted, SeenRecord, ShardStart, StartKind, 
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
 from kinesis_store.shards import Shard, StreamInfo
 
-__all__ = ["KinesisReader", "ShardReads"]
+__all__ = ["KinesisReader", "ShardReads", "utc_timestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +71,14 @@ def raise_lost(error: ShardPositionLostError) -> None:
 @dataclass(frozen=True, slots=True)
 class _Page:
     """One GetRecords answer: its records, and whether it reached the tip (or, ``ended``, the
-    end of a closed shard): nothing is read after such a page."""
+    end of a closed shard): nothing is read after such a page. ``caught_up``: it held records,
+    fewer than asked for, and Kinesis said it was 0 ms behind the tip: its last record was the
+    shard's last when it was read (the empty page that would make it ``tip`` adds nothing)."""
 
     records: list[dict[str, Any]]
     tip: bool
     ended: bool
+    caught_up: bool = False
 
 
 @dataclass(slots=True)
@@ -125,6 +132,7 @@ class KinesisReader:
         self._pacer = pacer
         self._jitter = jitter
         self._reads: dict[str, ShardReads] = {}
+        self._counting = threading.Lock()  # a planner looks for tails on several threads
         self.get_records_calls = 0
 
     @property
@@ -288,13 +296,17 @@ class KinesisReader:
         """
         window_ms = _TAIL_WINDOW_MS
         first: SeenRecord | None = None
+        empty_since_ms = now_ms  # no record arrived from here on, as far as is known
         while True:
             since_ms = now_ms - window_ms
             if start.kind is StartKind.AT_TIMESTAMP and start.timestamp_ms is not None:
                 since_ms = max(since_ms, start.timestamp_ms)  # nothing before the start counts
-            last = self._last_since(shard_id, since_ms, now_ms)
+            # the first record after start arrived at first.arrival_ms: a start there finds one
+            lowest_ms = since_ms if first is None else max(since_ms, first.arrival_ms - margin_ms)
+            last = self._last_since(shard_id, since_ms, lowest_ms, empty_since_ms)
             if last is not None:
                 return last if start.is_before(last.sequence_number) else None
+            empty_since_ms = since_ms
             if first is None:
                 first = self._first(shard_id, start)
                 if first is None:
@@ -304,47 +316,57 @@ class KinesisReader:
                 return self._last_after(shard_id, start)
             window_ms *= _TAIL_WIDENING
 
-    def _last_since(self, shard_id: str, since_ms: int, now_ms: int) -> SeenRecord | None:
+    def _last_since(
+        self, shard_id: str, since_ms: int, lowest_ms: int, empty_since_ms: int
+    ) -> SeenRecord | None:
         """The shard's last record, read from ``since_ms`` (None: nothing arrived since).
 
         A window holding more than a page is halved first, keeping its later half while a
         record arrived in it (one GetRecords of one record a step), down to a second, which is
         read to the tip. Whatever the order of arrival times, a read that starts at a record
         and goes on to the tip ends at the shard's last record; each step keeps a start where
-        a record was found.
+        a record was found. The halving starts between ``lowest_ms`` (a start known to find a
+        record, at or after ``since_ms``) and ``empty_since_ms`` (where a narrower window
+        found none): where the tail is, as far as is known. Those bounds only spare steps: the
+        last read goes on to the tip whatever they say.
         """
         last, whole = self._last_reading(shard_id, since_ms, at_most=_TAIL_PAGE)
-        if whole:
+        if whole or last is None:
             return last
-        low, high = since_ms, now_ms
+        # a start at the last record read finds it (or one after it): the halving starts there
+        low = max(lowest_ms, last.arrival_ms)
+        high = max(empty_since_ms, low)
         while high - low > _TAIL_NARROWEST_MS:
             middle = (low + high) // 2
-            if self._first(shard_id, ShardStart.at_timestamp(max(middle, 0))) is not None:
-                low = middle
-            else:
+            found_at = self._first(shard_id, ShardStart.at_timestamp(max(middle, 0)))
+            if found_at is None:
                 high = middle
+            else:  # a start at the record found finds it: past a quiet stretch at once
+                low = min(max(middle, found_at.arrival_ms), high)
         found, _ = self._last_reading(shard_id, low, at_most=None)
         return found if found is not None else last  # None only if trimmed meanwhile
 
     def _last_reading(
         self, shard_id: str, since_ms: int, *, at_most: int | None
     ) -> tuple[SeenRecord | None, bool]:
-        """The last record read from ``since_ms`` to the tip, and True; or, once more than
-        ``at_most`` records were read before the tip, the last so far and False."""
+        """The last record read from ``since_ms`` to the tip, and True; or, once ``at_most``
+        records were read short of the tip, the last so far and False (a window of exactly
+        ``at_most`` records is then searched as a larger one would be: one call fewer for
+        every larger one)."""
         last: SeenRecord | None = None
         read = 0
 
         def size() -> int:
-            if at_most is None:
-                return self._page_limit
-            return max(1, at_most - read)  # past at_most, one more record says it is more
+            return self._page_limit if at_most is None else at_most - read
 
         for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0)), limit=size):
             if page.records:
-                if at_most is not None and read >= at_most:
-                    return last, False
                 last = _seen(page.records[-1])
                 read += len(page.records)
+            if page.caught_up:
+                return last, True  # a tail: whatever arrives next is for the next batch
+            if not page.tip and at_most is not None and read >= at_most:
+                return last, False
         return last, True
 
     def _first(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
@@ -396,7 +418,8 @@ class KinesisReader:
                 checking = False
             if raw_records:
                 last_seen = str(raw_records[-1]["SequenceNumber"])
-            yield _Page(records, tip=tip, ended=ended)
+            caught_up = 0 < len(raw_records) < size and page.get("MillisBehindLatest") == 0
+            yield _Page(records, tip=tip, ended=ended, caught_up=caught_up)
             if tip:
                 return
 
@@ -476,7 +499,8 @@ class KinesisReader:
     ) -> dict[str, Any] | None:
         """One GetRecords call, paced when the reader has a pacer; None when the iterator has
         expired."""
-        self.get_records_calls += 1
+        with self._counting:
+            self.get_records_calls += 1
         left_at_s = self._pacer.before_call(shard_id) if self._pacer is not None else 0.0
         try:
             page: dict[str, Any] = self._client.get_records(
@@ -559,6 +583,16 @@ class KinesisReader:
         return StreamUnavailableError(
             f"Kinesis failed to {doing}: {code}", stream=self.stream, shard_id=shard_id
         )
+
+
+def utc_timestamp(value: Any) -> datetime:
+    """A response's timestamp as the SDK parses it, but in UTC: Kinesis sends epoch seconds,
+    and botocore's default parser converts each one to the local time zone through dateutil,
+    which cost more than the rest of a 10,000-record page. Anything else goes to botocore's."""
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, tz=UTC)
+    parsed: datetime = botocore.utils.parse_timestamp(value)
+    return parsed
 
 
 def _record_bytes(raw: dict[str, Any]) -> int:

@@ -76,7 +76,7 @@ from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
-from producer.wiring import kinesis_client
+from producer.wiring import kinesis_client, kinesis_read_client
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.options import (
     FORMAT,
@@ -86,7 +86,7 @@ from spark_jobs.options import (
     WriteOptions,
     flag,
 )
-from spark_jobs.read_rows import read_schema, rows_of
+from spark_jobs.read_rows import arrow_batches_of, read_schema
 from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
@@ -462,14 +462,15 @@ class KeoReader(DataSourceReader):
         reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
         return [ShardPartition(shard) for shard in reader.shards()]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The shard's rows as Arrow record batches (Spark converts tuples value by value)."""
         if not isinstance(partition, ShardPartition):
             raise TypeError(f"not a partition of format('keo'): {partition!r}")
         settings = producer_settings(self.options.settings)
-        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+        reader = KinesisReader(kinesis_read_client(settings), settings.stream)
         shard = partition.shard
         records = self._records(reader, shard.shard_id)
-        yield from rows_of(records, shard, kcl_filter=self.options.kcl_filter)
+        yield from arrow_batches_of(records, shard, kcl_filter=self.options.kcl_filter)
 
     def _records(self, reader: KinesisReader, shard_id: str) -> Iterator[UserRecord]:
         starting, ending = self.options.starting_ms, self.options.ending_ms

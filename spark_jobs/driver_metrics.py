@@ -56,8 +56,15 @@ directory on a cluster, where the first read starts an exporter on the same port
                                                           how far behind the shard's tip its
                                                           last read ended (MillisBehindLatest of
                                                           its last GetRecords; the latest read's)
+    keo_spark_read_planned_millis_behind{query,stream,shard}
+                                                          how far behind the shard's tail the
+                                                          latest batch started, when the driver
+                                                          planned it (arrival times: the tail's
+                                                          less the last record read before)
 
-``query`` is the read's ``query_name`` option, else ``stream-read``.
+``query`` is the read's ``query_name`` option, else ``stream-read``. The planned lag is the
+driver's (:meth:`MetricsEndpoint.record_lags`, from what planning a batch learnt anyway: each
+shard's tail), so it is known before the batch runs, and on a cluster too.
 
 Nothing here imports pyspark or boto3: the exporter only reads files.
 """
@@ -149,6 +156,16 @@ class ShardRead:
     millis_behind_latest: int | None
 
 
+@dataclass(frozen=True)
+class PlannedLag:
+    """How far behind each shard's tail a streaming read's batch started, when the driver
+    planned it (:meth:`spark_jobs.stream_planner.StreamPlanner.latest`), by shard id."""
+
+    query: str
+    stream: str
+    millis_behind: Mapping[str, int]
+
+
 # --- what one process counted --------------------------------------------------------------
 
 
@@ -167,6 +184,8 @@ class QueryTotals:
     read_records: dict[str, int] = field(default_factory=dict)
     read_bytes: dict[str, int] = field(default_factory=dict)
     behind: dict[str, list[float]] = field(default_factory=dict)
+    # the driver's planning, by shard: [millis behind the tail at the batch's start, at (s)]
+    planned_behind: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, end: BatchEnd, now_s: float) -> None:
         if end.result is BatchResult.COMMITTED:
@@ -187,6 +206,10 @@ class QueryTotals:
         if read.millis_behind_latest is not None:
             self.behind[read.shard_id] = [read.millis_behind_latest, now_s]
 
+    def add_lag(self, lag: PlannedLag, now_s: float) -> None:
+        for shard_id, behind_ms in lag.millis_behind.items():
+            self.planned_behind[shard_id] = [behind_ms, now_s]
+
     def merge(self, other: QueryTotals) -> None:
         self.committed += other.committed
         self.skipped += other.skipped
@@ -202,10 +225,14 @@ class QueryTotals:
             _bump(self.read_records, shard_id, count)
         for shard_id, count in other.read_bytes.items():
             _bump(self.read_bytes, shard_id, count)
-        for shard_id, (behind_ms, at_s) in other.behind.items():
-            # a gauge: the latest read's, whichever process made it
-            if shard_id not in self.behind or at_s >= self.behind[shard_id][1]:
-                self.behind[shard_id] = [behind_ms, at_s]
+        for gauge, others in (
+            (self.behind, other.behind),
+            (self.planned_behind, other.planned_behind),
+        ):
+            for shard_id, (behind_ms, at_s) in others.items():
+                # a gauge: the latest value, whichever process had it
+                if shard_id not in gauge or at_s >= gauge[shard_id][1]:
+                    gauge[shard_id] = [behind_ms, at_s]
 
 
 def _bump(counts: dict[str, Any], name: str, by: float) -> None:
@@ -269,6 +296,15 @@ class MetricsEndpoint:
             read.query,
             lambda totals, now_s: totals.totals(read.query, read.stream).add_read(read, now_s),
         )
+
+    def record_lags(self, lag: PlannedLag) -> None:
+        """Set how far behind each shard's tail a batch started, on the driver as it planned
+        the batch. A metric never fails a query."""
+        if lag.millis_behind:
+            self._count(
+                lag.query,
+                lambda totals, now_s: totals.totals(lag.query, lag.stream).add_lag(lag, now_s),
+            )
 
     def _count(self, query: str, count: Callable[[ProcessTotals, float], None]) -> None:
         try:
@@ -435,6 +471,12 @@ def _read_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric
         "(MillisBehindLatest of its last GetRecords)",
         labels=labels,
     )
+    planned = GaugeMetricFamily(
+        "keo_spark_read_planned_millis_behind",
+        "How far behind the shard's tail the latest batch of readStream.format('keo') started, "
+        "when the driver planned it (the tail's arrival time less the last record read's)",
+        labels=labels,
+    )
     for (query, stream), query_totals in sorted(totals.items()):
         for shard_id, count in sorted(query_totals.read_records.items()):
             records.add_metric([query, stream, shard_id], count)
@@ -442,7 +484,9 @@ def _read_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric
             data_bytes.add_metric([query, stream, shard_id], count)
         for shard_id, (behind_ms, _) in sorted(query_totals.behind.items()):
             behind.add_metric([query, stream, shard_id], behind_ms)
-    return [records, data_bytes, behind]
+        for shard_id, (behind_ms, _) in sorted(query_totals.planned_behind.items()):
+            planned.add_metric([query, stream, shard_id], behind_ms)
+    return [records, data_bytes, behind, planned]
 
 
 def _producer_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:

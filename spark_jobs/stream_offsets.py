@@ -100,6 +100,18 @@ class ShardProgress:
             return replace(self, finished=self.finished or finished)
         return ShardProgress(last.sequence_number, last.arrival_ms, finished=finished)
 
+    def millis_behind(self, tail: SeenRecord | None) -> int | None:
+        """How far this start is behind the shard's ``tail`` (its last record; None: it holds
+        nothing after the start), in arrival time: the tail's arrival less that of the last
+        record read (or the starting timestamp). None when the start has no time (the trim
+        horizon, or a checkpoint written before offsets kept arrival times)."""
+        start_ms = self.after_ms if self.after is not None else self.at_ms
+        if start_ms is None:
+            return None
+        if tail is None or not self.start.is_before(tail.sequence_number):
+            return 0
+        return max(0, tail.arrival_ms - start_ms)  # arrival times are not monotonic
+
     def as_json(self) -> dict[str, Any]:
         if self.finished:
             return {"finished": True}  # never read again: where it stopped no longer matters

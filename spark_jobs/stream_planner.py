@@ -18,14 +18,20 @@ it and no further, so a replayed batch reads the same records:
   whole, alone;
 - under ``Trigger.AvailableNow`` (:meth:`StreamPlanner.freeze`), each shard's tail when the
   query started is its last end: records written later wait for the next run.
+
+Tails are looked for on every shard at once (up to ``TAIL_SEARCHES_AT_ONCE``): each search is
+a few GetRecords calls paced to its own shard's 5 calls a second, so one shard after another
+would make a batch's planning as slow as the sum of its shards.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Final
 
 from dedupe_store.clock import Clock
 from kinesis_store.errors import ShardPositionLostError
@@ -46,9 +52,12 @@ from spark_jobs.stream_offsets import (
     with_listing,
 )
 
-__all__ = ["Budget", "StreamPlanner", "lost_records_policy"]
+__all__ = ["TAIL_SEARCHES_AT_ONCE", "Budget", "StreamPlanner", "lost_records_policy"]
 
 log = logging.getLogger(__name__)
+
+# Shards whose tails are looked for at once: a read client holds 16 connections
+TAIL_SEARCHES_AT_ONCE: Final = 16
 
 LOST_HINT = (
     "format('keo'): fail_on_data_loss=false goes on from the oldest record the shard still "
@@ -112,6 +121,7 @@ class StreamPlanner:
         self._margin_ms = margin_ms
         self._listed: dict[str, Shard] = {}
         self._caps: dict[str, _Cap] | None = None
+        self.lags_ms: dict[str, int] = {}
 
     @property
     def stream(self) -> str:
@@ -133,14 +143,13 @@ class StreamPlanner:
             at = ShardProgress(at_ms=position.timestamp_ms)
             return offset.with_progress(dict.fromkeys(offset.shards, at))
         if position.kind is StartingPositionKind.LATEST:
-            now_ms = self._clock.now_ms()
+            opened = [shard for shard in listed if not shard.closed]
+            tails = self._tails({s.shard_id: ShardStart.trim_horizon() for s in opened})
             return offset.with_progress(
                 {
                     shard.shard_id: ShardProgress(finished=True)
                     if shard.closed
-                    else ShardProgress().advanced_to(
-                        self._tail(shard, ShardStart.trim_horizon(), now_ms)
-                    )
+                    else ShardProgress().advanced_to(tails[shard.shard_id])
                     for shard in listed
                 }
             )
@@ -149,18 +158,24 @@ class StreamPlanner:
     def freeze(self) -> None:
         """``Trigger.AvailableNow``: every shard's end as it is now is the last one this run
         reads (shards that appear later wait for the next run)."""
-        now_ms = self._clock.now_ms()
+        listed = self._list()
+        tails = self._tails(
+            {shard.shard_id: ShardStart.trim_horizon() for shard in listed if not shard.closed}
+        )
         self._caps = {
             shard.shard_id: _Cap(None, closed=True)
             if shard.closed
-            else _Cap(self._tail(shard, ShardStart.trim_horizon(), now_ms), closed=False)
-            for shard in self._list()
+            else _Cap(tails[shard.shard_id], closed=False)
+            for shard in listed
         }
 
     def latest(self, start: StreamOffset, budget: Budget | None) -> StreamOffset:
         """The end of the next batch: ``start`` moved on by every shard that may be read now
         (its parents finished), as far as the budget allows; equal to ``start`` when there
-        is nothing new."""
+        is nothing new. ``lags_ms`` then holds how far behind its tail each open shard's start
+        was (:meth:`ShardProgress.millis_behind`), for the shards whose tail this planning
+        knew (no budget, or an AvailableNow run's) and whose start has a time."""
+        self.lags_ms = {}
         listed = self._list()
         offset, gone = with_listing(start, listed)
         for shard_id in gone:
@@ -169,8 +184,7 @@ class StreamPlanner:
             s for s in readable(offset, listed) if self._caps is None or s.shard_id in self._caps
         ]
         if budget is None:
-            now_ms = self._clock.now_ms()
-            ends = {s.shard_id: self._end(s, offset.progress(s.shard_id), now_ms) for s in shards}
+            ends = self._ends(shards, offset)
         else:
             ends = self._counted(shards, offset, budget)
         return offset.with_progress(ends)
@@ -191,16 +205,47 @@ class StreamPlanner:
         self._listed = {shard.shard_id: shard for shard in shards}
         return shards
 
-    def _tail(self, shard: Shard, start: ShardStart, now_ms: int) -> SeenRecord | None:
-        return self._reader.tail(shard.shard_id, start, now_ms=now_ms, margin_ms=self._margin_ms)
+    def _tails(self, starts: Mapping[str, ShardStart]) -> dict[str, SeenRecord | None]:
+        """Each shard's tail after its start (:meth:`KinesisReader.tail`), all looked for at
+        once, as of one moment."""
+        now_ms = self._clock.now_ms()
 
-    def _end(self, shard: Shard, progress: ShardProgress, now_ms: int) -> ShardProgress:
-        cap = self._caps.get(shard.shard_id) if self._caps is not None else None
-        if shard.closed and (cap is None or cap.closed):
-            return progress.advanced_to(None, finished=True)  # a closed shard: to its end
-        if cap is not None:
-            return progress.advanced_to(cap.tail)
-        return progress.advanced_to(self._tail(shard, progress.start, now_ms))
+        def tail(shard_id: str) -> SeenRecord | None:
+            return self._reader.tail(
+                shard_id, starts[shard_id], now_ms=now_ms, margin_ms=self._margin_ms
+            )
+
+        if len(starts) <= 1:
+            return {shard_id: tail(shard_id) for shard_id in starts}
+        with ThreadPoolExecutor(
+            min(len(starts), TAIL_SEARCHES_AT_ONCE), thread_name_prefix="keo-tail"
+        ) as pool:
+            return dict(zip(starts, pool.map(tail, starts), strict=True))
+
+    def _ends(self, shards: Sequence[Shard], offset: StreamOffset) -> dict[str, ShardProgress]:
+        """Each shard's end with no budget: a closed shard's end, the cap of an AvailableNow
+        run, or else its tail now."""
+        ends: dict[str, ShardProgress] = {}
+        searched: dict[str, ShardStart] = {}
+        for shard in shards:
+            progress = offset.progress(shard.shard_id)
+            cap = self._caps.get(shard.shard_id) if self._caps is not None else None
+            if shard.closed and (cap is None or cap.closed):
+                ends[shard.shard_id] = progress.advanced_to(None, finished=True)  # to its end
+            elif cap is not None:
+                ends[shard.shard_id] = progress.advanced_to(cap.tail)
+                self._lag(shard.shard_id, progress, cap.tail)
+            else:
+                searched[shard.shard_id] = progress.start
+        for shard_id, tail in self._tails(searched).items():
+            ends[shard_id] = offset.progress(shard_id).advanced_to(tail)
+            self._lag(shard_id, offset.progress(shard_id), tail)
+        return {shard.shard_id: ends[shard.shard_id] for shard in shards}
+
+    def _lag(self, shard_id: str, progress: ShardProgress, tail: SeenRecord | None) -> None:
+        behind_ms = progress.millis_behind(tail)
+        if behind_ms is not None:
+            self.lags_ms[shard_id] = behind_ms
 
     def _counted(
         self, shards: Sequence[Shard], offset: StreamOffset, budget: Budget

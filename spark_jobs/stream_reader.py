@@ -18,16 +18,19 @@ executors with its ``read``: it holds options only, and builds its clients where
 
 Every GetRecords of a process (the driver's planner, a Python worker's tasks) goes through
 one :class:`kinesis_store.read_pacing.ReadPacer`: at most 5 calls and 2 MB a second per
-shard from it. With ``metrics_port``, each task counts the range it read
+shard from it. A task gives Spark its rows as Arrow record batches
+(:func:`spark_jobs.read_rows.arrow_batches_of`), not tuples Spark would convert one value at a
+time. With ``metrics_port``, each task counts the range it read
 (:meth:`spark_jobs.driver_metrics.MetricsEndpoint.record_read`): rows and bytes by shard, and
-how far behind the shard's tip its read ended.
+how far behind the shard's tip its read ended; and the driver, as it plans a batch, how far
+behind its tail each shard's batch starts (:meth:`~spark_jobs.driver_metrics.MetricsEndpoint.record_lags`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSourceStreamReader,
@@ -42,15 +45,19 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from dedupe_store.clock import SystemClock
+from kinesis_store.kpl import UserRecord
 from kinesis_store.read_pacing import ReadPacer
 from kinesis_store.reader import KinesisReader
-from producer.wiring import kinesis_client
-from spark_jobs.driver_metrics import STREAM_READ_QUERY, ShardRead
+from producer.wiring import kinesis_read_client
+from spark_jobs.driver_metrics import STREAM_READ_QUERY, PlannedLag, ShardRead
 from spark_jobs.options import StreamReadOptions
-from spark_jobs.read_rows import rows_of
+from spark_jobs.read_rows import arrow_batches_of, rows_of
 from spark_jobs.stream_offsets import ShardRange, StreamOffset
 from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
 from spark_jobs.writer import producer_settings
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["KeoSimpleStreamReader", "KeoStreamReader", "ShardRangePartition"]
 
@@ -77,7 +84,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kinesis(self) -> KinesisReader:
         settings = producer_settings(self.options.settings)
-        return KinesisReader(kinesis_client(settings, for_put=False), settings.stream, pacer=_PACER)
+        return KinesisReader(kinesis_read_client(settings), settings.stream, pacer=_PACER)
 
     @property
     def planner(self) -> StreamPlanner:
@@ -99,7 +106,16 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - Spark's name
         planner = self.planner
-        return planner.latest(planner.parse(start), self._budget(limit)).as_json()
+        end = planner.latest(planner.parse(start), self._budget(limit))
+        if self.options.metrics is not None:
+            self.options.metrics.record_lags(
+                PlannedLag(
+                    query=self.options.query_name or STREAM_READ_QUERY,
+                    stream=planner.stream,
+                    millis_behind=planner.lags_ms,
+                )
+            )
+        return end.as_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
         total = self.options.max_records_per_trigger
@@ -138,36 +154,70 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- the executors -----------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        if not isinstance(partition, ShardRangePartition):
-            if getattr(partition, "value", None) is None:
-                return  # Spark's placeholder for a batch that planned no range
-            raise TypeError(f"not a partition of format('keo'): {partition!r}")
-        shard_range = partition.range
-        shard_id = shard_range.shard.shard_id
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        shard_range = _range_of(partition)
+        if shard_range is None:
+            return
         kinesis = self._kinesis()
-        records = kinesis.read_range(
-            shard_id,
+        rows = data_bytes = 0
+        for batch in arrow_batches_of(
+            self._records(kinesis, shard_range),
+            shard_range.shard,
+            kcl_filter=self.options.kcl_filter,
+        ):
+            rows += batch.num_rows
+            data_bytes += batch.column(1).total_values_length  # the data column's
+            yield batch
+        self._count(kinesis, shard_range, rows, data_bytes)
+
+    def rows(self, shard_range: ShardRange) -> Iterator[tuple[Any, ...]]:
+        """One range's rows as tuples, counted as :meth:`read` counts them."""
+        kinesis = self._kinesis()
+        rows = data_bytes = 0
+        for row in rows_of(
+            self._records(kinesis, shard_range),
+            shard_range.shard,
+            kcl_filter=self.options.kcl_filter,
+        ):
+            rows += 1
+            data_bytes += len(row[1])
+            yield row
+        self._count(kinesis, shard_range, rows, data_bytes)
+
+    def _records(self, kinesis: KinesisReader, shard_range: ShardRange) -> Iterator[UserRecord]:
+        return kinesis.read_range(
+            shard_range.shard.shard_id,
             shard_range.start,
             shard_range.through,
             on_lost=lost_records_policy(self.options.fail_on_data_loss),
         )
-        rows = data_bytes = 0
-        for row in rows_of(records, shard_range.shard, kcl_filter=self.options.kcl_filter):
-            rows += 1
-            data_bytes += len(row[1])
-            yield row
-        if self.options.metrics is not None:
-            self.options.metrics.record_read(
-                ShardRead(
-                    query=self.options.query_name or STREAM_READ_QUERY,
-                    stream=kinesis.stream,
-                    shard_id=shard_id,
-                    records=rows,
-                    data_bytes=data_bytes,
-                    millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
-                )
+
+    def _count(
+        self, kinesis: KinesisReader, shard_range: ShardRange, rows: int, data_bytes: int
+    ) -> None:
+        if self.options.metrics is None:
+            return
+        shard_id = shard_range.shard.shard_id
+        self.options.metrics.record_read(
+            ShardRead(
+                query=self.options.query_name or STREAM_READ_QUERY,
+                stream=kinesis.stream,
+                shard_id=shard_id,
+                records=rows,
+                data_bytes=data_bytes,
+                millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
             )
+        )
+
+
+def _range_of(partition: InputPartition) -> ShardRange | None:
+    """The range a partition reads; None for Spark's placeholder of a batch that planned no
+    range."""
+    if isinstance(partition, ShardRangePartition):
+        return partition.range
+    if getattr(partition, "value", None) is None:
+        return None
+    raise TypeError(f"not a partition of format('keo'): {partition!r}")
 
 
 class KeoSimpleStreamReader(SimpleDataSourceStreamReader):
@@ -204,6 +254,6 @@ class KeoSimpleStreamReader(SimpleDataSourceStreamReader):
         rows = [
             row
             for shard_range in self._reader.planner.ranges(start, end)
-            for row in self._reader.read(ShardRangePartition(shard_range))
+            for row in self._reader.rows(shard_range)
         ]
         return iter(rows)

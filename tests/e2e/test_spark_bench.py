@@ -71,7 +71,7 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
     # next to at least once, each having seen every record (or it would have raised)
     streaming = results["streaming"]
     for pair, names in (
-        ("read", ("keo_read_stream", "boto3_get_records")),
+        ("read", ("keo_read_stream", "boto3_get_records", "boto3_get_records_paced")),
         ("relay", ("relay_exactly_once", "relay_at_least_once")),
     ):
         for name in names:

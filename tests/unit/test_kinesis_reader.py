@@ -12,7 +12,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from kinesis_store.reader import KinesisReader
+from kinesis_store.reader import KinesisReader, utc_timestamp
 from producer.errors import StreamThrottledError, StreamUnavailableError
 
 STREAM = "orders"
@@ -129,3 +129,12 @@ def test_an_expired_iterator_resumes_after_the_last_record_seen() -> None:
     assert resumed["ShardIteratorType"] == "AFTER_SEQUENCE_NUMBER"
     assert resumed["StartingSequenceNumber"] == "7"
     assert waits == []
+
+
+def test_response_timestamps_are_parsed_in_utc_as_the_same_instants_as_the_sdk_does() -> None:
+    # Kinesis sends epoch seconds; anything else is botocore's to parse
+    parsed = utc_timestamp(1_714_566_615.25)
+    assert parsed == datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=UTC)
+    assert parsed.tzinfo is UTC
+    assert utc_timestamp(1_714_566_615) == datetime(2024, 5, 1, 12, 30, 15, tzinfo=UTC)
+    assert utc_timestamp("2024-05-01T12:30:15.250Z") == parsed

@@ -94,6 +94,8 @@ def test_the_dashboard_charts_only_metrics_keo_exports() -> None:
         "Put latency",
         "Ledger writes",
         "Spark batches",
+        "Spark stream reads",
+        "Spark stream read lag",
     } <= titles
 
 

@@ -13,6 +13,7 @@ from spark_jobs.driver_metrics import (
     BatchEnd,
     BatchResult,
     FailureReason,
+    PlannedLag,
     ProcessTotals,
     ShardRead,
     TotalsCollector,
@@ -154,3 +155,21 @@ def test_a_streaming_reads_records_and_bytes_add_up_by_shard_and_its_lag_is_the_
     assert found[("keo_spark_read_records_total", shard1)] == 2
     assert found[("keo_spark_read_millis_behind_latest", shard0)] == 0
     assert ("keo_spark_read_millis_behind_latest", shard1) not in found
+
+
+def test_the_lag_a_batch_was_planned_with_is_the_latest_planning_s_by_shard(tmp_path: Path) -> None:
+    # GIVEN the driver's planning of two batches, in two of its Python workers: shard 0 behind
+    # then caught up, shard 1 planned once
+    one, other = ProcessTotals(tmp_path), ProcessTotals(tmp_path)
+    one.totals("orders-in", "s").add_lag(PlannedLag("orders-in", "s", {"0": 7_000, "1": 250}), 10.0)
+    other.totals("orders-in", "s").add_lag(PlannedLag("orders-in", "s", {"0": 0}), 12.0)
+    one.save()
+    other.save()
+    # WHEN the exporter is scraped
+    found = scrape(tmp_path)
+    # THEN each shard's gauge is its latest planning's
+    query = {"query": "orders-in", "stream": "s"}
+    shard0 = frozenset({**query, "shard": "0"}.items())
+    shard1 = frozenset({**query, "shard": "1"}.items())
+    assert found[("keo_spark_read_planned_millis_behind", shard0)] == 0
+    assert found[("keo_spark_read_planned_millis_behind", shard1)] == 250

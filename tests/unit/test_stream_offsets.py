@@ -265,3 +265,21 @@ def test_a_budget_smaller_than_the_shard_count_still_moves() -> None:
     shards = Shards(a=[1] * 5, b=[1] * 5, c=[1] * 5)
     allot(["a", "b", "c"], 2, None, shards.take)
     assert shards.taken == {"a": 1, "b": 1, "c": 0}
+
+
+def test_how_far_a_start_is_behind_the_tail_is_told_in_arrival_time_when_the_start_has_one() -> (
+    None
+):
+    tail = SeenRecord("900", 50_000)
+    # a start after a record read: the tail's arrival less that record's
+    assert ShardProgress(after="100", after_ms=20_000).millis_behind(tail) == 30_000
+    # a starting timestamp: less the timestamp
+    assert ShardProgress(at_ms=45_000).millis_behind(tail) == 5_000
+    # caught up: the tail is the start, or the shard holds nothing after it
+    assert ShardProgress(after="900", after_ms=50_000).millis_behind(tail) == 0
+    assert ShardProgress(after="100", after_ms=20_000).millis_behind(None) == 0
+    # arrival times out of order never make a lag below 0
+    assert ShardProgress(after="100", after_ms=60_000).millis_behind(tail) == 0
+    # the trim horizon, or an offset with no time: not known
+    assert ShardProgress().millis_behind(tail) is None
+    assert ShardProgress(after="100").millis_behind(tail) is None

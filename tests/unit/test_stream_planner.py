@@ -5,6 +5,7 @@ range read), with no Spark. Time is the fake's manual clock.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -280,6 +281,39 @@ def test_the_tail_of_a_busy_shard_is_found_reading_its_last_seconds_only() -> No
     assert counting[0].records_returned <= 3
 
 
+def test_planning_a_batch_says_how_far_behind_its_tail_each_shard_starts() -> None:
+    # GIVEN a query that read a shard's first record, and 3 more records 4 s later
+    world = World(shard_count=1)
+    world.put("k0")
+    world.planner.latest(world.planner.initial(), None)
+    assert world.planner.lags_ms == {}  # the first batch starts at the trim horizon: no time
+    _, offset = world.run()
+    assert world.planner.lags_ms == {"shardId-000000000000": 0}  # caught up
+    world.kinesis.advance(4_000)
+    world.put("k1", "k2")
+    world.kinesis.advance(1_000)
+    world.put("k3")
+    # WHEN the next batch is planned
+    world.planner.latest(offset, None)
+    # THEN its start (k0) is behind the tail (k3) by their arrival times
+    visible = world.kinesis.visible()
+    assert world.planner.lags_ms == {
+        "shardId-000000000000": visible[-1].arrival_ms - visible[0].arrival_ms
+    }
+    assert world.planner.lags_ms["shardId-000000000000"] >= 5_000
+
+
+def test_a_page_short_of_what_was_asked_and_at_the_tip_ends_the_tail_search() -> None:
+    # GIVEN a shard with 3 records just now
+    world = World(shard_count=1)
+    world.put("k0", "k1", "k2")
+    # WHEN the first batch's end is fixed
+    end = world.planner.latest(world.planner.initial(), None)
+    # THEN one GetRecords found it: 3 records of the 1,000 asked for, 0 ms behind the tip
+    assert end.progress("shardId-000000000000").after == world.kinesis.visible()[-1].sequence_number
+    assert world.kinesis.get_records_calls == 1
+
+
 def test_the_tail_of_a_shard_quiet_since_a_burst_is_found_without_reading_the_burst() -> None:
     # GIVEN a shard that took 5,000 records in 5 s, a minute ago, and nothing since
     counting: list[Counting] = []
@@ -292,8 +326,9 @@ def test_the_tail_of_a_shard_quiet_since_a_burst_is_found_without_reading_the_bu
     end = world.planner.latest(world.planner.initial(), None)
     # THEN it is the last record, found by reading the burst's last second, not all of it
     assert end.progress("shardId-000000000000").after == world.kinesis.visible()[-1].sequence_number
-    # (a page of 1,000 says the window holds more, then one record a step, then its last records)
-    assert counting[0].records_returned <= 1_200
+    # (a page of 1,000 says the window holds more, then one record a step, then what arrived
+    # from the last step's start, at most a second of the burst: 1,000 records)
+    assert counting[0].records_returned <= 1_000 + 20 + 1_000
     # AND a batch reads every record of the burst
     batches, _ = world.run()
     assert len(keys(batches)) == 5_000
@@ -305,6 +340,46 @@ def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
     world.kinesis.advance(5 * 3_600_000)  # quiet for 5 hours
     batches, _ = world.run()
     assert len(keys(batches)) == 5
+
+
+class MeetingShards:
+    """Each shard's first iterator is given only once every shard has asked for one: looked
+    for one shard after another, the tails would never be found (the wait gives up after 5 s)."""
+
+    def __init__(self, fake: FakeKinesisClient, shards: int = 2) -> None:
+        self.fake = fake
+        self._all_asked = threading.Barrier(shards, timeout=5)
+        self._asked: set[str] = set()
+        self._lock = threading.Lock()
+
+    def get_shard_iterator(self, **kwargs: Any) -> Any:
+        with self._lock:
+            first = kwargs["ShardId"] not in self._asked
+            self._asked.add(kwargs["ShardId"])
+        if first:
+            self._all_asked.wait()
+        return self.fake.get_shard_iterator(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+@pytest.mark.parametrize("available_now", [False, True])
+def test_the_tails_of_all_shards_are_looked_for_at_once(available_now: bool) -> None:
+    # GIVEN two shards holding records, whose tails can only be found together
+    world = World(client=MeetingShards)
+    world.put(*(f"k{i:02d}" for i in range(20)))
+    world.kinesis.advance(60_000)
+    # WHEN a batch's end is fixed (under AvailableNow, when the run starts)
+    if available_now:
+        world.planner.freeze()
+    batches, _ = world.run()
+    # THEN every record is read, each shard to its tail
+    assert sorted(keys(batches)) == [f"k{i:02d}" for i in range(20)]
+    assert {record.shard_id for batch in batches for record in batch} == {
+        "shardId-000000000000",
+        "shardId-000000000001",
+    }
 
 
 # --- faults -------------------------------------------------------------------------------------

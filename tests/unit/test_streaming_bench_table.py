@@ -1,0 +1,50 @@
+"""``keo bench``'s streaming rows: the read next to the boto3 loop, and next to the same loop
+paced to AWS's read limits when the figures have it (older files do not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cli.bench import render_streaming
+
+MACHINE = {"master": "local[2]", "load_average": {"start": [1.0, 1.0, 1.0], "end": [2.0, 2.0, 2.0]}}
+
+
+def figures(seconds: float) -> dict[str, Any]:
+    return {"seconds": [seconds], "records_per_s": 1000 / seconds}
+
+
+def streaming(*, paced: bool) -> dict[str, Any]:
+    read: dict[str, Any] = {
+        "keo_read_stream": figures(4.0),
+        "boto3_get_records": figures(2.0),
+        "ratio_per_round": [0.5],
+        "median_ratio": 0.5,
+    }
+    if paced:
+        read["boto3_get_records_paced"] = figures(3.0)
+        read["ratios"] = {
+            "boto3_get_records": {"ratio_per_round": [0.5], "median_ratio": 0.5},
+            "boto3_get_records_paced": {"ratio_per_round": [0.75], "median_ratio": 0.75},
+        }
+    relay = {
+        "relay_exactly_once": figures(5.0),
+        "relay_at_least_once": figures(4.0),
+        "ratio_per_round": [0.8],
+        "median_ratio": 0.8,
+    }
+    return {"records": 1000, "payload_bytes": 200, "rounds": 1, "read": read, "relay": relay}
+
+
+def test_the_paced_loop_has_a_row_with_the_read_measured_against_it() -> None:
+    lines = render_streaming(streaming(paced=True), MACHINE)
+    paced = [line for line in lines if "paced to 5 calls" in line]
+    assert len(paced) == 1
+    assert paced[0].endswith("| **0.75** (0.75) |")
+    assert any(line.endswith("| **0.50** (0.50) |") for line in lines if "format(" in line)
+
+
+def test_figures_without_the_paced_loop_render_as_before() -> None:
+    lines = render_streaming(streaming(paced=False), MACHINE)
+    assert not any("paced" in line for line in lines)
+    assert sum(line.startswith("| ") for line in lines) == 5
