@@ -73,12 +73,28 @@ class _Page:
     """One GetRecords answer: its records, and whether it reached the tip (or, ``ended``, the
     end of a closed shard): nothing is read after such a page. ``caught_up``: it held records,
     fewer than asked for, and Kinesis said it was 0 ms behind the tip: its last record was the
-    shard's last when it was read (the empty page that would make it ``tip`` adds nothing)."""
+    shard's last when it was read (the empty page that would make it ``tip`` adds nothing).
+    ``next_iterator``: where the next page would be read from (None once ``ended``)."""
 
     records: list[dict[str, Any]]
     tip: bool
     ended: bool
     caught_up: bool = False
+    next_iterator: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    """Where a tail search can go on reading with no new iterator: the iterator a page
+    returned, right after ``record``, its last record (a new AT_TIMESTAMP iterator would make
+    kinesalite scan the shard again, and costs a call on AWS)."""
+
+    record: SeenRecord
+    iterator: str | None  # None: the shard is closed and ends at ``record``
+
+    @classmethod
+    def after(cls, page: _Page) -> _Resume:
+        return cls(_seen(page.records[-1]), page.next_iterator)
 
 
 @dataclass(slots=True)
@@ -308,9 +324,10 @@ class KinesisReader:
                 return last if start.is_before(last.sequence_number) else None
             empty_since_ms = since_ms
             if first is None:
-                first = self._first(shard_id, start)
-                if first is None:
+                found = self._first(shard_id, start)
+                if found is None:
                     return None
+                first = found.record
             if since_ms <= first.arrival_ms - margin_ms:
                 # arrival times out of order beyond the margin: read everything after start
                 return self._last_after(shard_id, start)
@@ -323,57 +340,71 @@ class KinesisReader:
 
         A window holding more than a page is halved first, keeping its later half while a
         record arrived in it (one GetRecords of one record a step), down to a second, which is
-        read to the tip. Whatever the order of arrival times, a read that starts at a record
-        and goes on to the tip ends at the shard's last record; each step keeps a start where
-        a record was found. The halving starts between ``lowest_ms`` (a start known to find a
-        record, at or after ``since_ms``) and ``empty_since_ms`` (where a narrower window
-        found none): where the tail is, as far as is known. Those bounds only spare steps: the
-        last read goes on to the tip whatever they say.
+        read to the tip from the last record found. Whatever the order of arrival times, a
+        read that starts at a record and goes on to the tip ends at the shard's last record;
+        each step keeps a start where a record was found, and the iterator after it, which
+        the last read goes on with. The halving starts between ``lowest_ms`` (a start known to
+        find a record, at or after ``since_ms``) and ``empty_since_ms`` (where a narrower
+        window found none): where the tail is, as far as is known. Those bounds only spare
+        steps: the last read goes on to the tip whatever they say.
         """
-        last, whole = self._last_reading(shard_id, since_ms, at_most=_TAIL_PAGE)
-        if whole or last is None:
-            return last
+        last, resume = self._last_reading(shard_id, since_ms, at_most=_TAIL_PAGE)
+        if resume is None:
+            return last  # read to the tip (or nothing arrived since)
         # a start at the last record read finds it (or one after it): the halving starts there
-        low = max(lowest_ms, last.arrival_ms)
+        low = max(lowest_ms, resume.record.arrival_ms)
         high = max(empty_since_ms, low)
         while high - low > _TAIL_NARROWEST_MS:
             middle = (low + high) // 2
-            found_at = self._first(shard_id, ShardStart.at_timestamp(max(middle, 0)))
-            if found_at is None:
+            found = self._first(shard_id, ShardStart.at_timestamp(max(middle, 0)))
+            if found is None:
                 high = middle
             else:  # a start at the record found finds it: past a quiet stretch at once
-                low = min(max(middle, found_at.arrival_ms), high)
-        found, _ = self._last_reading(shard_id, low, at_most=None)
-        return found if found is not None else last  # None only if trimmed meanwhile
+                low = min(max(middle, found.record.arrival_ms), high)
+                resume = found
+        return self._last_resumed(shard_id, resume)
 
     def _last_reading(
-        self, shard_id: str, since_ms: int, *, at_most: int | None
-    ) -> tuple[SeenRecord | None, bool]:
-        """The last record read from ``since_ms`` to the tip, and True; or, once ``at_most``
-        records were read short of the tip, the last so far and False (a window of exactly
-        ``at_most`` records is then searched as a larger one would be: one call fewer for
-        every larger one)."""
+        self, shard_id: str, since_ms: int, *, at_most: int
+    ) -> tuple[SeenRecord | None, _Resume | None]:
+        """The last record read from ``since_ms`` to the tip, and None; or, once ``at_most``
+        records were read short of the tip, the last so far and where to go on reading (a
+        window of exactly ``at_most`` records is then searched as a larger one would be: one
+        call fewer for every larger one)."""
         last: SeenRecord | None = None
         read = 0
 
         def size() -> int:
-            return self._page_limit if at_most is None else at_most - read
+            return at_most - read
 
         for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0)), limit=size):
             if page.records:
                 last = _seen(page.records[-1])
                 read += len(page.records)
             if page.caught_up:
-                return last, True  # a tail: whatever arrives next is for the next batch
-            if not page.tip and at_most is not None and read >= at_most:
-                return last, False
-        return last, True
+                return last, None  # a tail: whatever arrives next is for the next batch
+            if not page.tip and read >= at_most:
+                return last, _Resume.after(page)
+        return last, None
 
-    def _first(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
-        """The first record from ``start`` on, read one record a call."""
+    def _last_resumed(self, shard_id: str, resume: _Resume) -> SeenRecord:
+        """The last record from ``resume`` on to the tip (its record, when none came after)."""
+        last = resume.record
+        if resume.iterator is None:
+            return last
+        start = ShardStart.after(last.sequence_number, last.arrival_ms)
+        for page in self._pages(shard_id, start, check=False, iterator=resume.iterator):
+            if page.records:
+                last = _seen(page.records[-1])
+            if page.caught_up:
+                break
+        return last
+
+    def _first(self, shard_id: str, start: ShardStart) -> _Resume | None:
+        """The first record from ``start`` on, read one record a call, and where to go on."""
         for page in self._pages(shard_id, start, check=False, limit=lambda: 1):
             if page.records:
-                return _seen(page.records[0])
+                return _Resume.after(page)  # one record a page: the first
         return None
 
     def _last_after(self, shard_id: str, start: ShardStart) -> SeenRecord | None:
@@ -391,12 +422,16 @@ class KinesisReader:
         on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
         limit: Callable[[], int] | None = None,
         check: bool = True,
+        iterator: str | None = None,
     ) -> Iterator[_Page]:
         """Pages from ``start`` on, until the tip or the end of a closed shard. After a
-        sequence number, the first page is checked to start with that record (``check``)."""
+        sequence number, the first page is checked to start with that record (``check``).
+        Given ``iterator`` (one at ``start``, a page's next), reads with it and checks nothing."""
         checking = check and start.kind is StartKind.AFTER_SEQUENCE_NUMBER
-        iterator: str | None
-        iterator, checking = self._open(shard_id, start, checking, on_lost)
+        if iterator is None:
+            iterator, checking = self._open(shard_id, start, checking, on_lost)
+        else:
+            checking = False
         last_seen: str | None = None
         while iterator is not None:
             size = limit() if limit is not None else self._page_limit
@@ -419,7 +454,7 @@ class KinesisReader:
             if raw_records:
                 last_seen = str(raw_records[-1]["SequenceNumber"])
             caught_up = 0 < len(raw_records) < size and page.get("MillisBehindLatest") == 0
-            yield _Page(records, tip=tip, ended=ended, caught_up=caught_up)
+            yield _Page(records, tip=tip, ended=ended, caught_up=caught_up, next_iterator=iterator)
             if tip:
                 return
 

@@ -251,13 +251,20 @@ def test_available_now_reads_what_the_stream_held_when_it_started_and_no_more() 
 
 
 class Counting:
-    """A client that counts the records GetRecords returns."""
+    """A client that counts the records GetRecords returns, and keeps the calls made to read
+    them in order (the iterator's type, or GetRecords' limit)."""
 
     def __init__(self, fake: FakeKinesisClient) -> None:
         self.fake = fake
         self.records_returned = 0
+        self.calls: list[tuple[str, object]] = []
+
+    def get_shard_iterator(self, **kwargs: Any) -> Any:
+        self.calls.append(("GetShardIterator", kwargs["ShardIteratorType"]))
+        return self.fake.get_shard_iterator(**kwargs)
 
     def get_records(self, **kwargs: Any) -> Any:
+        self.calls.append(("GetRecords", kwargs.get("Limit")))
         page = self.fake.get_records(**kwargs)
         self.records_returned += len(page["Records"])
         return page
@@ -329,6 +336,13 @@ def test_the_tail_of_a_shard_quiet_since_a_burst_is_found_without_reading_the_bu
     # (a page of 1,000 says the window holds more, then one record a step, then what arrived
     # from the last step's start, at most a second of the burst: 1,000 records)
     assert counting[0].records_returned <= 1_000 + 20 + 1_000
+    # AND the last read went on from the last step's record, with no iterator of its own
+    # (kinesalite scans the shard from its start for each AT_TIMESTAMP iterator)
+    last_iterator = max(
+        i for i, (op, _) in enumerate(counting[0].calls) if op == "GetShardIterator"
+    )
+    assert counting[0].calls[last_iterator + 1] == ("GetRecords", 1)  # the last step's
+    assert all(op == "GetRecords" for op, _ in counting[0].calls[last_iterator + 1 :])
     # AND a batch reads every record of the burst
     batches, _ = world.run()
     assert len(keys(batches)) == 5_000
