@@ -206,7 +206,8 @@ def audit(
         )
         raise typer.Exit(ExitCode.USAGE)
     from producer.audit import audit_rows, audit_stream
-    from producer.wiring import kinesis_client, ledger_from
+    from producer.clients import kinesis_client
+    from producer.wiring import ledger_from
 
     show = progress if progress is not None else sys.stderr.isatty()
     report: AuditReport | RowAuditReport

@@ -18,7 +18,8 @@ from cli.options import (
 )
 from dedupe_store.ledger import TtlStatus
 from kinesis_store.provisioning import StreamSpec, provision_stream
-from producer.wiring import kinesis_client, ledger_from
+from producer.clients import kinesis_client
+from producer.wiring import ledger_from
 
 DEFAULT_SHARDS = 4
 

@@ -10,35 +10,88 @@ other package of the project.
 
 from __future__ import annotations
 
-from dedupe_store.clock import Clock, ManualClock, SkewedClock, SystemClock
-from dedupe_store.contract import Ledger, LedgerReader
-from dedupe_store.errors import (
-    InvalidTransitionError,
-    LedgerError,
-    LedgerSchemaError,
-    LedgerThrottledError,
-    LedgerUnavailableError,
+from typing import TYPE_CHECKING
+
+from dedupe_store.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from dedupe_store.clock import Clock, ManualClock, SkewedClock, SystemClock
+    from dedupe_store.contract import Ledger, LedgerReader
+    from dedupe_store.errors import (
+        InvalidTransitionError,
+        LedgerError,
+        LedgerSchemaError,
+        LedgerThrottledError,
+        LedgerUnavailableError,
+    )
+    from dedupe_store.ledger import DynamoDBLedger
+    from dedupe_store.records import (
+        AttemptRenewal,
+        BatchRecord,
+        ClaimRequest,
+        ClaimResult,
+        ClaimStatus,
+        Group,
+        GroupUpdate,
+        KeyClaim,
+        KeyUpdate,
+        LedgerRecord,
+        Position,
+        ReplayRun,
+        RunAttempt,
+        RunRecord,
+        RunRegistration,
+    )
+    from dedupe_store.settings import LedgerSettings
+    from dedupe_store.states import GroupState, KeyState, LedgerState, RunState
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "dedupe_store.clock": (
+            "Clock",
+            "ManualClock",
+            "SkewedClock",
+            "SystemClock",
+        ),
+        "dedupe_store.contract": (
+            "Ledger",
+            "LedgerReader",
+        ),
+        "dedupe_store.errors": (
+            "InvalidTransitionError",
+            "LedgerError",
+            "LedgerSchemaError",
+            "LedgerThrottledError",
+            "LedgerUnavailableError",
+        ),
+        "dedupe_store.ledger": ("DynamoDBLedger",),
+        "dedupe_store.records": (
+            "AttemptRenewal",
+            "BatchRecord",
+            "ClaimRequest",
+            "ClaimResult",
+            "ClaimStatus",
+            "Group",
+            "GroupUpdate",
+            "KeyClaim",
+            "KeyUpdate",
+            "LedgerRecord",
+            "Position",
+            "ReplayRun",
+            "RunAttempt",
+            "RunRecord",
+            "RunRegistration",
+        ),
+        "dedupe_store.settings": ("LedgerSettings",),
+        "dedupe_store.states": (
+            "GroupState",
+            "KeyState",
+            "LedgerState",
+            "RunState",
+        ),
+    },
 )
-from dedupe_store.ledger import DynamoDBLedger
-from dedupe_store.records import (
-    AttemptRenewal,
-    BatchRecord,
-    ClaimRequest,
-    ClaimResult,
-    ClaimStatus,
-    Group,
-    GroupUpdate,
-    KeyClaim,
-    KeyUpdate,
-    LedgerRecord,
-    Position,
-    ReplayRun,
-    RunAttempt,
-    RunRecord,
-    RunRegistration,
-)
-from dedupe_store.settings import LedgerSettings
-from dedupe_store.states import GroupState, KeyState, LedgerState, RunState
 
 __all__ = [
     "AttemptRenewal",

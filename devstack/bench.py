@@ -37,13 +37,14 @@ from devstack.metering_proxy import MeteringProxy
 from kinesis_store.entries import put_entry
 from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
+from producer.clients import kinesis_client
 from producer.hooks import Step
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer
 from producer.protocol import Message, explicit_hash_key
 from producer.replay import ReplayTask, new_execution_id
 from producer.settings import ProducerSettings, PutFence
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack, ledger_from
 from spark_jobs.session import worker_python_path
 
 log = logging.getLogger(__name__)

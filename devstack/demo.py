@@ -54,6 +54,7 @@ from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
 from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
+from producer.clients import kinesis_client
 from producer.errors import ConfigurationError
 from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
@@ -63,7 +64,7 @@ from producer.replay import ReplayTask, new_execution_id
 from producer.retries import repeat_while
 from producer.row_audit import ExpectedRow, RowAnomaly, RowAuditReport
 from producer.settings import Dedupe, ProducerSettings
-from producer.wiring import build_stack, kinesis_client, ledger_from
+from producer.wiring import build_stack, ledger_from
 
 log = logging.getLogger(__name__)
 

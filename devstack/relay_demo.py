@@ -49,9 +49,10 @@ from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
 from producer.audit import StreamTally, visible_records
+from producer.clients import kinesis_client
 from producer.protocol import Message
 from producer.settings import Dedupe, ProducerSettings
-from producer.wiring import kinesis_client, ledger_from
+from producer.wiring import ledger_from
 from spark_jobs import register
 from spark_jobs.relay import start_relay
 

@@ -77,7 +77,8 @@ from devstack.bench import (
 )
 from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.provisioning import create_stream
-from producer.wiring import kinesis_client, ledger_from
+from producer.clients import kinesis_client
+from producer.wiring import ledger_from
 from spark_jobs import register
 from spark_jobs.datasource import (
     KeoArrowWriter,

@@ -64,11 +64,12 @@ from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from devstack.metering_proxy import MeteringProxy
 from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream, wait_active
+from producer.clients import kinesis_client
 from producer.hooks import Step
 from producer.producer import default_owner
 from producer.protocol import Message
 from producer.settings import ProducerSettings
-from producer.wiring import build_stack, kinesis_client, ledger_from
+from producer.wiring import build_stack, ledger_from
 from spark_jobs import register
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import local_session

@@ -46,8 +46,8 @@ from devstack.bench import load_average
 from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.entries import put_entry
 from kinesis_store.read_pacing import ReadPacer
+from producer.clients import kinesis_client
 from producer.settings import Dedupe
-from producer.wiring import kinesis_client
 from spark_jobs.options import setting_options
 from spark_jobs.relay import start_relay
 from spark_jobs.writer import producer_settings

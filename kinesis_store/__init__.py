@@ -14,31 +14,88 @@ Its errors are the stream's branch of ``KeoError`` (:mod:`kinesis_store.errors`)
 
 from __future__ import annotations
 
-from kinesis_store.entries import (
-    DEFAULT_MAX_RECORD_BYTES,
-    MAX_HASH_KEY,
-    MAX_PUT_REQUEST_BYTES,
-    MAX_RECORDS_PER_PUT,
-    hash_key_of,
-    put_entry,
-    record_size,
+from typing import TYPE_CHECKING
+
+from dedupe_store.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from kinesis_store.entries import (
+        DEFAULT_MAX_RECORD_BYTES,
+        MAX_HASH_KEY,
+        MAX_PUT_REQUEST_BYTES,
+        MAX_RECORDS_PER_PUT,
+        hash_key_of,
+        put_entry,
+        record_size,
+    )
+    from kinesis_store.errors import (
+        AggregationFormatError,
+        PutFencedError,
+        ShardPositionLostError,
+        StreamError,
+        StreamNotFoundError,
+        StreamThrottledError,
+        StreamUnavailableError,
+    )
+    from kinesis_store.kpl import Aggregate, UserRecord
+    from kinesis_store.positions import SeenRecord, ShardStart
+    from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
+    from kinesis_store.reader import KinesisReader
+    from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
+    from kinesis_store.shards import Shard, StreamInfo, lineage, open_shards, visible_to_kcl
+    from kinesis_store.writer import KinesisWriter
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "kinesis_store.entries": (
+            "DEFAULT_MAX_RECORD_BYTES",
+            "MAX_HASH_KEY",
+            "MAX_PUT_REQUEST_BYTES",
+            "MAX_RECORDS_PER_PUT",
+            "hash_key_of",
+            "put_entry",
+            "record_size",
+        ),
+        "kinesis_store.errors": (
+            "AggregationFormatError",
+            "PutFencedError",
+            "ShardPositionLostError",
+            "StreamError",
+            "StreamNotFoundError",
+            "StreamThrottledError",
+            "StreamUnavailableError",
+        ),
+        "kinesis_store.kpl": (
+            "Aggregate",
+            "UserRecord",
+        ),
+        "kinesis_store.positions": (
+            "SeenRecord",
+            "ShardStart",
+        ),
+        "kinesis_store.provisioning": (
+            "StreamSpec",
+            "create_stream",
+            "provision_stream",
+            "wait_active",
+        ),
+        "kinesis_store.reader": ("KinesisReader",),
+        "kinesis_store.results": (
+            "PutResultKind",
+            "RecordResult",
+            "TransportFailure",
+        ),
+        "kinesis_store.shards": (
+            "Shard",
+            "StreamInfo",
+            "lineage",
+            "open_shards",
+            "visible_to_kcl",
+        ),
+        "kinesis_store.writer": ("KinesisWriter",),
+    },
 )
-from kinesis_store.errors import (
-    AggregationFormatError,
-    PutFencedError,
-    ShardPositionLostError,
-    StreamError,
-    StreamNotFoundError,
-    StreamThrottledError,
-    StreamUnavailableError,
-)
-from kinesis_store.kpl import Aggregate, UserRecord
-from kinesis_store.positions import SeenRecord, ShardStart
-from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
-from kinesis_store.reader import KinesisReader
-from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
-from kinesis_store.shards import Shard, StreamInfo, lineage, open_shards, visible_to_kcl
-from kinesis_store.writer import KinesisWriter
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

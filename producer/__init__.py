@@ -13,27 +13,91 @@ The test seam is :mod:`producer.hooks` (no-op unless an entry point injects hook
 
 from __future__ import annotations
 
-from kinesis_store.reader import KinesisReader
-from kinesis_store.writer import KinesisWriter
-from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
-from producer.errors import (
-    AuditTooLargeError,
-    ConfigurationError,
-    KeoError,
-    StreamError,
-    StreamNotFoundError,
-    StreamUnavailableError,
-    UnresolvedKeysError,
+from typing import TYPE_CHECKING
+
+from dedupe_store.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from kinesis_store.reader import KinesisReader
+    from kinesis_store.writer import KinesisWriter
+    from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
+    from producer.errors import (
+        AuditTooLargeError,
+        ConfigurationError,
+        KeoError,
+        StreamError,
+        StreamNotFoundError,
+        StreamUnavailableError,
+        UnresolvedKeysError,
+    )
+    from producer.hooks import NO_HOOKS, Hooks, Step
+    from producer.outcomes import Outcome, OutcomeStatus
+    from producer.producer import ExactlyOnceProducer, ProducerPolicy
+    from producer.protocol import LeasePolicy, Message
+    from producer.reconciler import Reconciler, ReconcileReport
+    from producer.replay import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
+    from producer.row_audit import RowAuditReport
+    from producer.settings import Dedupe, ProducerSettings
+    from producer.wiring import Stack, build_stack
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "kinesis_store.reader": ("KinesisReader",),
+        "kinesis_store.writer": ("KinesisWriter",),
+        "producer.audit": (
+            "Anomaly",
+            "AuditReport",
+            "audit_rows",
+            "audit_stream",
+        ),
+        "producer.errors": (
+            "AuditTooLargeError",
+            "ConfigurationError",
+            "KeoError",
+            "StreamError",
+            "StreamNotFoundError",
+            "StreamUnavailableError",
+            "UnresolvedKeysError",
+        ),
+        "producer.hooks": (
+            "NO_HOOKS",
+            "Hooks",
+            "Step",
+        ),
+        "producer.outcomes": (
+            "Outcome",
+            "OutcomeStatus",
+        ),
+        "producer.producer": (
+            "ExactlyOnceProducer",
+            "ProducerPolicy",
+        ),
+        "producer.protocol": (
+            "LeasePolicy",
+            "Message",
+        ),
+        "producer.reconciler": (
+            "Reconciler",
+            "ReconcileReport",
+        ),
+        "producer.replay": (
+            "ReplayAttempt",
+            "ReplayPolicy",
+            "ReplayProducer",
+            "ReplayTask",
+        ),
+        "producer.row_audit": ("RowAuditReport",),
+        "producer.settings": (
+            "Dedupe",
+            "ProducerSettings",
+        ),
+        "producer.wiring": (
+            "Stack",
+            "build_stack",
+        ),
+    },
 )
-from producer.hooks import NO_HOOKS, Hooks, Step
-from producer.outcomes import Outcome, OutcomeStatus
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
-from producer.protocol import LeasePolicy, Message
-from producer.reconciler import Reconciler, ReconcileReport
-from producer.replay import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
-from producer.row_audit import RowAuditReport
-from producer.settings import Dedupe, ProducerSettings
-from producer.wiring import Stack, build_stack
 
 __all__ = [
     "NO_HOOKS",

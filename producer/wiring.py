@@ -8,18 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import boto3
-import botocore.session
-from botocore.config import Config
 
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
-from kinesis_store.reader import KinesisReader, utc_timestamp
+from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import StreamInfo
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
+from producer.clients import kinesis_client
 from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -38,51 +34,6 @@ UNFENCED_WARNING = (
 )
 _said: set[str] = set()
 _said_lock = threading.Lock()
-
-
-def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
-    """A Kinesis client. For puts, SDK retries are off: retries are the protocol's."""
-    return _kinesis_client(settings, for_put=for_put, session=boto3.session.Session())
-
-
-def kinesis_read_client(settings: ProducerSettings) -> Any:
-    """A Kinesis client for reading records in bulk: ``kinesis_client(for_put=False)`` whose
-    timestamps come back in UTC (:func:`kinesis_store.reader.utc_timestamp`), the same
-    instants as the SDK's, not converted to the local time zone: that conversion was most of
-    the Python time of a large GetRecords page."""
-    core = botocore.session.get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=utc_timestamp
-    )
-    return _kinesis_client(
-        settings, for_put=False, session=boto3.session.Session(botocore_session=core)
-    )
-
-
-def _kinesis_client(settings: ProducerSettings, *, for_put: bool, session: Any) -> Any:
-    if for_put:
-        config = Config(
-            connect_timeout=settings.put_connect_timeout_s,
-            read_timeout=settings.put_read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=16,
-        )
-    else:
-        config = Config(
-            connect_timeout=5,
-            read_timeout=30,
-            retries={"max_attempts": 5, "mode": "standard"},
-            max_pool_connections=16,
-        )
-    credentials = settings.emulator_credentials()
-    return session.client(
-        "kinesis",
-        region_name=settings.kinesis_region(),
-        endpoint_url=settings.kinesis_endpoint_url,
-        config=config,
-        aws_access_key_id=credentials[0] if credentials else None,
-        aws_secret_access_key=credentials[1] if credentials else None,
-    )
 
 
 def put_writer(settings: ProducerSettings, clock: Clock | None = None) -> KinesisWriter:

@@ -11,16 +11,33 @@ with ``python -m`` and is not imported here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dedupe_store.exports import lazy_exports
 from producer.hooks import NO_HOOKS, Hooks
-from spark_jobs.session import local_session
-from spark_jobs.sink import ExactlyOnceSink
-from spark_jobs.writer import (
-    BatchReport,
-    DeadLetter,
-    producer_settings,
-    settings_from_env,
+
+if TYPE_CHECKING:
+    from spark_jobs.session import local_session
+    from spark_jobs.sink import ExactlyOnceSink
+    from spark_jobs.writer import (
+        BatchReport,
+        DeadLetter,
+        producer_settings,
+        settings_from_env,
+    )
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "spark_jobs.session": ("local_session",),
+        "spark_jobs.sink": ("ExactlyOnceSink",),
+        "spark_jobs.writer": (
+            "BatchReport",
+            "DeadLetter",
+            "producer_settings",
+            "settings_from_env",
+        ),
+    },
 )
 
 __all__ = [

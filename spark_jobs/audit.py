@@ -54,10 +54,11 @@ from dedupe_store.records import MAX_KEY_CHARS, Group, Position
 from dedupe_store.states import KeyState, delivery_state
 from kinesis_store.reader import KinesisReader
 from producer.audit import LISTED_KEYS, AuditReport, Findings
+from producer.clients import kinesis_client
 from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
 from producer.findings import in_stream_order
 from producer.row_audit import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
-from producer.wiring import kinesis_client, ledger_from
+from producer.wiring import ledger_from
 from spark_jobs.options import setting_options
 from spark_jobs.writer import producer_settings, settings_from_env
 

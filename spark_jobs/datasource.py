@@ -74,9 +74,9 @@ from pyspark.sql.types import StringType, StructType
 from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
+from producer.clients import kinesis_client, kinesis_read_client
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
-from producer.wiring import kinesis_client, kinesis_read_client
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.options import (
     FORMAT,

@@ -48,7 +48,7 @@ from dedupe_store.clock import SystemClock
 from kinesis_store.kpl import UserRecord
 from kinesis_store.read_pacing import ReadPacer
 from kinesis_store.reader import KinesisReader
-from producer.wiring import kinesis_read_client
+from producer.clients import kinesis_read_client
 from spark_jobs.driver_metrics import STREAM_READ_QUERY, PlannedLag, ShardRead
 from spark_jobs.options import StreamReadOptions
 from spark_jobs.read_rows import arrow_batches_of, rows_of

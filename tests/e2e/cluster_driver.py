@@ -25,7 +25,7 @@ from typing import Any
 from spark_support import SHARDS
 
 from kinesis_store.provisioning import create_stream
-from producer.wiring import kinesis_client
+from producer.clients import kinesis_client
 from spark_jobs.options import setting_options
 from spark_jobs.session import worker_python_path
 from spark_jobs.writer import producer_settings

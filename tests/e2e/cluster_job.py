@@ -37,8 +37,8 @@ from stream_reads import WAVES, Batches, merge, put_resharded_wave, run_query, s
 
 import spark_jobs
 from devstack.failpoints import Failpoints, from_env
+from producer.clients import kinesis_client
 from producer.hooks import Hooks, Step
-from producer.wiring import kinesis_client
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import cluster_session
 from spark_jobs.writer import producer_settings

@@ -11,7 +11,8 @@ import pytest
 from spark_support import FAST_LEASES, SHARDS, streamcheck
 
 from kinesis_store.provisioning import create_stream
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.clients import kinesis_client
+from producer.wiring import Stack, build_stack, ledger_from
 from spark_jobs.writer import producer_settings
 
 

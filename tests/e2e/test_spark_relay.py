@@ -18,8 +18,9 @@ from dedupe_store.states import RunState
 from devstack.failpoints import Failpoints
 from kinesis_store.entries import put_entry
 from kinesis_store.provisioning import create_stream
+from producer.clients import kinesis_client
 from producer.hooks import Step
-from producer.wiring import Stack, kinesis_client
+from producer.wiring import Stack
 from spark_jobs.relay import parse_args, start_relay
 
 pytestmark = pytest.mark.spark

@@ -32,7 +32,8 @@ from spark_support import streamcheck
 from dedupe_store.states import RunState
 from kinesis_store.entries import put_entry
 from kinesis_store.provisioning import create_stream
-from producer.wiring import Stack, kinesis_client
+from producer.clients import kinesis_client
+from producer.wiring import Stack
 
 pytestmark = [
     pytest.mark.spark,

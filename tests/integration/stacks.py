@@ -12,9 +12,10 @@ import pytest
 from dedupe_store.ledger import DynamoDBLedger
 from devstack import emulators as local_stack
 from kinesis_store.provisioning import create_stream
+from producer.clients import kinesis_client
 from producer.retries import poll_until
 from producer.settings import ProducerSettings
-from producer.wiring import kinesis_client, ledger_from
+from producer.wiring import ledger_from
 
 if TYPE_CHECKING:
     from conftest import Names

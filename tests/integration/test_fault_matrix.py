@@ -20,10 +20,11 @@ from devstack import emulators as local_stack
 from devstack.failpoints import FailpointError, Failpoints
 from kinesis_store.provisioning import create_stream, wait_active
 from producer.audit import audit_stream
+from producer.clients import kinesis_client
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings, PutFence
-from producer.wiring import Stack, build_stack, kinesis_client, ledger_from
+from producer.wiring import Stack, build_stack, ledger_from
 
 if TYPE_CHECKING:
     from conftest import Names

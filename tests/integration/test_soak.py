@@ -26,10 +26,11 @@ import streamcheck
 from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from kinesis_store.provisioning import create_stream
+from producer.clients import kinesis_client
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
-from producer.wiring import build_stack, kinesis_client, ledger_from
+from producer.wiring import build_stack, ledger_from
 
 if TYPE_CHECKING:
     from conftest import Names

@@ -56,6 +56,21 @@ def test_importing_every_package_leaves_pyspark_unimported() -> None:
     assert result.returncode == 0, result.stderr.decode()
 
 
+def test_a_process_that_reads_a_stream_does_not_import_the_ledger_or_the_producers() -> None:
+    # GIVEN a fresh interpreter (a Spark task reading shards, the driver's streaming source)
+    heavy = ("dedupe_store.ledger", "producer.producer", "producer.replay", "producer.wiring")
+    code = (
+        "import sys, kinesis_store.reader, producer.clients\n"
+        f"sys.exit(sorted(m for m in {heavy!r} if m in sys.modules) or None)"
+    )
+    # WHEN it imports the reader and its client (each package's __init__ on the way)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, check=False
+    )
+    # THEN none of the write side came with them: package names are imported on first use
+    assert result.returncode == 0, result.stderr.decode()
+
+
 # --- docs/architecture.md -----------------------------------------------------------------------
 
 ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"

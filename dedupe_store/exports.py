@@ -1,0 +1,31 @@
+"""A package's names, imported when first used (PEP 562 ``__getattr__``).
+
+Every package's ``__init__`` exports its public names this way, so that importing one module
+of a package does not import all of it: a Spark Python worker reading a stream, the driver's
+streaming-source process and every ``keo`` command start without the ledger's pynamodb and
+pydantic models when they do not use them. The lowest layer, so every package can use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(package: str, names: Mapping[str, Sequence[str]]) -> Callable[[str], object]:
+    """The ``__getattr__`` of ``package``, which exports ``names`` (by the module that holds
+    them): a name is imported on first use, then kept on the package."""
+    module_of = {name: module for module, exported in names.items() for name in exported}
+
+    def attribute(name: str) -> object:
+        module = module_of.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return attribute
