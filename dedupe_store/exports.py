@@ -1,9 +1,9 @@
 """A package's names, imported when first used (PEP 562 ``__getattr__``).
 
 Every package's ``__init__`` exports its public names this way, so that importing one module
-of a package does not import all of it: a Spark Python worker reading a stream, the driver's
-streaming-source process and every ``keo`` command start without the ledger's pynamodb and
-pydantic models when they do not use them. The lowest layer, so every package can use it.
+of a package does not import all of it: importing the Kinesis reader no longer imports the
+ledger (pynamodb) and the producers, and a Spark process that reads a stream starts faster.
+The lowest layer, so every package can use it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The Kinesis clients, built from settings: one for puts (SDK retries off: retries are the
 protocol's) and one for reads. Apart from :mod:`producer.wiring`, which builds the whole
-stack, so that a process that only reads a stream (a Spark task, the driver's streaming
-source) does not import the ledger and the producers to get a client."""
+stack, so that the reader's client comes without the ledger and the producers."""
 
 from __future__ import annotations
 
