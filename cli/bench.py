@@ -487,7 +487,10 @@ def render_spark_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# the names of devstack.stream_bench's figures (not imported: it brings Spark's job modules)
+LOOP: Final = "boto3_get_records"
 PACED_LOOP: Final = "boto3_get_records_paced"
+READ_BATCHES: Final = "keo_read_stream_batches"
 
 
 def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list[str]:
@@ -497,6 +500,7 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
     the load average of the run)."""
     read, relay = streaming["read"], streaming["relay"]
     paced = read.get("ratios", {}).get(PACED_LOOP)
+    batches = read.get(READ_BATCHES)  # older figures do not have it
 
     def row(label: str, figures: dict[str, Any], ratio: str) -> str:
         seconds = ", ".join(f"{s:.2f}" for s in figures["seconds"])
@@ -519,9 +523,22 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
             read["keo_read_stream"],
             ratio(read),
         ),
+        *(
+            [
+                row(
+                    "the same query's batches alone (Spark's `triggerExecution`: no start, "
+                    "no tail search before its first batch)",
+                    batches,
+                    f"{ratio(batches['ratios'][LOOP])}; of the paced loop: "
+                    f"{ratio(batches['ratios'][PACED_LOOP])}",
+                )
+            ]
+            if batches is not None
+            else []
+        ),
         row(
             "reference: a boto3 GetRecords loop, a thread per shard",
-            read["boto3_get_records"],
+            read[LOOP],
             "1",
         ),
         *(

@@ -16,7 +16,11 @@ machine's drift is shared, and its median reported):
   shard as Spark runs a task per shard, from TRIM_HORIZON to the tip, 10,000 records a call,
   and against the same loop paced to AWS's read limits (``boto3_get_records_paced``: 5 calls
   and 2 MB a second per shard, :class:`kinesis_store.read_pacing.ReadPacer`), as the read
-  is and as a loop on AWS must be (kinesalite enforces neither);
+  is and as a loop on AWS must be (kinesalite enforces neither). The same query's batches
+  alone are timed too (``keo_read_stream_batches``: the sum of Spark's ``triggerExecution``
+  over its batches): the read once the query runs, without its start (the driver's Python
+  source process, listing the shards, finding each shard's tail), which a long-running
+  query pays once;
 - **relay**: A into a stream B, exactly once (:func:`spark_jobs.relay.start_relay`, replay
   mode, a new query name and checkpoint each round), against at least once: the same read
   into ``foreachBatch`` of the demo's plain ``put_records`` sink
@@ -61,6 +65,7 @@ WARM_RECORDS: Final = 500
 PAYLOAD_BYTES: Final = 200
 PUTS_IN_FLIGHT: Final = 4
 READ: Final = "keo_read_stream"
+READ_BATCHES: Final = "keo_read_stream_batches"
 GET_RECORDS: Final = "boto3_get_records"
 GET_RECORDS_PACED: Final = "boto3_get_records_paced"
 EXACTLY_ONCE: Final = "relay_exactly_once"
@@ -136,6 +141,11 @@ def _ended(query: Any) -> int:
     return sum(progress.numInputRows for progress in query.recentProgress)
 
 
+def _batches_s(query: Any) -> float:
+    """The time an ended query spent in its batches, as Spark measured it."""
+    return float(sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress)) / 1000
+
+
 class _Queries:
     """The streaming queries the measures start, each with a checkpoint of its own."""
 
@@ -143,6 +153,7 @@ class _Queries:
         self.spark = spark
         self.folder = folder
         self.started = 0
+        self.read_batches_s: list[float] = []  # per read, its batches' time
 
     def _checkpoint(self, label: str) -> str:
         self.started += 1
@@ -160,7 +171,9 @@ class _Queries:
             .trigger(availableNow=True)
             .start()
         )
-        return _ended(query)
+        rows = _ended(query)
+        self.read_batches_s.append(_batches_s(query))
+        return rows
 
     def exactly_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
         checkpoint = self._checkpoint("relay")
@@ -194,6 +207,11 @@ def _figures(records: int, seconds: list[float]) -> dict[str, Any]:
     }
 
 
+def _ratios(measured: Sequence[float], reference: Sequence[float]) -> dict[str, Any]:
+    per_round = [round(r / m, 3) for m, r in zip(measured, reference, strict=True)]
+    return {"ratio_per_round": per_round, "median_ratio": round(statistics.median(per_round), 3)}
+
+
 def _side_by_side(
     records: int,
     repeats: int,
@@ -211,19 +229,12 @@ def _side_by_side(
             if count != records:
                 raise RuntimeError(f"{name} saw {count} records of {records}")
             seconds[name].append(took)
-    ratios = {}
-    for name, _ in references:
-        per_round = [
-            round(r / m, 3) for m, r in zip(seconds[measure[0]], seconds[name], strict=True)
-        ]
-        ratios[name] = {
-            "ratio_per_round": per_round,
-            "median_ratio": round(statistics.median(per_round), 3),
-        }
+    ratios = {name: _ratios(seconds[measure[0]], seconds[name]) for name, _ in references}
     return {
         **{name: _figures(records, seconds[name]) for name, _ in runs},
         **ratios[references[0][0]],
         "ratios": ratios,
+        "seconds": seconds,
     }
 
 
@@ -250,6 +261,7 @@ def run(
         queries.read(warm)
         queries.exactly_once(warm, streams["exactly_once"])
         queries.at_least_once(warm, streams["at_least_once"])
+    queries.read_batches_s.clear()
     read = _side_by_side(
         records,
         repeats,
@@ -260,6 +272,18 @@ def run(
         ],
         say,
     )
+    seconds = read.pop("seconds")
+    read[READ_BATCHES] = {
+        **_figures(records, queries.read_batches_s),
+        "ratios": {
+            name: _ratios(queries.read_batches_s, seconds[name])
+            for name in (GET_RECORDS, GET_RECORDS_PACED)
+        },
+        "before_first_batch_s": [
+            round(whole - batches, 3)
+            for whole, batches in zip(seconds[READ], queries.read_batches_s, strict=True)
+        ],
+    }
     relay = _side_by_side(
         records,
         repeats,
@@ -267,6 +291,7 @@ def run(
         [(AT_LEAST_ONCE, lambda: queries.at_least_once(source, streams["at_least_once"]))],
         say,
     )
+    relay.pop("seconds")
     return {
         "records": records,
         "payload_bytes": PAYLOAD_BYTES,

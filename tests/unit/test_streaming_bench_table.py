@@ -14,7 +14,7 @@ def figures(seconds: float) -> dict[str, Any]:
     return {"seconds": [seconds], "records_per_s": 1000 / seconds}
 
 
-def streaming(*, paced: bool) -> dict[str, Any]:
+def streaming(*, paced: bool, batches: bool = False) -> dict[str, Any]:
     read: dict[str, Any] = {
         "keo_read_stream": figures(4.0),
         "boto3_get_records": figures(2.0),
@@ -26,6 +26,15 @@ def streaming(*, paced: bool) -> dict[str, Any]:
         read["ratios"] = {
             "boto3_get_records": {"ratio_per_round": [0.5], "median_ratio": 0.5},
             "boto3_get_records_paced": {"ratio_per_round": [0.75], "median_ratio": 0.75},
+        }
+    if batches:
+        read["keo_read_stream_batches"] = {
+            **figures(2.5),
+            "ratios": {
+                "boto3_get_records": {"ratio_per_round": [0.8], "median_ratio": 0.8},
+                "boto3_get_records_paced": {"ratio_per_round": [1.2], "median_ratio": 1.2},
+            },
+            "before_first_batch_s": [1.5],
         }
     relay = {
         "relay_exactly_once": figures(5.0),
@@ -48,3 +57,10 @@ def test_figures_without_the_paced_loop_render_as_before() -> None:
     lines = render_streaming(streaming(paced=False), MACHINE)
     assert not any("paced" in line for line in lines)
     assert sum(line.startswith("| ") for line in lines) == 5
+
+
+def test_the_query_s_batches_alone_have_a_row_against_both_loops() -> None:
+    lines = render_streaming(streaming(paced=True, batches=True), MACHINE)
+    alone = [line for line in lines if "batches alone" in line]
+    assert len(alone) == 1
+    assert alone[0].endswith("| **0.80** (0.80); of the paced loop: **1.20** (1.20) |")
