@@ -206,7 +206,7 @@ def audit(
         )
         raise typer.Exit(ExitCode.USAGE)
     from producer.audit import audit_rows, audit_stream
-    from producer.clients import kinesis_client
+    from producer.clients import kinesis_read_client
     from producer.wiring import ledger_from
 
     show = progress if progress is not None else sys.stderr.isatty()
@@ -215,7 +215,7 @@ def audit(
         try:
             if dedupe is Dedupe.REPLAY and expected is not None:
                 reader = ReaderWithProgress(
-                    kinesis_client(settings, for_put=False),
+                    kinesis_read_client(settings),
                     settings.stream,
                     bar,
                     then="comparing the rows",
@@ -234,9 +234,7 @@ def audit(
                     if expected is not None
                     else None
                 )
-                reader = ReaderWithProgress(
-                    kinesis_client(settings, for_put=False), settings.stream, bar
-                )
+                reader = ReaderWithProgress(kinesis_read_client(settings), settings.stream, bar)
                 ledger = ledger_from(settings)
                 ledger.ensure_ready()
                 report = audit_stream(

@@ -15,7 +15,7 @@ from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import StreamInfo
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
-from producer.clients import kinesis_client
+from producer.clients import kinesis_client, kinesis_read_client
 from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -166,7 +166,7 @@ def build_stack(
     settings: ProducerSettings, *, clock: Clock | None = None, hooks: Hooks = NO_HOOKS
 ) -> Stack:
     """Wire clients for one stream and table; checks both exist (fails fast otherwise)."""
-    reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+    reader = KinesisReader(kinesis_read_client(settings), settings.stream)
     info = reader.describe()
     ledger = ledger_from(settings)
     metrics.count_ledger_calls(ledger.client)
