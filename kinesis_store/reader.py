@@ -84,6 +84,16 @@ class _Page:
 
 
 @dataclass(frozen=True, slots=True)
+class _Reading:
+    """What a read of a few records found: its first and last records (None: none), and where
+    to go on when it stopped short of the tip (None: it reached the tip)."""
+
+    first: SeenRecord | None
+    last: SeenRecord | None
+    resume: _Resume | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Resume:
     """Where a tail search can go on reading with no new iterator: the iterator a page
     returned, right after ``record``, its last record (a new AT_TIMESTAMP iterator would make
@@ -302,7 +312,10 @@ class KinesisReader:
     ) -> SeenRecord | None:
         """The last record the shard holds after ``start``; None when it holds nothing after it.
 
-        Read from a little before now (the last 10 s, then windows 10 times wider), so that
+        A start after a record (a running query's last end) is read on from first, a page of
+        ``_TAIL_PAGE`` records: a query's next tail is near its last, and a page that reaches
+        the tip ends the search with one call. Otherwise, or when more than a page follows it,
+        read from a little before now (the last 10 s, then windows 10 times wider), so that
         finding the tip of a busy shard reads seconds of it, not all of it. A window that finds
         nothing is widened only while records after ``start`` may lie before it: one record read
         from ``start`` says whether there are any, and the window stops widening once it reaches
@@ -312,6 +325,12 @@ class KinesisReader:
         """
         window_ms = _TAIL_WINDOW_MS
         first: SeenRecord | None = None
+        if start.kind is StartKind.AFTER_SEQUENCE_NUMBER:
+            ahead = self._ahead(shard_id, start)
+            if ahead is not None and ahead.resume is None:
+                return ahead.last  # read to the tip: None when nothing follows the start
+            if ahead is not None:
+                first = ahead.first
         empty_since_ms = now_ms  # no record arrived from here on, as far as is known
         while True:
             since_ms = now_ms - window_ms
@@ -348,7 +367,8 @@ class KinesisReader:
         window found none): where the tail is, as far as is known. Those bounds only spare
         steps: the last read goes on to the tip whatever they say.
         """
-        last, resume = self._last_reading(shard_id, since_ms, at_most=_TAIL_PAGE)
+        reading = self._reading(shard_id, ShardStart.at_timestamp(max(since_ms, 0)), _TAIL_PAGE)
+        last, resume = reading.last, reading.resume
         if resume is None:
             return last  # read to the tip (or nothing arrived since)
         # a start at the last record read finds it (or one after it): the halving starts there
@@ -364,28 +384,38 @@ class KinesisReader:
                 resume = found
         return self._last_resumed(shard_id, resume)
 
-    def _last_reading(
-        self, shard_id: str, since_ms: int, *, at_most: int
-    ) -> tuple[SeenRecord | None, _Resume | None]:
-        """The last record read from ``since_ms`` to the tip, and None; or, once ``at_most``
-        records were read short of the tip, the last so far and where to go on reading (a
-        window of exactly ``at_most`` records is then searched as a larger one would be: one
-        call fewer for every larger one)."""
+    def _reading(self, shard_id: str, start: ShardStart, at_most: int) -> _Reading:
+        """Records read from ``start`` to the tip; or, once ``at_most`` records were read short
+        of the tip, what was read so far and where to go on (a window of exactly ``at_most``
+        records is then searched as a larger one would be: one call fewer for every larger
+        one)."""
+        first: SeenRecord | None = None
         last: SeenRecord | None = None
         read = 0
 
         def size() -> int:
             return at_most - read
 
-        for page in self._pages(shard_id, ShardStart.at_timestamp(max(since_ms, 0)), limit=size):
+        for page in self._pages(shard_id, start, check=False, limit=size):
             if page.records:
+                first = first or _seen(page.records[0])
                 last = _seen(page.records[-1])
                 read += len(page.records)
             if page.caught_up:
-                return last, None  # a tail: whatever arrives next is for the next batch
+                break  # a tail: whatever arrives next is for the next batch
             if not page.tip and read >= at_most:
-                return last, _Resume.after(page)
-        return last, None
+                return _Reading(first, last, _Resume.after(page))
+        return _Reading(first, last, None)
+
+    def _ahead(self, shard_id: str, start: ShardStart) -> _Reading | None:
+        """A page read on after the record ``start`` names; None when Kinesis refuses that
+        record (past the trim horizon: the read of the batch says what was lost)."""
+        try:
+            return self._reading(shard_id, start, _TAIL_PAGE)
+        except StreamUnavailableError as exc:
+            if _code_of(exc.__cause__) != "InvalidArgumentException":
+                raise
+            return None
 
     def _last_resumed(self, shard_id: str, resume: _Resume) -> SeenRecord:
         """The last record from ``resume`` on to the tip (its record, when none came after)."""

@@ -348,6 +348,33 @@ def test_the_tail_of_a_shard_quiet_since_a_burst_is_found_without_reading_the_bu
     assert len(keys(batches)) == 5_000
 
 
+def test_a_running_query_finds_its_next_end_with_one_call_when_a_page_holds_what_follows() -> None:
+    # GIVEN a query that read a busy shard to its tail (1,500 records in its last second)
+    counting: list[Counting] = []
+    world = World(shard_count=1, client=lambda fake: counting.append(Counting(fake)) or counting[0])
+    for burst in range(15):
+        world.put(*(f"old-{burst}-{i}" for i in range(100)))
+        world.kinesis.advance(50)
+    _, offset = world.run()
+    # AND 300 more records since
+    world.put(*(f"new-{i}" for i in range(300)))
+    counting[0].calls.clear()
+    # WHEN its next batch is planned
+    end = world.planner.latest(offset, None)
+    # THEN its end is the last record, found by reading on from the last end: no window, no
+    # halving (an AT_TIMESTAMP iterator is a scan of the shard on kinesalite, a call on AWS)
+    shard = "shardId-000000000000"
+    assert end.progress(shard).after == world.kinesis.visible()[-1].sequence_number
+    assert counting[0].calls == [
+        ("GetShardIterator", "AFTER_SEQUENCE_NUMBER"),
+        ("GetRecords", 1_000),
+    ]
+    # AND with nothing new, the batch after it is found empty the same way
+    counting[0].calls.clear()
+    assert world.planner.latest(end, None).as_json() == end.as_json()
+    assert len(counting[0].calls) == 2
+
+
 def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
     world = World(shard_count=1)
     world.put(*(f"k{i}" for i in range(5)))
