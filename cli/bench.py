@@ -563,6 +563,20 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
             relay["relay_at_least_once"],
             "1",
         ),
+        *(_running(streaming["running"]) if "running" in streaming else []),
+    ]
+
+
+def _running(running: dict[str, Any]) -> list[str]:
+    """The running query's line under the streaming table."""
+    planning, batch = running["planning_ms"], running["batch_ms"]
+    return [
+        "",
+        f"A query that runs on over a stream fed {running['fed_records_per_s']:,} records a "
+        f"second ({running['seconds']:g} s, {running['batches']} batches): its planning (each "
+        f"shard's new end, Spark's `latestOffset`) {planning['median']:g} ms median (p90 "
+        f"{planning['p90']:g}), its batch {batch['median']:g} ms median (p90 {batch['p90']:g}), "
+        f"{running['records_per_batch']['median']:g} records a batch.",
     ]
 
 

@@ -211,6 +211,7 @@ def run(
     repeats: int = DEFAULT_REPEATS,
     stream_records: int = stream_bench.DEFAULT_RECORDS,
     stream_warm_up: bool = True,
+    stream_running_s: float = stream_bench.RUNNING_S,
     say: Say = log.info,
 ) -> dict[str, Any]:
     """Every measure; ``settings`` are options of ``format("keo")`` (endpoints, region), and
@@ -253,6 +254,7 @@ def run(
             records=stream_records,
             repeats=repeats,
             warm_up=stream_warm_up,
+            running_s=stream_running_s,
             say=say,
         )
     return {

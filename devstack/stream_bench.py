@@ -21,6 +21,11 @@ machine's drift is shared, and its median reported):
   over its batches): the read once the query runs, without its start (the driver's Python
   source process, listing the shards, finding each shard's tail), which a long-running
   query pays once;
+- **running**: a query that runs on (``processingTime`` 0, into ``noop``) over a stream fed
+  ``FEED_PER_S`` records a second, for ``RUNNING_S`` seconds once it has caught up: per
+  batch, its planning (Spark's ``latestOffset``: each shard's new end) and the batch
+  (``triggerExecution``), medians and 90th percentiles. Not timed against a reference: what a
+  running query pays per batch to fix its end before it runs;
 - **relay**: A into a stream B, exactly once (:func:`spark_jobs.relay.start_relay`, replay
   mode, a new query name and checkpoint each round), against at least once: the same read
   into ``foreachBatch`` of the demo's plain ``put_records`` sink
@@ -39,6 +44,7 @@ import logging
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +57,7 @@ from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.entries import put_entry
 from kinesis_store.read_pacing import ReadPacer
 from producer.clients import kinesis_client
+from producer.retries import poll_until
 from producer.settings import Dedupe
 from spark_jobs.options import setting_options
 from spark_jobs.relay import start_relay
@@ -70,7 +77,11 @@ GET_RECORDS: Final = "boto3_get_records"
 GET_RECORDS_PACED: Final = "boto3_get_records_paced"
 EXACTLY_ONCE: Final = "relay_exactly_once"
 AT_LEAST_ONCE: Final = "relay_at_least_once"
-STREAMS: Final = ("source", "warm", "exactly_once", "at_least_once")
+STREAMS: Final = ("source", "warm", "exactly_once", "at_least_once", "running")
+FEED_PER_S: Final = 1_000
+FEED_EVERY_S: Final = 0.1
+RUNNING_S: Final = 20.0
+CAUGHT_UP_WAIT_S: Final = 60.0
 
 Say = Callable[[str], None]
 
@@ -200,6 +211,75 @@ class _Queries:
         return _ended(query)
 
 
+class _Feed:
+    """``FEED_PER_S`` records a second into a stream, from a thread, until stopped."""
+
+    def __init__(self, settings: Mapping[str, str]) -> None:
+        self._parsed = producer_settings(settings)
+        self._client = kinesis_client(self._parsed, for_put=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keo-bench-feed", daemon=True)
+        self.sent = 0
+
+    def __enter__(self) -> _Feed:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        per_call = round(FEED_PER_S * FEED_EVERY_S)
+        while not self._stop.wait(FEED_EVERY_S):
+            entries = [
+                put_entry(f"feed-{self.sent + i}", b"x" * PAYLOAD_BYTES) for i in range(per_call)
+            ]
+            self._client.put_records(StreamName=self._parsed.stream, Records=entries)
+            self.sent += per_call
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": round(statistics.median(ordered), 1),
+        "p90": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 1),
+    }
+
+
+def running(queries: _Queries, stream: Mapping[str, str], *, seconds: float) -> dict[str, Any]:
+    """The **running** measure (see the module's docstring) on ``stream``, a new one."""
+    with _Feed(stream):
+        query = (
+            queries._read(stream)
+            .writeStream.format("noop")
+            .option("checkpointLocation", queries._checkpoint("running"))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
+        try:
+            poll_until(
+                lambda: any(p.numInputRows > 0 for p in query.recentProgress),
+                timeout_s=CAUGHT_UP_WAIT_S,
+                interval_s=0.2,
+            )
+            first = len(query.recentProgress)
+            time.sleep(seconds)  # the measure's span: the batches Spark runs in it are timed
+            batches = [p for p in query.recentProgress[first:] if p.numInputRows > 0]
+        finally:
+            query.stop()
+    if not batches:
+        raise RuntimeError("the running query read nothing while it was fed")
+    return {
+        "fed_records_per_s": FEED_PER_S,
+        "seconds": seconds,
+        "batches": len(batches),
+        "planning_ms": _spread([p.durationMs.get("latestOffset", 0) for p in batches]),
+        "batch_ms": _spread([p.durationMs.get("triggerExecution", 0) for p in batches]),
+        "records_per_batch": _spread([p.numInputRows for p in batches]),
+    }
+
+
 def _figures(records: int, seconds: list[float]) -> dict[str, Any]:
     return {
         "seconds": [round(s, 3) for s in seconds],
@@ -246,11 +326,12 @@ def run(
     records: int = DEFAULT_RECORDS,
     repeats: int = 3,
     warm_up: bool = True,
+    running_s: float = RUNNING_S,
     say: Say = log.info,
 ) -> dict[str, Any]:
-    """Both measures. ``streams`` holds the ``KEO_*`` settings of four new streams (and
+    """Every measure (``running_s``: the running query's span). ``streams`` holds the ``KEO_*`` settings of four new streams (and
     ledger tables), by label: ``source`` (A), ``warm``, ``exactly_once`` and
-    ``at_least_once`` (the relay's targets); ``folder`` takes the checkpoints."""
+    ``at_least_once`` (the relay's targets) and ``running``; ``folder`` takes the checkpoints."""
     source, warm = streams["source"], streams["warm"]
     say(f"spark: streaming, {records} records into stream A ({PUTS_IN_FLIGHT} puts in flight)")
     fill(source, records)
@@ -292,12 +373,15 @@ def run(
         say,
     )
     relay.pop("seconds")
+    say(f"spark: a running query over a stream fed {FEED_PER_S} records a second")
+    running_figures = running(queries, streams["running"], seconds=running_s)
     return {
         "records": records,
         "payload_bytes": PAYLOAD_BYTES,
         "rounds": repeats,
         "read": read,
         "relay": relay,
+        "running": running_figures,
     }
 
 

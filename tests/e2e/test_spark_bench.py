@@ -41,6 +41,7 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
         repeats=1,
         stream_records=200,
         stream_warm_up=False,
+        stream_running_s=1.0,
     )
     # THEN every sink has its rate end to end, new and (but for the plain sink) DUPLICATE
     end_to_end = results["end_to_end"]
@@ -77,6 +78,9 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
         for name in names:
             assert streaming[pair][name]["records_per_s"] > 0
         assert isinstance(streaming[pair]["median_ratio"], float)
+    # AND a running query's planning and batches, per batch
+    assert streaming["running"]["batches"] >= 1
+    assert streaming["running"]["planning_ms"]["median"] >= 0
     # AND the load average at the start and at the end, for reading noisy figures
     load = results["machine"]["load_average"]
     assert len(load["start"]) == len(load["end"]) == 3
@@ -88,4 +92,5 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
     assert "\n| `keo send`" in table
     assert "\n| plain `foreachBatch`" in table
     assert '\n| readStream.format("keo")' in table
+    assert "A query that runs on over a stream fed 1,000 records a second" in table
     assert "\n| relay A to B, exactly once" in table

@@ -64,3 +64,21 @@ def test_the_query_s_batches_alone_have_a_row_against_both_loops() -> None:
     alone = [line for line in lines if "batches alone" in line]
     assert len(alone) == 1
     assert alone[0].endswith("| **0.80** (0.80); of the paced loop: **1.20** (1.20) |")
+
+
+def test_a_running_query_has_a_line_with_its_planning_and_batches() -> None:
+    figures = streaming(paced=True)
+    figures["running"] = {
+        "fed_records_per_s": 1000,
+        "seconds": 20.0,
+        "batches": 97,
+        "planning_ms": {"median": 22.0, "p90": 27.0},
+        "batch_ms": {"median": 224.0, "p90": 300.0},
+        "records_per_batch": {"median": 200.0, "p90": 250.0},
+    }
+    lines = render_streaming(figures, MACHINE)
+    assert lines[-1] == (
+        "A query that runs on over a stream fed 1,000 records a second (20 s, 97 batches): its "
+        "planning (each shard's new end, Spark's `latestOffset`) 22 ms median (p90 27), its "
+        "batch 224 ms median (p90 300), 200 records a batch."
+    )
