@@ -375,6 +375,38 @@ def test_a_running_query_finds_its_next_end_with_one_call_when_a_page_holds_what
     assert len(counting[0].calls) == 2
 
 
+class RefusingPositions:
+    """A client on which Kinesis refuses every position after a sequence number, as it may one
+    past the trim horizon (InvalidArgumentException)."""
+
+    def __init__(self, fake: FakeKinesisClient) -> None:
+        self.fake = fake
+
+    def get_shard_iterator(self, **kwargs: Any) -> Any:
+        if kwargs["ShardIteratorType"] == "AFTER_SEQUENCE_NUMBER":
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "InvalidArgumentException", "Message": "too old"}},
+                "GetShardIterator",
+            )
+        return self.fake.get_shard_iterator(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+def test_a_start_kinesis_refuses_to_read_on_from_is_searched_for_from_the_last_seconds() -> None:
+    # GIVEN a query that read a shard, 3 more records, and a Kinesis that refuses to read on
+    # after the batch's start
+    world = World(shard_count=1, client=RefusingPositions)
+    world.put("k0", "k1")
+    offset = world.planner.latest(world.planner.initial(), None)
+    world.put("k2", "k3", "k4")
+    # WHEN the next batch is planned
+    end = world.planner.latest(offset, None)
+    # THEN its end is still the last record (the executor's read says what was lost, if any)
+    assert end.progress("shardId-000000000000").after == world.kinesis.visible()[-1].sequence_number
+
+
 def test_the_tail_of_an_idle_shard_is_found_by_widening_the_window() -> None:
     world = World(shard_count=1)
     world.put(*(f"k{i}" for i in range(5)))
