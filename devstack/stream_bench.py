@@ -157,60 +157,6 @@ def _batches_s(query: Any) -> float:
     return float(sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress)) / 1000
 
 
-class _Queries:
-    """The streaming queries the measures start, each with a checkpoint of its own."""
-
-    def __init__(self, spark: Any, folder: Path) -> None:
-        self.spark = spark
-        self.folder = folder
-        self.started = 0
-        self.read_batches_s: list[float] = []  # per read, its batches' time
-
-    def _checkpoint(self, label: str) -> str:
-        self.started += 1
-        return str(self.folder / f"{label}-{self.started}")
-
-    def _read(self, source: Mapping[str, str]) -> Any:
-        options = setting_options(source)
-        return self.spark.readStream.format("keo").options(**options).load()
-
-    def read(self, source: Mapping[str, str]) -> int:
-        query = (
-            self._read(source)
-            .writeStream.format("noop")
-            .option("checkpointLocation", self._checkpoint("read"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        rows = _ended(query)
-        self.read_batches_s.append(_batches_s(query))
-        return rows
-
-    def exactly_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
-        checkpoint = self._checkpoint("relay")
-        query = start_relay(
-            self.spark,
-            settings=target,
-            source=producer_settings(source).stream,
-            target=producer_settings(target).stream,
-            checkpoint=checkpoint,
-            query_name=f"bench-{Path(checkpoint).name}-{time.time_ns()}",
-            dedupe=Dedupe.REPLAY,
-        )
-        return _ended(query)
-
-    def at_least_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
-        query = (
-            self._read(source)
-            .select("key", "data")
-            .writeStream.foreachBatch(AtLeastOnceSink(target))
-            .option("checkpointLocation", self._checkpoint("plain"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        return _ended(query)
-
-
 class _Feed:
     """``FEED_PER_S`` records a second into a stream, from a thread, until stopped."""
 
@@ -247,37 +193,92 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def running(queries: _Queries, stream: Mapping[str, str], *, seconds: float) -> dict[str, Any]:
-    """The **running** measure (see the module's docstring) on ``stream``, a new one."""
-    with _Feed(stream):
+class _Queries:
+    """The streaming queries the measures start, each with a checkpoint of its own."""
+
+    def __init__(self, spark: Any, folder: Path) -> None:
+        self.spark = spark
+        self.folder = folder
+        self.started = 0
+        self.read_batches_s: list[float] = []  # per read, its batches' time
+
+    def _checkpoint(self, label: str) -> str:
+        self.started += 1
+        return str(self.folder / f"{label}-{self.started}")
+
+    def _read(self, source: Mapping[str, str]) -> Any:
+        options = setting_options(source)
+        return self.spark.readStream.format("keo").options(**options).load()
+
+    def read(self, source: Mapping[str, str]) -> int:
         query = (
-            queries._read(stream)
+            self._read(source)
             .writeStream.format("noop")
-            .option("checkpointLocation", queries._checkpoint("running"))
-            .trigger(processingTime="0 seconds")
+            .option("checkpointLocation", self._checkpoint("read"))
+            .trigger(availableNow=True)
             .start()
         )
-        try:
-            poll_until(
-                lambda: any(p.numInputRows > 0 for p in query.recentProgress),
-                timeout_s=CAUGHT_UP_WAIT_S,
-                interval_s=0.2,
+        rows = _ended(query)
+        self.read_batches_s.append(_batches_s(query))
+        return rows
+
+    def running(self, stream: Mapping[str, str], *, seconds: float) -> dict[str, Any]:
+        """The **running** measure (see the module's docstring) on ``stream``, a new one."""
+        with _Feed(stream):
+            query = (
+                self._read(stream)
+                .writeStream.format("noop")
+                .option("checkpointLocation", self._checkpoint("running"))
+                .trigger(processingTime="0 seconds")
+                .start()
             )
-            first = len(query.recentProgress)
-            time.sleep(seconds)  # the measure's span: the batches Spark runs in it are timed
-            batches = [p for p in query.recentProgress[first:] if p.numInputRows > 0]
-        finally:
-            query.stop()
-    if not batches:
-        raise RuntimeError("the running query read nothing while it was fed")
-    return {
-        "fed_records_per_s": FEED_PER_S,
-        "seconds": seconds,
-        "batches": len(batches),
-        "planning_ms": _spread([p.durationMs.get("latestOffset", 0) for p in batches]),
-        "batch_ms": _spread([p.durationMs.get("triggerExecution", 0) for p in batches]),
-        "records_per_batch": _spread([p.numInputRows for p in batches]),
-    }
+            try:
+                poll_until(
+                    lambda: any(p.numInputRows > 0 for p in query.recentProgress),
+                    timeout_s=CAUGHT_UP_WAIT_S,
+                    interval_s=0.2,
+                )
+                before = max(p.batchId for p in query.recentProgress)
+                time.sleep(seconds)  # the measure's span: the batches Spark runs in it
+                # Spark keeps the last 100 progress reports: the figures are of those
+                kept = [p for p in query.recentProgress if p.batchId > before]
+            finally:
+                query.stop()
+        batches = [p for p in kept if p.numInputRows > 0]
+        if not batches:
+            raise RuntimeError("the running query read nothing while it was fed")
+        return {
+            "fed_records_per_s": FEED_PER_S,
+            "seconds": seconds,
+            "batches": max(p.batchId for p in kept) - before,
+            "planning_ms": _spread([p.durationMs.get("latestOffset", 0) for p in batches]),
+            "batch_ms": _spread([p.durationMs.get("triggerExecution", 0) for p in batches]),
+            "records_per_batch": _spread([p.numInputRows for p in batches]),
+        }
+
+    def exactly_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
+        checkpoint = self._checkpoint("relay")
+        query = start_relay(
+            self.spark,
+            settings=target,
+            source=producer_settings(source).stream,
+            target=producer_settings(target).stream,
+            checkpoint=checkpoint,
+            query_name=f"bench-{Path(checkpoint).name}-{time.time_ns()}",
+            dedupe=Dedupe.REPLAY,
+        )
+        return _ended(query)
+
+    def at_least_once(self, source: Mapping[str, str], target: Mapping[str, str]) -> int:
+        query = (
+            self._read(source)
+            .select("key", "data")
+            .writeStream.foreachBatch(AtLeastOnceSink(target))
+            .option("checkpointLocation", self._checkpoint("plain"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return _ended(query)
 
 
 def _figures(records: int, seconds: list[float]) -> dict[str, Any]:
@@ -374,7 +375,7 @@ def run(
     )
     relay.pop("seconds")
     say(f"spark: a running query over a stream fed {FEED_PER_S} records a second")
-    running_figures = running(queries, streams["running"], seconds=running_s)
+    running_figures = queries.running(streams["running"], seconds=running_s)
     return {
         "records": records,
         "payload_bytes": PAYLOAD_BYTES,
