@@ -165,6 +165,7 @@ class _Feed:
         self._client = kinesis_client(self._parsed, for_put=False)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keo-bench-feed", daemon=True)
+        self._failure: BaseException | None = None
         self.sent = 0
 
     def __enter__(self) -> _Feed:
@@ -174,15 +175,23 @@ class _Feed:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self._failure is not None:
+            raise RuntimeError("the bench's feed stopped: its figures mean nothing") from (
+                self._failure
+            )
 
     def _run(self) -> None:
         per_call = round(FEED_PER_S * FEED_EVERY_S)
-        while not self._stop.wait(FEED_EVERY_S):
-            entries = [
-                put_entry(f"feed-{self.sent + i}", b"x" * PAYLOAD_BYTES) for i in range(per_call)
-            ]
-            self._client.put_records(StreamName=self._parsed.stream, Records=entries)
-            self.sent += per_call
+        try:
+            while not self._stop.wait(FEED_EVERY_S):
+                entries = [
+                    put_entry(f"feed-{self.sent + i}", b"x" * PAYLOAD_BYTES)
+                    for i in range(per_call)
+                ]
+                self._client.put_records(StreamName=self._parsed.stream, Records=entries)
+                self.sent += per_call
+        except Exception as exc:  # raised again by __exit__, in the bench's thread
+            self._failure = exc
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
@@ -233,11 +242,12 @@ class _Queries:
                 .start()
             )
             try:
-                poll_until(
+                if not poll_until(
                     lambda: any(p.numInputRows > 0 for p in query.recentProgress),
                     timeout_s=CAUGHT_UP_WAIT_S,
                     interval_s=0.2,
-                )
+                ):
+                    raise RuntimeError(f"the running query read nothing in {CAUGHT_UP_WAIT_S} s")
                 before = max(p.batchId for p in query.recentProgress)
                 time.sleep(seconds)  # the measure's span: the batches Spark runs in it
                 # Spark keeps the last 100 progress reports: the figures are of those
