@@ -495,9 +495,10 @@ READ_BATCHES: Final = "keo_read_stream_batches"
 
 def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list[str]:
     """``readStream.format("keo")`` against a boto3 GetRecords loop (and the same loop paced to
-    AWS's read limits, in figures that have it), and the relay exactly once against at least
-    once: each pair's rates and its median ratio over the rounds (``machine``: the master and
-    the load average of the run)."""
+    AWS's read limits, in figures that have it), the query's batches alone against both, and
+    the relay exactly once against at least once: each pair's rates and its median ratio over
+    the rounds (``machine``: the master and the load average of the run); then a line on a
+    running query's planning and batches (figures that have them)."""
     read, relay = streaming["read"], streaming["relay"]
     paced = read.get("ratios", {}).get(PACED_LOOP)
     batches = read.get(READ_BATCHES)  # older figures do not have it
