@@ -140,6 +140,12 @@ _VENDOR_ERRORS = (
     PynamoDBException,
 )
 _BATCH_GET_MAX = 100
+# keys a BatchGetItem left unprocessed (DynamoDB throttled their reads) are asked again after a
+# pause, doubling to its cap, as AWS asks of batch callers; this many rounds in a row that
+# leave as many keys unprocessed as before give up (the table is throttled)
+_UNPROCESSED_PAUSE_S = 0.05
+_UNPROCESSED_PAUSE_MAX_S = 1.0
+_UNPROCESSED_STALLED_ROUNDS = 8
 _TABLE_POLL_FIRST_S = 0.05  # a new table's status polled after 50 ms, doubling to 2 s
 _TABLE_POLL_MAX_S = 2.0
 BATCH_COMPLETE = "COMPLETE"
@@ -600,21 +606,34 @@ class DynamoDBLedger:
         return item or None
 
     def _batch_get_items(self, pks: Sequence[str], doing: str) -> list[dict[str, Any]]:
-        """Consistent reads, 100 keys per request, unprocessed keys asked again."""
+        """Consistent reads, 100 keys per request. Keys DynamoDB leaves unprocessed are asked
+        again after a pause that doubles (``_UNPROCESSED_PAUSE_S``, up to a second); rounds
+        that process none of them ``_UNPROCESSED_STALLED_ROUNDS`` times in a row raise
+        :class:`LedgerThrottledError`, as a throttled call does once the SDK gave up."""
         wanted = list(dict.fromkeys(pks))
         found: list[dict[str, Any]] = []
         for start in range(0, len(wanted), _BATCH_GET_MAX):
-            request: dict[str, Any] = {
-                self.table_name: {
-                    "Keys": [{"pk": x.s(pk)} for pk in wanted[start : start + _BATCH_GET_MAX]],
-                    "ConsistentRead": True,
-                }
-            }
+            keys = [{"pk": x.s(pk)} for pk in wanted[start : start + _BATCH_GET_MAX]]
+            request: dict[str, Any] = {self.table_name: {"Keys": keys, "ConsistentRead": True}}
+            left, rounds, stalled = len(keys), 0, 0
             while request:
                 with self._translated(doing):
                     page = self.client.batch_get_item(RequestItems=request)
                 found.extend(page.get("Responses", {}).get(self.table_name, []))
                 request = page.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                unprocessed = len(request[self.table_name]["Keys"])
+                stalled = stalled + 1 if unprocessed >= left else 0
+                if stalled == _UNPROCESSED_STALLED_ROUNDS:
+                    raise LedgerThrottledError(
+                        f"DynamoDB left {unprocessed} keys unprocessed {stalled} times in a row "
+                        f"({doing})",
+                        table=self.table_name,
+                    )
+                left = unprocessed
+                time.sleep(min(_UNPROCESSED_PAUSE_S * 2**rounds, _UNPROCESSED_PAUSE_MAX_S))
+                rounds += 1
         return found
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------

@@ -17,8 +17,10 @@ Faults:
     throttle          answer 400 ProvisionedThroughputExceededException without forwarding
     expire_iterator   answer 400 ExpiredIteratorException without forwarding (GetRecords: the
                       iterator was older than its 5 minutes)
-    partial           PutRecords only: forward a subset of the records and answer per-record
-                      ProvisionedThroughputExceededException for the rest (truly not written)
+    partial           PutRecords: forward a subset of the records and answer per-record
+                      ProvisionedThroughputExceededException for the rest (truly not written);
+                      BatchGetItem: forward a subset of the keys and answer the rest as
+                      ``UnprocessedKeys`` (DynamoDB throttled their reads)
 
 The signature window (``signature_window_s``): the emulators do not check signatures, AWS does.
 With a window, a request whose ``X-Amz-Date`` is more than the window before (or after) its
@@ -246,6 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if rule is not None and fault == "partial" and target.endswith(".PutRecords"):
             return self._partial(body, headers, rule)
+        if rule is not None and fault == "partial" and target.endswith(".BatchGetItem"):
+            return self._unprocessed(body, headers, rule)
         status, upstream_headers, answer = self.proxy.forward("POST", self.path, headers, body)
         if fault == "drop_response":
             self.close_connection = True
@@ -285,6 +289,33 @@ class _Handler(BaseHTTPRequestHandler):
         return self._answer(
             200, json.dumps({"FailedRecordCount": failed, "Records": results}).encode()
         )
+
+    def _unprocessed(self, body: bytes, headers: dict[str, str], rule: FaultRule) -> None:
+        """BatchGetItem: each table's chosen keys answered as ``UnprocessedKeys``, the rest read."""
+        request = json.loads(body)
+        asked: dict[str, Any] = request["RequestItems"]
+        kept: dict[str, Any] = {}
+        unprocessed: dict[str, Any] = {}
+        for table, reads in asked.items():
+            refused = self.proxy.schedule.choose_refused(len(reads["Keys"]), rule.fraction)
+            for chosen, into in ((False, kept), (True, unprocessed)):
+                keys = [k for i, k in enumerate(reads["Keys"]) if (i in refused) is chosen]
+                if keys:
+                    into[table] = {**reads, "Keys": keys}
+        answer: dict[str, Any] = {"Responses": {table: [] for table in asked}}
+        if kept:
+            request["RequestItems"] = kept
+            status, _, upstream = self.proxy.forward(
+                "POST", self.path, headers, json.dumps(request).encode()
+            )
+            if status != 200:
+                return self._answer(status, upstream)
+            read = json.loads(upstream)
+            answer["Responses"].update(read.get("Responses", {}))
+            for table, reads in (read.get("UnprocessedKeys") or {}).items():
+                unprocessed.setdefault(table, {**reads, "Keys": []})["Keys"] += reads["Keys"]
+        answer["UnprocessedKeys"] = unprocessed
+        return self._answer(200, json.dumps(answer).encode(), "application/x-amz-json-1.0")
 
     def _answer(self, status: int, body: bytes, content_type: str | None = None) -> None:
         self.send_response(status)

@@ -16,18 +16,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import stacks
 from moto.server import ThreadedMotoServer
 
+from dedupe_store import ledger as ledger_module
 from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, PendingClaim
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
+from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
 from devstack.faults import FaultInjector, FaultKind
 
 if TYPE_CHECKING:
@@ -75,8 +78,8 @@ def ledger(request: pytest.FixtureRequest, names: Names) -> DynamoDBLedger:
     return ledger
 
 
-def new_table(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedger:
-    """A new, empty ledger table on ``endpoint``, ACTIVE (not stamped)."""
+def ledger_at(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedger:
+    """A ledger on ``endpoint``'s ``table``."""
     options = ConnectionOptions(
         table_name=table,
         region=local_stack.REGION,
@@ -84,7 +87,12 @@ def new_table(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedge
         aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,
         aws_secret_access_key=local_stack.DUMMY_SECRET_ACCESS_KEY,
     )
-    ledger = DynamoDBLedger(options, **ledger_options)
+    return DynamoDBLedger(options, **ledger_options)
+
+
+def new_table(endpoint: str, table: str, **ledger_options: Any) -> DynamoDBLedger:
+    """A new, empty ledger table on ``endpoint``, ACTIVE (not stamped)."""
+    ledger = ledger_at(endpoint, table, **ledger_options)
     assert ledger.create_table(wait=False)
     stacks.wait_table_active(ledger)
     return ledger
@@ -231,6 +239,67 @@ def test_a_judge_read_that_fails_gives_each_of_its_keys_the_error(
     assert faults.injected == {FaultKind.REJECTED.value: 1}
     assert all(isinstance(v, LedgerError) for v in verdicts[:100]), verdicts[:100]
     assert all(isinstance(v, ClaimResult) and v.status is ClaimStatus.LOST for v in verdicts[100:])
+
+
+@dataclass
+class _Judged:
+    ledger: DynamoDBLedger
+    keys: list[str]
+    verdicts: list[ClaimResult | LedgerError]
+    reads: int  # BatchGetItem requests
+    injected: Counter[str]
+    pauses: list[float]  # the ledger's, recorded rather than slept
+
+
+def _judged_through(
+    endpoint: str, table: str, rule: FaultRule, monkeypatch: pytest.MonkeyPatch
+) -> _Judged:
+    """150 keys left pending (they exist, claimed by another), judged through a fault proxy
+    that applies ``rule``."""
+    ledger = new_table(endpoint, table, dedupe_ttl_s=TTL_S)
+    keys = [f"k-{i:03d}" for i in range(150)]
+    claimed(ledger, *keys)
+    pending = [PendingClaim(request_for(k), "not-ours") for k in keys]
+    pauses: list[float] = []
+    schedule = FaultSchedule([rule], seed=5)
+    with FaultProxy(endpoint, schedule) as proxy:
+        proxied = ledger_at(proxy.endpoint, table, dedupe_ttl_s=TTL_S)
+        monkeypatch.setattr(ledger_module.time, "sleep", pauses.append)
+        verdicts = proxied.judge_claims(pending, now_ms=T0_MS)
+    return _Judged(
+        ledger, keys, verdicts, proxy.received["BatchGetItem"], schedule.injected, pauses
+    )
+
+
+def test_keys_a_read_leaves_unprocessed_are_asked_again_after_growing_pauses(
+    dynamodb_local_endpoint: str, names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a DynamoDB that leaves half of the keys of each of its first three reads unprocessed
+    rule = FaultRule("BatchGetItem", "partial", limit=3)
+    # WHEN 150 keys left pending are judged through it
+    judged = _judged_through(dynamodb_local_endpoint, names.table, rule, monkeypatch)
+    # THEN every key is judged lost to its item: the first read's keys were asked again three
+    # times, each after a pause twice the one before
+    assert judged.injected == {"BatchGetItem:partial": 3}
+    assert judged.reads == 5
+    assert judged.pauses == [0.05, 0.1, 0.2]
+    assert judged.verdicts == [
+        ClaimResult.lost(judged.ledger.get_claim(STREAM, k)) for k in judged.keys
+    ]
+
+
+def test_a_read_whose_keys_stay_unprocessed_gives_up_with_a_throttled_error(
+    dynamodb_local_endpoint: str, names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a DynamoDB that leaves every key of its reads unprocessed, however often asked
+    rule = FaultRule("BatchGetItem", "partial", fraction=1.0)
+    # WHEN 150 keys left pending are judged through it
+    judged = _judged_through(dynamodb_local_endpoint, names.table, rule, monkeypatch)
+    # THEN each read gives up after 8 rounds that processed nothing, its pauses doubling to a
+    # second, and each key gets a throttled error it can be retried on (none is judged lost)
+    assert judged.reads == 16
+    assert judged.pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0] * 2
+    assert all(isinstance(v, LedgerThrottledError) for v in judged.verdicts), judged.verdicts
 
 
 def test_a_backend_without_partiql_is_learned_once_and_claimed_one_key_a_request(
