@@ -530,8 +530,8 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
                     "the same query's batches alone (Spark's `triggerExecution`: no start, "
                     "no tail search before its first batch)",
                     batches,
-                    f"{ratio(batches['ratios'][LOOP])}; of the paced loop: "
-                    f"{ratio(batches['ratios'][PACED_LOOP])}",
+                    f"{ratio(batches['ratios'][LOOP])}{_paced_bound(read)}; of the paced "
+                    f"loop: {ratio(batches['ratios'][PACED_LOOP])}",
                 )
             ]
             if batches is not None
@@ -566,6 +566,17 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
         ),
         *(_running(streaming["running"]) if "running" in streaming else []),
     ]
+
+
+def _paced_bound(read: dict[str, Any]) -> str:
+    """What a reader within AWS's read limits can reach of the unpaced loop: the paced loop's
+    share of it (kinesalite enforces no limit; the unpaced loop reads past 2 MB a second)."""
+    if PACED_LOOP not in read:
+        return ""
+    bound = statistics.median(read[LOOP]["seconds"]) / statistics.median(
+        read[PACED_LOOP]["seconds"]
+    )
+    return f" (at most {bound:.2f} within 2 MB a second a shard: the paced loop's)"
 
 
 def _running(running: dict[str, Any]) -> list[str]:
