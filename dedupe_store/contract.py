@@ -163,30 +163,23 @@ class Ledger(LedgerReader, Protocol):
         """Claim a key for ``group`` if it is absent, RELEASED, or past its dedupe TTL."""
         ...
 
+    # many keys are claimed in two halves, the caller running each half's requests
+    # concurrently (the producer's SendContext.claim_all): insert_claims, then judge_claims of
+    # the claims the inserts left pending (several inserts' together, 100 to a read), then
+    # claim of each one the judge hands back; each key ends as its single claim would have
+
     @property
     def claims_per_request(self) -> int:
-        """How many claims one :meth:`claim_many` request carries (1: one write each)."""
+        """How many claims one :meth:`insert_claims` request carries (1: one write each)."""
         ...
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError]:
-        """:meth:`claim` of each request, in order: its result, or the ledger error it got
-        (one key's error never fails the others). :meth:`insert_claims`, then
-        :meth:`judge_claims` of the claims it left pending, then :meth:`claim` of those the
-        judge hands back, one after the other."""
-        ...
-
-    # claim_many in two halves, for a caller that runs each half's requests concurrently and
-    # judges the pending claims of several insert_claims calls together (100 to a read)
 
     def insert_claims(
         self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
     ) -> list[ClaimResult | LedgerError | PendingClaim]:
-        """The first half of :meth:`claim_many`, ``claims_per_request`` keys to a request: a
-        result or a ledger error for each request it decided, in order, and a
-        :class:`PendingClaim` for each key whose item must decide (it existed, or the write
-        may have applied). A backend that claims one key a request leaves none pending."""
+        """The first half, ``claims_per_request`` keys to a request: a result or a ledger
+        error for each request it decided, in order, and a :class:`PendingClaim` for each key
+        whose item must decide (it existed, or the write may have applied). A backend that
+        claims one key a request leaves none pending."""
         ...
 
     @property

@@ -216,7 +216,7 @@ class DynamoDBLedger:
         batch_claims: bool | None = None,
     ) -> None:
         """``batch_claims``: whether the backend runs PartiQL batches (new keys claimed 25 to
-        a request: :meth:`claim_many`); None learns it from the first batch's answer."""
+        a request: :meth:`insert_claims`); None learns it from the first batch's answer."""
         self._options = options
         self.batch_claims = batch_claims
         self._model: type[LedgerItem] = bind_ledger_model(options)
@@ -1048,7 +1048,7 @@ class DynamoDBLedger:
 
     @property
     def claims_per_request(self) -> int:
-        """How many claims :meth:`claim_many` puts in one request: 25 where the backend runs
+        """How many claims :meth:`insert_claims` puts in one request: 25 where the backend runs
         PartiQL batches (or it is not known yet), 1 where it does not."""
         return 1 if self.batch_claims is False else batch_claims.MAX_STATEMENTS
 
@@ -1057,24 +1057,6 @@ class DynamoDBLedger:
         """How many pending claims :meth:`judge_claims` reads in one request (BatchGetItem's
         limit)."""
         return batch_claims.MAX_READS
-
-    def claim_many(
-        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError]:
-        """:meth:`claim` of each request, in order, a result or the error each got. New keys
-        are INSERTed 25 to a request; the others are judged from their items (read 100 to a
-        request), and only those a claim can still take (RELEASED, past their TTL) are claimed
-        one by one. Without PartiQL (dynalite), one claim each."""
-        inserted = self.insert_claims(requests, group, now_ms=now_ms)
-        pending = [r for r in inserted if isinstance(r, PendingClaim)]
-        verdicts = iter(self.judge_claims(pending, now_ms=now_ms))
-        results: list[ClaimResult | LedgerError] = []
-        for result in inserted:
-            verdict = next(verdicts) if isinstance(result, PendingClaim) else result
-            if isinstance(verdict, ClaimRequest):
-                verdict = self._claim_or_error(verdict, group, now_ms=now_ms)
-            results.append(verdict)
-        return results
 
     def insert_claims(
         self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int

@@ -684,22 +684,17 @@ class InMemoryLedger:
     def claims_per_request(self) -> int:
         return 1
 
-    def claim_many(
+    def insert_claims(
         self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError]:
-        results: list[ClaimResult | LedgerError] = []
+    ) -> list[ClaimResult | LedgerError | PendingClaim]:
+        # a backend without PartiQL batches (dynalite's kind): one claim a key, none pending
+        results: list[ClaimResult | LedgerError | PendingClaim] = []
         for request in requests:
             try:
                 results.append(self.claim(request, group, now_ms=now_ms))
             except LedgerError as exc:
                 results.append(exc)
         return results
-
-    def insert_claims(
-        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError | PendingClaim]:
-        # a backend without PartiQL batches (dynalite's kind): one claim a key, none pending
-        return list(self.claim_many(requests, group, now_ms=now_ms))
 
     @property
     def judged_per_request(self) -> int:

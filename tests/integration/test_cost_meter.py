@@ -14,6 +14,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 import stacks
+from ledger_contract import in_two_halves
 
 from dedupe_store.billing import (
     Consistency,
@@ -356,8 +357,8 @@ def test_the_meter_bills_a_batch_of_claims_statement_by_statement(
     second = ledger.open_group(STREAM, keys, owner="b", now_ms=NOW_MS, lease_ms=LEASE_MS)
     requests = [ClaimRequest(STREAM, k, "digest", "123") for k in keys]
     meter.attach(ledger.client)
-    won = ledger.claim_many(requests, first, now_ms=NOW_MS)
-    lost = ledger.claim_many(requests, second, now_ms=NOW_MS)
+    won = in_two_halves(ledger, requests, first, now_ms=NOW_MS)
+    lost = in_two_halves(ledger, requests, second, now_ms=NOW_MS)
     reading = meter.snapshot()
     assert [getattr(r, "status", r) for r in won] == [ClaimStatus.WON] * 30
     assert [getattr(r, "status", r) for r in lost] == [ClaimStatus.LOST] * 30

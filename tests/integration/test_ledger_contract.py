@@ -48,6 +48,7 @@ from ledger_contract import (
     T0_MS,
     TTL_S,
     claimed,
+    in_two_halves,
     open_group,
     request_for,
 )
@@ -179,7 +180,7 @@ def test_new_keys_are_claimed_25_to_a_request_and_a_resend_costs_under_a_tenth_o
     group = open_group(ledger, *keys)
     operations = _counted(ledger)
     # WHEN 100 new keys are claimed
-    first = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+    first = in_two_halves(ledger, [request_for(k) for k in keys], group, now_ms=T0_MS)
     # THEN all are won in 4 requests (25 INSERTs each), and the backend is known to batch
     assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in first)
     assert operations == ["BatchExecuteStatement"] * 4
@@ -187,7 +188,7 @@ def test_new_keys_are_claimed_25_to_a_request_and_a_resend_costs_under_a_tenth_o
     # WHEN they are all sent again (every key DUPLICATE)
     bobs = open_group(ledger, *keys, owner=BOB, now_ms=T0_MS + 1)
     operations.clear()
-    again = ledger.claim_many([request_for(k) for k in keys], bobs, now_ms=T0_MS + 1)
+    again = in_two_halves(ledger, [request_for(k) for k in keys], bobs, now_ms=T0_MS + 1)
     # THEN each is lost to its claim, judged from items read 100 to a request: 0.05 requests
     # a key (one UpdateItem and one GetItem each, 2.0, before)
     assert [r.claim for r in again if isinstance(r, ClaimResult)] == [
@@ -204,7 +205,7 @@ def test_a_resend_in_batches_of_25_has_its_pending_claims_judged_100_to_a_read(
     ledger = new_table(dynamodb_local_endpoint, names.table, dedupe_ttl_s=TTL_S)
     keys = [f"k-{i:03d}" for i in range(500)]
     requests = [request_for(k) for k in keys]
-    first = ledger.claim_many(requests, open_group(ledger, *keys), now_ms=T0_MS)
+    first = in_two_halves(ledger, requests, open_group(ledger, *keys), now_ms=T0_MS)
     bobs = open_group(ledger, *keys, owner=BOB, now_ms=T0_MS + 1)
     operations = _counted(ledger)
     # WHEN they are claimed again as the producer claims a group: INSERTs 25 to a call, then
@@ -310,8 +311,8 @@ def test_a_backend_without_partiql_is_learned_once_and_claimed_one_key_a_request
     group = open_group(ledger, "k-1", "k-2", "k-3")
     operations = _counted(ledger)
     # WHEN keys are claimed in two calls
-    first = ledger.claim_many([request_for("k-1"), request_for("k-2")], group, now_ms=T0_MS)
-    second = ledger.claim_many([request_for("k-3")], group, now_ms=T0_MS)
+    first = in_two_halves(ledger, [request_for("k-1"), request_for("k-2")], group, now_ms=T0_MS)
+    second = in_two_halves(ledger, [request_for("k-3")], group, now_ms=T0_MS)
     # THEN the first batch's answer taught it: one UpdateItem a key from then on, all won
     assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in first + second)
     assert operations == ["BatchExecuteStatement"] + ["UpdateItem"] * 3
@@ -328,7 +329,7 @@ def test_a_batch_retried_by_the_sdk_after_its_first_try_applied_reports_its_clai
     with FaultInjector(ledger.client, seed=1) as faults:
         faults.response_lost_in_transit(operations=["BatchExecuteStatement"], count=1)
         # WHEN the keys are claimed (the SDK sends the batch again: every INSERT a duplicate)
-        results = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+        results = in_two_halves(ledger, [request_for(k) for k in keys], group, now_ms=T0_MS)
     # THEN each key's item carries this batch's token: all are won, once, at attempt 1
     assert faults.injected == {FaultKind.RESPONSE_LOST_IN_TRANSIT.value: 1}
     assert all(isinstance(r, ClaimResult) and r.status is ClaimStatus.WON for r in results)
@@ -359,7 +360,7 @@ def test_a_batch_that_fails_as_a_whole_is_resolved_key_by_key(
     with FaultInjector(ledger.client, seed=2) as faults:
         faults.add(kind, operations=["BatchExecuteStatement"], count=100)
         # WHEN the keys are claimed
-        results = ledger.claim_many([request_for(k) for k in keys], group, now_ms=T0_MS)
+        results = in_two_halves(ledger, [request_for(k) for k in keys], group, now_ms=T0_MS)
     # THEN each key is settled as a lost claim is: its item read back says whether the batch
     # applied (the claim is ours: its token) or not (claimed one by one now), or, throttled
     # through every round, each key gets the throttled error to retry; never a key claimed
