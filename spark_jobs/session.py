@@ -79,7 +79,9 @@ def cluster_session(
     under ``$SPARK_HOME/work``; so that is not the installed pyspark's own folder,
     ``SPARK_HOME`` becomes ``work_dir/spark-home``, which links to its ``bin`` and ``jars``.
     The session starts once every executor has registered, and tasks do not wait for
-    locality, so the tasks of a stage spread over the executors.
+    locality, so the tasks of a stage spread over the executors. ``java_options`` go to every
+    JVM of the cluster: the driver's (which holds the master and the workers) and the
+    executors'.
     """
     python_path = _prepare_workers()
     os.environ["SPARK_HOME"] = str(_spark_home_in(work_dir))
@@ -96,6 +98,8 @@ def cluster_session(
         # holds its input buys nothing, and it could put every task of a stage on one executor
         "spark.locality.wait": "0s",
     }
+    if java_options:
+        options["spark.executor.extraJavaOptions"] = java_options
     master = f"local-cluster[{executors},{cores},{memory_mb}]"
     return _classic_session(master, app_name, options, java_options)
 
