@@ -15,6 +15,10 @@ from typing import Any
 
 # The folder this package was imported from: a checkout, a worktree or site-packages.
 CODE_ROOT = str(Path(__file__).resolve().parents[1])
+# For a session that lives seconds (a test's driver process): the C1 compiler only and the
+# serial collector start its JVMs about a third sooner on two cores, and its batches are too
+# small for C2 to pay off. Not for a session that runs long or is timed (a bench).
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def worker_python_path(environ: dict[str, str] | None = None) -> str:

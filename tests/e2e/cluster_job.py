@@ -40,14 +40,10 @@ from devstack.failpoints import Failpoints, from_env
 from producer.clients import kinesis_client
 from producer.hooks import Hooks, Step
 from spark_jobs.produce_stream import EVENT_SCHEMA
-from spark_jobs.session import cluster_session
+from spark_jobs.session import SHORT_LIVED_JVM, cluster_session
 from spark_jobs.writer import producer_settings
 
 PARTITIONS = 2
-# Three short-lived JVMs per driver (the driver's, two executors') on two cores: with the C1
-# compiler only and the serial collector, a session starts in about 6 s rather than 9 s, and
-# the tiny batches here never run long enough for C2 to pay off
-STARTUP_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 FIRST_SHARD = "shardId-000000000000"
 # The working directory of the JVM that evaluates it, in the JVM (no Python worker of its own):
 # an executor's is <SPARK_HOME>/work/<application id>/<executor id>
@@ -264,7 +260,8 @@ def run_stream_read(spark: Any, job: dict[str, Any]) -> None:
 
 def main() -> None:
     job = json.loads(sys.argv[1])
-    spark = cluster_session("keo-cluster-test", Path(job["work_dir"]), java_options=STARTUP_JVM)
+    # three JVMs a driver (its own, two executors'): a session 9 -> 6 s
+    spark = cluster_session("keo-cluster-test", Path(job["work_dir"]), java_options=SHORT_LIVED_JVM)
     try:
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
         report("session", pid=os.getpid(), executors=executors)
