@@ -136,7 +136,7 @@ def _classic_session(
     return session
 
 
-def local_connect_session(app_name: str) -> Any:
+def local_connect_session(app_name: str, *, java_options: str | None = None) -> Any:
     """A Spark Connect session on a ``local[2]`` server this process starts (loopback only).
 
     A process holds either this or :func:`local_session`, never both: PySpark refuses a
@@ -149,6 +149,8 @@ def local_connect_session(app_name: str) -> Any:
     for name, value in _local_options(python_path).items():
         builder = builder.config(name, value)
     builder = builder.config("spark.connect.grpc.binding.address", "127.0.0.1")
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     with warnings.catch_warnings():
         # The options configure the server it starts; the client then sets them again on its
         # session, where the static ones cannot change and each warns that it was not set.
