@@ -3,7 +3,10 @@
 The spec is ``step=action[,step=action...]``, read from ``KEO_FAILPOINTS`` by the entry
 points (:func:`from_env`) and parsed here, once. Actions: ``kill`` (SIGKILL itself: no
 cleanup, like a crash), ``raise`` (:class:`FailpointError`), ``stop`` (SIGSTOP itself: frozen,
-as by a debugger or a starved VM, until someone sends SIGCONT), or ``sleep:<seconds>``.
+as by a debugger or a starved VM, until someone sends SIGCONT), ``pause`` (the thread that
+reaches the step waits while the process runs on, as in a long GC pause of that thread, until
+the process receives SIGCONT: armed on the main thread, which takes the signal), or
+``sleep:<seconds>``.
 Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
 after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete,
 replay_after_register.
@@ -58,10 +61,26 @@ def parse(spec: str) -> dict[str, str]:
             raise ConfigurationError(
                 f"{ENV}: unknown step {step!r}; known: {sorted(STEPS)}", setting=ENV
             )
-        if action not in {"kill", "raise", "stop"} and not _is_sleep(action):
+        if action not in {"kill", "raise", "stop", "pause"} and not _is_sleep(action):
             raise ConfigurationError(f"{ENV}: unknown action {action!r} for {step}", setting=ENV)
         actions[step] = action
     return actions
+
+
+# One entry a SIGCONT received since a ``pause`` was armed: a paused thread waits for another.
+# The handler only appends (no lock: it runs between two bytecodes of the main thread, which may
+# hold any lock), and the paused thread looks every PAUSE_POLL_S.
+_RESUMES: list[int] = []
+PAUSE_POLL_S = 0.05
+
+
+def _count_resume(*_: object) -> None:
+    _RESUMES.append(1)
+
+
+def _listen_for_resumes(actions: Mapping[str, str]) -> None:
+    if "pause" in actions.values() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCONT, _count_resume)
 
 
 class Failpoints:
@@ -69,6 +88,7 @@ class Failpoints:
 
     def __init__(self, spec: str = "") -> None:
         self._actions: dict[str, str] = parse(spec)
+        _listen_for_resumes(self._actions)
 
     @property
     def armed(self) -> Mapping[str, str]:
@@ -77,6 +97,7 @@ class Failpoints:
     def arm(self, spec: str) -> None:
         """Replace the armed steps; a bad spec leaves them as they were."""
         parsed = parse(spec)
+        _listen_for_resumes(parsed)
         self._actions = parsed
 
     def disarm(self) -> None:
@@ -87,6 +108,8 @@ class Failpoints:
         action = self._actions.get(step)
         if action is None:
             return
+        # counted before the line a test waits for: a SIGCONT sent once it is read resumes
+        resumes_seen = len(_RESUMES)
         log.warning("failpoint hit step=%s action=%s pid=%d", step, action, os.getpid())
         # Sent to this thread, not to the process: a signal sent to the process may be taken
         # by another thread (the main one, asleep), and this one would run on, even send its
@@ -97,6 +120,9 @@ class Failpoints:
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # returns after SIGCONT
         elif action == "raise":
             raise FailpointError(step)
+        elif action == "pause":
+            while len(_RESUMES) == resumes_seen:
+                time.sleep(PAUSE_POLL_S)
         else:
             time.sleep(float(action.split(":", 1)[1]))
 

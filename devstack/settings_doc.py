@@ -107,7 +107,7 @@ OTHER_VARIABLES: Final = (
         "KEO_FAILPOINTS",
         "entry points, through devstack/failpoints.py",
         "unset",
-        "tests only: `step=kill|raise|stop|sleep:S[,...]` at the named steps of producer/hooks.py; "
+        "tests only: `step=kill|raise|stop|pause|sleep:S[,...]` at the named steps of producer/hooks.py; "
         "never shipped to Spark executors as a setting",
     ),
 )

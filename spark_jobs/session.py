@@ -15,6 +15,10 @@ from typing import Any
 
 # The folder this package was imported from: a checkout, a worktree or site-packages.
 CODE_ROOT = str(Path(__file__).resolve().parents[1])
+# For a session that lives seconds (a test's driver process): the C1 compiler only and the
+# serial collector start its JVMs about a third sooner on two cores, and its batches are too
+# small for C2 to pay off. Not for a session that runs long or is timed (a bench).
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def worker_python_path(environ: dict[str, str] | None = None) -> str:
@@ -79,7 +83,9 @@ def cluster_session(
     under ``$SPARK_HOME/work``; so that is not the installed pyspark's own folder,
     ``SPARK_HOME`` becomes ``work_dir/spark-home``, which links to its ``bin`` and ``jars``.
     The session starts once every executor has registered, and tasks do not wait for
-    locality, so the tasks of a stage spread over the executors.
+    locality, so the tasks of a stage spread over the executors. ``java_options`` go to every
+    JVM of the cluster: the driver's (which holds the master and the workers) and the
+    executors'.
     """
     python_path = _prepare_workers()
     os.environ["SPARK_HOME"] = str(_spark_home_in(work_dir))
@@ -96,6 +102,8 @@ def cluster_session(
         # holds its input buys nothing, and it could put every task of a stage on one executor
         "spark.locality.wait": "0s",
     }
+    if java_options:
+        options["spark.executor.extraJavaOptions"] = java_options
     master = f"local-cluster[{executors},{cores},{memory_mb}]"
     return _classic_session(master, app_name, options, java_options)
 
@@ -128,7 +136,7 @@ def _classic_session(
     return session
 
 
-def local_connect_session(app_name: str) -> Any:
+def local_connect_session(app_name: str, *, java_options: str | None = None) -> Any:
     """A Spark Connect session on a ``local[2]`` server this process starts (loopback only).
 
     A process holds either this or :func:`local_session`, never both: PySpark refuses a
@@ -141,6 +149,8 @@ def local_connect_session(app_name: str) -> Any:
     for name, value in _local_options(python_path).items():
         builder = builder.config(name, value)
     builder = builder.config("spark.connect.grpc.binding.address", "127.0.0.1")
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     with warnings.catch_warnings():
         # The options configure the server it starts; the client then sets them again on its
         # session, where the static ones cannot change and each warns that it was not set.

@@ -18,12 +18,12 @@ from typing import Any
 
 import spark_jobs
 from spark_jobs import audit as spark_audit
-from spark_jobs.session import local_connect_session
+from spark_jobs.session import SHORT_LIVED_JVM, local_connect_session
 
 
 def main() -> None:
     job = json.loads(sys.argv[1])
-    spark = local_connect_session("keo-connect-test")
+    spark = local_connect_session("keo-connect-test", java_options=SHORT_LIVED_JVM)
     try:
         spark_jobs.register(spark)
         frame = spark.createDataFrame([tuple(r) for r in job["rows"]], "key string, data string")

@@ -44,7 +44,7 @@ import spark_jobs
 from producer.hooks import NO_HOOKS, Step
 from spark_jobs.options import setting_options
 from spark_jobs.relay import start_relay
-from spark_jobs.session import local_session
+from spark_jobs.session import SHORT_LIVED_JVM, local_session
 
 # OnTasks travels to the Python workers by value: they cannot import this folder's modules
 cloudpickle.register_pickle_by_value(cluster_job)
@@ -111,7 +111,9 @@ def main() -> None:
         marks, logs = work_dir / "marks", work_dir / "logs"
         for folder in (marks, logs):
             folder.mkdir(parents=True, exist_ok=True)
-    spark = local_session("keo-stream-kill-test", threads=FROZEN_TASKS)
+    spark = local_session(
+        "keo-stream-kill-test", threads=FROZEN_TASKS, java_options=SHORT_LIVED_JVM
+    )
     try:
         if marks is not None and logs is not None:
             failpoints = (

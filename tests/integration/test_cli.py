@@ -513,14 +513,20 @@ def test_a_signal_while_waiting_for_input_stops_reading_and_exits_130(
 def test_ctrl_c_during_a_chunk_finishes_it_prints_its_outcomes_and_exits_130(
     settings: ProducerSettings, env: dict[str, str], kinesis: Any
 ) -> None:
-    # GIVEN keo send pausing before each put, with a second chunk claimed and not yet put
-    process = start_send(settings, env, failpoints="before_put=sleep:3")
+    # GIVEN keo send pausing before each put (until SIGCONT), with a second chunk claimed and
+    # not yet put
+    process = start_send(settings, env, failpoints="before_put=pause")
     feed(process, range(CHUNK))
+    wait_for_line(process, "failpoint hit")
+    process.send_signal(signal.SIGCONT)
     read_outcomes(process, CHUNK)
     feed(process, range(CHUNK, 2 * CHUNK))
     wait_until_claimed(settings, [f"good-{n}" for n in range(CHUNK, 2 * CHUNK)])
-    # WHEN Ctrl-C comes
+    wait_for_line(process, "failpoint hit")
+    # WHEN Ctrl-C comes (and its put goes on once it is acknowledged)
     process.send_signal(signal.SIGINT)
+    wait_for_line(process, "SIGINT: stopped reading input")
+    process.send_signal(signal.SIGCONT)
     # THEN the chunk is finished and its outcomes printed; nothing more is read; exit 130
     code, stdout, stderr = finish(process)
     assert code == 130, stderr
@@ -557,12 +563,15 @@ def test_ctrl_c_before_the_put_releases_the_claims_not_sent(
     settings: ProducerSettings, env: dict[str, str], kinesis: Any
 ) -> None:
     # GIVEN keo send pausing after it claimed a chunk, before anything is put
-    process = start_send(settings, env, failpoints="after_claim=sleep:10")
+    process = start_send(settings, env, failpoints="after_claim=pause")
     feed(process, range(CHUNK))
     keys = [f"good-{n}" for n in range(CHUNK)]
     wait_until_claimed(settings, keys)
-    # WHEN Ctrl-C comes while it claims
+    wait_for_line(process, "failpoint hit")
+    # WHEN Ctrl-C comes while it claims (its sending thread goes on once it is acknowledged)
     process.send_signal(signal.SIGINT)
+    wait_for_line(process, "SIGINT: stopped reading input")
+    process.send_signal(signal.SIGCONT)
     # THEN nothing is put: every claim is released and reported FAILED, to be sent again
     code, stdout, stderr = finish(process)
     assert code == 130, stderr

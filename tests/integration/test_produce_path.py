@@ -707,27 +707,34 @@ def test_two_producers_with_one_owner_claiming_in_the_same_millisecond_deliver_o
     batch = messages(10)
     # ... and A, having claimed, is held just before its put until B has made its claims
     a_at_put, b_claimed = threading.Event(), threading.Event()
-    b_updates = Counter[str]()
+    b_claims = Counter[str]()
     lock = threading.Lock()
 
     def hold_a(**_: Any) -> None:
         a_at_put.set()
         b_claimed.wait(timeout=30)
 
-    def count_b(**_: Any) -> None:
+    def count_b(model: Any, parsed: dict[str, Any], **_: Any) -> None:
+        # a claim is an UpdateItem, or one statement of a BatchExecuteStatement where the
+        # backend runs PartiQL (DynamoDB Local): B has claimed once it has tried every key
         with lock:
-            b_updates["UpdateItem"] += 1
-            if b_updates["UpdateItem"] >= len(batch):
+            if model.name == "BatchExecuteStatement":
+                b_claims["tried"] += len(parsed.get("Responses", []))
+            else:
+                b_claims["tried"] += 1
+            if b_claims["tried"] >= len(batch):
                 b_claimed.set()
 
     stack_a.writer._client.meta.events.register("before-send.kinesis.PutRecords", hold_a)
-    stack_b.ledger.client.meta.events.register("after-call.dynamodb.UpdateItem", count_b)
+    for claim in ("UpdateItem", "BatchExecuteStatement"):
+        stack_b.ledger.client.meta.events.register(f"after-call.dynamodb.{claim}", count_b)
     # WHEN both send the same messages
     with ThreadPoolExecutor(2) as pool:
         run_a = pool.submit(send, stack_a, batch, owner="orders-job")
         assert a_at_put.wait(timeout=30)
         run_b = pool.submit(send, stack_b, batch, owner="orders-job")
         outcomes_a, outcomes_b = run_a.result(timeout=60), run_b.result(timeout=60)
+    assert b_claimed.is_set(), f"A put before B had claimed every key: {b_claims}"
     # THEN each key is in the stream once, SENT by one producer and DUPLICATE for the other
     # (before 79702c0 both won the claim, as "our own retried request", and both put: every
     # key was in the stream twice, one producer reporting SENT and the other TAKEN_OVER)

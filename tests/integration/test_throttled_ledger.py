@@ -69,10 +69,13 @@ def faults(seed: int) -> tuple[FaultSchedule, FaultSchedule]:
     return FaultSchedule([delayed], seed=seed), FaultSchedule([throttled], seed=seed)
 
 
+# One seed with the fence off: the code before the fix (ce3234c) wrote a group twice with seed
+# 1 in each of 4 runs (150 and 100 messages); seed 2, the same rules, in 2 runs of 3 (and at
+# 100 messages no put of it was delayed)
 @pytest.mark.parametrize(
     ("timing", "seed"),
-    [(UNFENCED, 1), (UNFENCED, 2), (FENCED, 3)],
-    ids=["fence-off-seed-1", "fence-off-seed-2", "fence-on-seed-3"],
+    [(UNFENCED, 1), (FENCED, 3)],
+    ids=["fence-off-seed-1", "fence-on-seed-3"],
 )
 def test_delayed_puts_and_throttled_ledger_writes_deliver_each_key_once(
     emulators: local_stack.Endpoints,

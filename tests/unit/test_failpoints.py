@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -144,6 +147,34 @@ def test_sleep_pauses_for_the_given_seconds(recorded_sleeps: list[float]) -> Non
     hit("before_put")
     # THEN it pauses that long
     assert recorded_sleeps == [0.25]
+
+
+@pytest.fixture
+def resumes_heard() -> Iterator[None]:
+    """SIGCONT goes back to its default action after the test."""
+    yield
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+
+
+def test_pause_holds_its_thread_until_the_process_receives_sigcont(resumes_heard: None) -> None:
+    # GIVEN before_put armed to pause (on the main thread, which takes the signal)
+    configure("before_put=pause")
+    reached, passed = threading.Event(), threading.Event()
+
+    def producer() -> None:
+        reached.set()
+        hit("before_put")
+        passed.set()
+
+    # WHEN a producer thread reaches before_put
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    assert reached.wait(timeout=10)
+    # THEN it waits there, whatever else the process does, until a SIGCONT comes
+    assert not passed.wait(timeout=10 * failpoints.PAUSE_POLL_S)
+    os.kill(os.getpid(), signal.SIGCONT)
+    assert passed.wait(timeout=30)
+    thread.join(timeout=30)
 
 
 def test_configure_replaces_what_was_armed() -> None:
