@@ -23,7 +23,6 @@ import pytest
 import stacks
 from moto.server import ThreadedMotoServer
 
-from dedupe_store import ledger as ledger_module
 from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
 from dedupe_store.model import ConnectionOptions
@@ -265,7 +264,7 @@ def _judged_through(
     schedule = FaultSchedule([rule], seed=5)
     with FaultProxy(endpoint, schedule) as proxy:
         proxied = ledger_at(proxy.endpoint, table, dedupe_ttl_s=TTL_S)
-        monkeypatch.setattr(ledger_module.time, "sleep", pauses.append)
+        monkeypatch.setattr(proxied, "_pause", pauses.append)
         verdicts = proxied.judge_claims(pending, now_ms=T0_MS)
     return _Judged(
         ledger, keys, verdicts, proxy.received["BatchGetItem"], schedule.injected, pauses
