@@ -127,9 +127,8 @@ log = logging.getLogger(__name__)
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 # what a backend without PartiQL batches answers BatchExecuteStatement (dynalite: the first)
 _NO_PARTIQL = frozenset({"UnknownOperationException", "ValidationException"})
-# rounds of a batch's throttled statements, and the pause before the second
+# rounds of a batch's throttled statements (the pause before the second: _BATCH_PAUSE_S)
 _INSERT_ROUNDS = 4
-_INSERT_BACKOFF_S = 0.05
 _THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
@@ -140,10 +139,10 @@ _VENDOR_ERRORS = (
     PynamoDBException,
 )
 _BATCH_GET_MAX = 100
-# keys a BatchGetItem left unprocessed (DynamoDB throttled their reads) are asked again after a
-# pause, doubling to its cap, as AWS asks of batch callers; this many rounds in a row that
-# leave as many keys unprocessed as before give up (the table is throttled)
-_UNPROCESSED_PAUSE_S = 0.05
+# the part of a batch DynamoDB throttled (statements, or keys a BatchGetItem left unprocessed)
+# is sent again after a pause, doubling, as AWS asks of batch callers; for keys, up to a
+# second, and this many rounds in a row that leave as many keys unprocessed as before give up
+_BATCH_PAUSE_S = 0.05
 _UNPROCESSED_PAUSE_MAX_S = 1.0
 _UNPROCESSED_STALLED_ROUNDS = 8
 _TABLE_POLL_FIRST_S = 0.05  # a new table's status polled after 50 ms, doubling to 2 s
@@ -207,7 +206,7 @@ def new_group_id() -> str:
 class DynamoDBLedger:
     """The ledger on one DynamoDB table. Thread-safe: share one per process."""
 
-    # the pause before keys left unprocessed are asked again (a test records it instead)
+    # the pause before a batch's throttled part is sent again (a test records it instead)
     _pause = staticmethod(time.sleep)
 
     def __init__(
@@ -610,7 +609,7 @@ class DynamoDBLedger:
 
     def _batch_get_items(self, pks: Sequence[str], doing: str) -> list[dict[str, Any]]:
         """Consistent reads, 100 keys per request. Keys DynamoDB leaves unprocessed are asked
-        again after a pause that doubles (``_UNPROCESSED_PAUSE_S``, up to a second); rounds
+        again after a pause that doubles (``_BATCH_PAUSE_S``, up to a second); rounds
         that process none of them ``_UNPROCESSED_STALLED_ROUNDS`` times in a row raise
         :class:`LedgerThrottledError`, as a throttled call does once the SDK gave up."""
         wanted = list(dict.fromkeys(pks))
@@ -635,7 +634,7 @@ class DynamoDBLedger:
                         table=self.table_name,
                     )
                 left = unprocessed
-                self._pause(min(_UNPROCESSED_PAUSE_S * 2**rounds, _UNPROCESSED_PAUSE_MAX_S))
+                self._pause(min(_BATCH_PAUSE_S * 2**rounds, _UNPROCESSED_PAUSE_MAX_S))
                 rounds += 1
         return found
 
@@ -1077,7 +1076,7 @@ class DynamoDBLedger:
             if not pending:
                 break
             if round_number:
-                time.sleep(_INSERT_BACKOFF_S * 2 ** (round_number - 1))  # statements throttled
+                self._pause(_BATCH_PAUSE_S * 2 ** (round_number - 1))  # statements throttled
             throttled: list[int] = []
             for batch in batch_claims.split(pending):
                 answers = self._insert(batch, requests, tokens, group, now_ms)
