@@ -222,7 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the git revision to compare with")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds (default 6)")
-    parser.add_argument("--messages", type=int, default=4000, help="per producer run")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=20_000,
+        help=(
+            "per producer run (default 20,000: about 6 s for a batched producer, so a run's "
+            "fixed start and end, its connections, first open and last put, count a few percent)"
+        ),
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="ledger concurrency")
     parser.add_argument("--state-dir", type=Path, default=Path(".keo"), help="local stack")
     parser.add_argument(

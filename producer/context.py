@@ -49,7 +49,7 @@ class ProducerPolicy:
     ledger_concurrency: int = 32
     store_payload_max_bytes: int | None = None  # None: never store payloads in claims
     group_size: int = MAX_GROUP_KEYS
-    groups_in_flight: int = 2  # a group's claims start once the one before it has claimed
+    groups_in_flight: int = 3  # ProducerSettings.groups_in_flight says why
 
 
 class LedgerCalls:

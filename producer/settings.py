@@ -190,16 +190,17 @@ class ProducerSettings(LedgerSettings):
         ),
     )
     groups_in_flight: int = setting(
-        2,
+        3,
         ge=1,
         le=8,
         description=(
             "claim groups of one send in flight at once: a group claims its keys while the "
-            "group before it puts and settles"
+            "groups before it put and settle"
         ),
         why=(
-            "2 keeps the ledger busy while a put is in flight (a put of 500 records is about a "
-            "tenth of a group's time); more only adds claims competing for the same connections"
+            "claims 25 to a request take a group about 2.5 times as long as its put of 500 "
+            "records, so with 2 the ledger waits while one group puts and the next has claimed; "
+            "3 keeps it busy (7% more messages a second on DynamoDB Local), 4 adds nothing"
         ),
     )
     store_payload_max_bytes: int = setting(
