@@ -5,7 +5,8 @@ points (:func:`from_env`) and parsed here, once. Actions: ``kill`` (SIGKILL itse
 cleanup, like a crash), ``raise`` (:class:`FailpointError`), ``stop`` (SIGSTOP itself: frozen,
 as by a debugger or a starved VM, until someone sends SIGCONT), ``pause`` (the thread that
 reaches the step waits while the process runs on, as in a long GC pause of that thread, until
-the process receives SIGCONT: armed on the main thread, which takes the signal), or
+the process receives SIGCONT: armed on the main thread, which takes the signal; reached where
+nothing hears SIGCONT, it raises :class:`FailpointError` rather than wait forever), or
 ``sleep:<seconds>``.
 Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
 after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete,
@@ -37,10 +38,10 @@ STEPS = frozenset(step.value for step in Step)
 
 
 class FailpointError(RuntimeError):
-    """Raised at a failpoint whose action is ``raise``."""
+    """Raised at a failpoint whose action is ``raise``, or a ``pause`` nothing can resume."""
 
-    def __init__(self, step: str) -> None:
-        super().__init__(f"failpoint {step} raised")
+    def __init__(self, step: str, why: str = "raised") -> None:
+        super().__init__(f"failpoint {step} {why}")
         self.step = step
 
 
@@ -83,11 +84,20 @@ def _listen_for_resumes(actions: Mapping[str, str]) -> None:
         signal.signal(signal.SIGCONT, _count_resume)
 
 
+def _resumes_heard() -> bool:
+    return signal.getsignal(signal.SIGCONT) is _count_resume
+
+
 class Failpoints:
     """Hooks that act at the armed steps; a step that is not armed costs a dict lookup."""
 
     def __init__(self, spec: str = "") -> None:
         self._actions: dict[str, str] = parse(spec)
+        _listen_for_resumes(self._actions)
+
+    def __setstate__(self, state: dict[str, dict[str, str]]) -> None:
+        # unpickled where it runs (a Spark executor's worker): listen there too
+        self._actions = state["_actions"]
         _listen_for_resumes(self._actions)
 
     @property
@@ -121,6 +131,12 @@ class Failpoints:
         elif action == "raise":
             raise FailpointError(step)
         elif action == "pause":
+            if not _resumes_heard():
+                raise FailpointError(
+                    step,
+                    "could not pause: it was armed off the main thread, so nothing hears the "
+                    f"SIGCONT that would resume it; set {ENV} before the process starts",
+                )
             while len(_RESUMES) == resumes_seen:
                 time.sleep(PAUSE_POLL_S)
         else:

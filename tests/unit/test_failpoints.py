@@ -159,22 +159,59 @@ def resumes_heard() -> Iterator[None]:
 def test_pause_holds_its_thread_until_the_process_receives_sigcont(resumes_heard: None) -> None:
     # GIVEN before_put armed to pause (on the main thread, which takes the signal)
     configure("before_put=pause")
+    # WHEN a producer thread reaches before_put
+    # THEN it waits there, whatever else the process does, until a SIGCONT comes
+    assert_pauses_until_sigcont(armed, Step.BEFORE_PUT)
+
+
+def assert_pauses_until_sigcont(hooks: Failpoints, step: Step) -> None:
     reached, passed = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
 
     def producer() -> None:
         reached.set()
-        hit("before_put")
+        try:
+            hooks.at(step)
+        except BaseException as exc:  # reported below, on the test's thread
+            failures.append(exc)
         passed.set()
 
-    # WHEN a producer thread reaches before_put
     thread = threading.Thread(target=producer, daemon=True)
     thread.start()
     assert reached.wait(timeout=10)
-    # THEN it waits there, whatever else the process does, until a SIGCONT comes
     assert not passed.wait(timeout=10 * failpoints.PAUSE_POLL_S)
     os.kill(os.getpid(), signal.SIGCONT)
     assert passed.wait(timeout=30)
     thread.join(timeout=30)
+    assert failures == []
+
+
+def test_pause_armed_off_the_main_thread_raises_rather_than_wait_forever(
+    resumes_heard: None,
+) -> None:
+    # GIVEN before_put armed to pause from a thread that cannot take SIGCONT (nothing hears it)
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    arming = threading.Thread(target=configure, args=("before_put=pause",))
+    arming.start()
+    arming.join(timeout=30)
+    assert armed.armed == {"before_put": "pause"}
+    # WHEN a producer reaches before_put
+    # THEN it fails there, saying why, instead of waiting for a signal nobody counts
+    with pytest.raises(FailpointError, match="armed off the main thread") as excinfo:
+        hit("before_put")
+    assert excinfo.value.step == "before_put"
+
+
+def test_unpickled_pause_listens_for_sigcont(resumes_heard: None) -> None:
+    # GIVEN failpoints with a pause, shipped the way Spark ships them to an executor
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    shipped = pickle.dumps(Failpoints("after_put=pause"))
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    # WHEN unpickled on the executor's main thread
+    received = pickle.loads(shipped)  # noqa: S301 - our own bytes
+    # THEN the same step is armed, and pauses there until a SIGCONT (rather than raise: unheard)
+    assert received.armed == {"after_put": "pause"}
+    assert_pauses_until_sigcont(received, Step.AFTER_PUT)
 
 
 def test_configure_replaces_what_was_armed() -> None:
