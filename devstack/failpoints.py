@@ -134,8 +134,9 @@ class Failpoints:
             if not _resumes_heard():
                 raise FailpointError(
                     step,
-                    "could not pause: it was armed off the main thread, so nothing hears the "
-                    f"SIGCONT that would resume it; set {ENV} before the process starts",
+                    "could not pause: nothing in this process counts the SIGCONT that would "
+                    "resume it (it was armed off the main thread, or SIGCONT's handler was "
+                    f"replaced since); set {ENV} before the process starts",
                 )
             while len(_RESUMES) == resumes_seen:
                 time.sleep(PAUSE_POLL_S)
