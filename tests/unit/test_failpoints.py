@@ -197,7 +197,9 @@ def test_pause_armed_off_the_main_thread_raises_rather_than_wait_forever(
     assert armed.armed == {"before_put": "pause"}
     # WHEN a producer reaches before_put
     # THEN it fails there, saying why, instead of waiting for a signal nobody counts
-    with pytest.raises(FailpointError, match="nothing in this process counts the SIGCONT") as excinfo:
+    with pytest.raises(
+        FailpointError, match="nothing in this process counts the SIGCONT"
+    ) as excinfo:
         hit("before_put")
     assert excinfo.value.step == "before_put"
 
