@@ -17,6 +17,7 @@ PYTEST_ARGS ?=
 # the soak: `make soak SEEDS=1,2,3 MESSAGES=3000` (each seed's failures replay exactly)
 SEEDS    ?= 1,2,3
 MESSAGES ?= 400
+CHUNK    ?= 40
 
 # The stamps make setup incremental: pip runs again only when pyproject.toml changed, npm only
 # when the lockfile did. `npm ci` empties node_modules first, so its stamp is written last.
@@ -70,8 +71,8 @@ bench-compare: setup ## this tree's producer against BEFORE=<rev>'s, alternating
 	@if [ -z '$(BEFORE)' ]; then echo "usage: make bench-compare BEFORE=<git revision>" >&2; exit 2; fi
 	$(BIN)/python -m devstack.compare --before '$(BEFORE)' --state-dir $(STATE_DIR)
 
-soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400)
-	SOAK_SEEDS='$(SEEDS)' SOAK_MESSAGES='$(MESSAGES)' $(BIN)/pytest tests/integration/test_soak.py -v $(PYTEST_ARGS)
+soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400 CHUNK=40)
+	SOAK_SEEDS='$(SEEDS)' SOAK_MESSAGES='$(MESSAGES)' SOAK_CHUNK='$(CHUNK)' $(BIN)/pytest tests/integration/test_soak.py -v $(PYTEST_ARGS)
 
 emulators-up: setup ## start the local stack; then `source .keo/endpoints.env`
 	$(BIN)/keo emulators up --state-dir $(STATE_DIR)

@@ -2,13 +2,15 @@
 
 Both emulators sit behind fault proxies with seeded schedules: PutRecords responses lost after
 the write, 5xx before and after the write, whole-request and per-record throttling; DynamoDB
-claims and marks throttled, failing before the write, or losing their response after it;
-GetRecords throttled. Two producers race over overlapping keys and chunks are sent again.
-Then the faults stop, the reconciler settles what is left, undelivered keys are sent again,
-and the audit must find every key exactly once.
+claims and marks throttled, failing before the write, or losing their response after it (one
+claim a key on dynalite, 25 to a ``BatchExecuteStatement`` on DynamoDB Local, where the
+duplicates' ``BatchGetItem`` fails too); GetRecords throttled. Two producers race over
+overlapping keys and chunks are sent again. Then the faults stop, the reconciler settles what
+is left, undelivered keys are sent again, and the audit must find every key exactly once.
 
 The seed is in the test id and in every failure message: ``make soak SEEDS=7`` replays it.
-Small by default (CI); ``make soak SEEDS=1,2,3,4,5 MESSAGES=3000`` runs a long one.
+Small by default (CI); ``make soak SEEDS=1,2,3,4,5 MESSAGES=3000`` runs a long one, and
+``CHUNK=1200`` sends more than a group's 500 keys at once, so groups are in flight together.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 SEEDS = [int(s) for s in os.environ.get("SOAK_SEEDS", "1").split(",") if s.strip()]
 MESSAGES = int(os.environ.get("SOAK_MESSAGES", "240"))
+CHUNK = int(os.environ.get("SOAK_CHUNK", "40"))  # keys a send
 # Generous lease: the proxies share this process and its 2 cores with the producers. The
 # signature fence is on, with a 6 s window the Kinesis proxy enforces as AWS enforces its 5
 # minutes (a put slowed past it is refused, not written): the lease is its minimum,
@@ -75,29 +78,43 @@ def _dynamodb_faults(seed: int) -> FaultSchedule:
             FaultRule("UpdateItem", "throttle", probability=0.04),
             FaultRule("UpdateItem", "error_before", probability=0.03),
             FaultRule("UpdateItem", "drop_response", probability=0.03),
+            FaultRule("BatchExecuteStatement", "throttle", probability=0.04),
+            FaultRule("BatchExecuteStatement", "error_before", probability=0.03),
+            FaultRule("BatchExecuteStatement", "drop_response", probability=0.03),
+            FaultRule("BatchGetItem", "error_before", probability=0.03),
         ],
         seed=seed + 1000,
     )
 
 
+@pytest.fixture(params=["dynalite", "dynamodb-local"])
+def dynamodb(emulators: local_stack.Endpoints, request: pytest.FixtureRequest) -> str:
+    """The DynamoDB under the soak: dynalite (one claim a key) or DynamoDB Local (PartiQL)."""
+    if request.param == "dynamodb-local":
+        endpoint: str = request.getfixturevalue("dynamodb_local_endpoint")
+        return endpoint
+    return emulators.dynamodb
+
+
 @pytest.fixture
 def proxies(
-    emulators: local_stack.Endpoints, request: pytest.FixtureRequest
+    emulators: local_stack.Endpoints, dynamodb: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[FaultProxy, FaultProxy]]:
     seed: int = request.node.callspec.params["seed"]
     with (
         FaultProxy(
             emulators.kinesis, _kinesis_faults(seed), signature_window_s=SIGNATURE_WINDOW_S
         ) as kinesis,
-        FaultProxy(emulators.dynamodb, _dynamodb_faults(seed)) as dynamodb,
+        FaultProxy(dynamodb, _dynamodb_faults(seed)) as dynamodb_proxy,
     ):
-        yield kinesis, dynamodb
+        yield kinesis, dynamodb_proxy
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed={s}" for s in SEEDS])
 def test_soak_every_fault_then_every_key_exactly_once(
     seed: int,
     emulators: local_stack.Endpoints,
+    dynamodb: str,
     proxies: tuple[FaultProxy, FaultProxy],
     names: Names,
 ) -> None:
@@ -106,7 +123,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
         stream=names.stream,
         table=names.table,
         kinesis_endpoint_url=emulators.kinesis,
-        dynamodb_endpoint_url=emulators.dynamodb,
+        dynamodb_endpoint_url=dynamodb,
         **TIMING,
     )
     create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, timeout_s=30)
@@ -123,7 +140,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
 
     # GIVEN two producers behind the faulty proxies, racing over overlapping chunks
     stack = build_stack(faulty)
-    chunks = [keys[i : i + 40] for i in range(0, MESSAGES, 40)]
+    chunks = [keys[i : i + CHUNK] for i in range(0, MESSAGES, CHUNK)]
 
     def produce(owner: str, order: list[list[str]]) -> None:
         with stack.producer(owner=owner) as producer:
