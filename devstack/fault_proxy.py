@@ -268,12 +268,10 @@ class _Handler(BaseHTTPRequestHandler):
         upstream: list[dict[str, Any]] = []
         if kept:
             request["Records"] = kept
-            status, _, answer = self.proxy.forward(
-                "POST", self.path, headers, json.dumps(request).encode()
-            )
-            if status != 200:
-                return self._answer(status, answer)
-            upstream = json.loads(answer)["Records"]
+            written = self._forward_part(request, headers)
+            if written is None:
+                return None
+            upstream = written["Records"]
         forwarded = iter(upstream)
         for i in range(len(records)):
             if i in refused:
@@ -305,17 +303,25 @@ class _Handler(BaseHTTPRequestHandler):
         answer: dict[str, Any] = {"Responses": {table: [] for table in asked}}
         if kept:
             request["RequestItems"] = kept
-            status, _, upstream = self.proxy.forward(
-                "POST", self.path, headers, json.dumps(request).encode()
-            )
-            if status != 200:
-                return self._answer(status, upstream)
-            read = json.loads(upstream)
+            read = self._forward_part(request, headers)
+            if read is None:
+                return None
             answer["Responses"].update(read.get("Responses", {}))
             for table, reads in (read.get("UnprocessedKeys") or {}).items():
                 unprocessed.setdefault(table, {**reads, "Keys": []})["Keys"] += reads["Keys"]
         answer["UnprocessedKeys"] = unprocessed
         return self._answer(200, json.dumps(answer).encode(), "application/x-amz-json-1.0")
+
+    def _forward_part(self, request: dict[str, Any], headers: dict[str, str]) -> Any:
+        """Forward the part of a batch a ``partial`` fault lets through; its answer, parsed.
+        An upstream error goes back to the client as it came, and then this is None."""
+        status, _, answer = self.proxy.forward(
+            "POST", self.path, headers, json.dumps(request).encode()
+        )
+        if status != 200:
+            self._answer(status, answer)
+            return None
+        return json.loads(answer)
 
     def _answer(self, status: int, body: bytes, content_type: str | None = None) -> None:
         self.send_response(status)
