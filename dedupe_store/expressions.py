@@ -48,6 +48,7 @@ NAMES: dict[str, str] = {
     "#superseded": "superseded",
     "#completed": "completed_at_ms",
     "#counts": "counts",
+    "#top": "top_task_attempt",
 }
 
 # --- conditions, from named parts ------------------------------------------------------------
@@ -110,11 +111,19 @@ EXTEND_EXECUTION = "SET #xlease = :lease, #token = :token"
 FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
 EXECUTION_EXISTS = "attribute_exists(#xopen)"
 # a task item "__keo__/task/...": the attempts of one task in one execution, a map each
-# ("attempt:<id>", #me), so that registering one never rewrites the others
-TASK_REGISTRABLE = "attribute_not_exists(#me)"
+# ("attempt:<id>", #me), so that registering one never rewrites the others. Registration
+# order is the order of these writes to one item: the item a registration returns holds
+# exactly the attempts registered before it. "top" is the highest task attempt registered:
+#
+#   10 registers, then 11 ── 11 sees 10: earlier, recovered against (never the fast path)
+#   11 registers, then 10 ── refused (top 11 > 10): 10 is outranked, puts nothing; 11 had
+#                            nothing earlier and took the fast path, so 10's rows are its
+#
+# so every attempt that registers does so after every attempt it could repeat.
+TASK_REGISTRABLE = "attribute_not_exists(#me) AND (attribute_not_exists(#top) OR #top <= :n)"
 REGISTER_TASK_ATTEMPT = (
-    "SET #stream = :stream, #me = :attempt, #expires = if_not_exists(#expires, :expires), "
-    "#token = :token"
+    "SET #stream = :stream, #me = :attempt, #top = :n, "
+    "#expires = if_not_exists(#expires, :expires), #token = :token"
 )
 ATTEMPT_RENEWABLE = "#me.#superseded = :false AND #me.#lease > :now_plus_skew"
 RENEW_ATTEMPT = "SET #me.#lease = :lease, #token = :token"

@@ -712,7 +712,8 @@ class DynamoDBLedger:
     def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
         """Two small writes: the run item (its execution: opened, or counted), then the task
         item (the attempt). The run is not COMPLETE and the execution not superseded, or
-        nothing is written to the task item."""
+        nothing is written to the task item. A third when a higher attempt of the task
+        registered first: this one is outranked, and its count on the execution finished."""
         next_run_state(None, RunTransition.REGISTER)
         values = {
             ":open": x.s(RunState.OPEN.value),
@@ -741,7 +742,7 @@ class DynamoDBLedger:
             return RunRegistration(False, current)
         bound = self._execution_bound(stream, run, current, attempt)
         me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
-        _, task_item = self._update(
+        registered, task_item = self._update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
             None,
             x.REGISTER_TASK_ATTEMPT,
@@ -749,11 +750,18 @@ class DynamoDBLedger:
             {
                 ":stream": x.s(stream),
                 ":attempt": _attempt_value(me),
+                ":n": x.n(attempt.task_attempt),
                 ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
             },
             names={"#me": _attempt_name(attempt.attempt_id)},
         )
         task_attempts = _attempts_of(task_item or {})
+        if not registered and all(a.attempt_id != attempt.attempt_id for a in task_attempts):
+            # a higher attempt of the task registered first: it owns the rows. Nothing of
+            # this one is left open on its execution (a replay need not wait for it). (Its
+            # own id there: the same attempt asked again, registered.)
+            self.finish_attempt(stream, run, attempt)
+            return RunRegistration(False, current, task_attempts, outranked=True)
         return RunRegistration(True, current, task_attempts, bound)
 
     def _execution_bound(

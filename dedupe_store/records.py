@@ -344,15 +344,19 @@ class ReplayRun:
 class RunRegistration:
     """An attempt's registration: ``registered`` False when the run is already COMPLETE (a
     replay of a committed batch sends nothing) or the attempt's execution was superseded by a
-    replay (this one must not put). ``run`` as the registration left it, every execution
-    before this one's included; ``task_attempts`` every attempt of its task in its execution
-    (itself included); ``lease_expires_at_ms`` the attempt's lease: its own, or its
-    execution's when that ends first."""
+    replay (this one must not put), or ``outranked``: a higher attempt of its task registered
+    first (it owns the rows; this one must not put). ``run`` as the registration left it,
+    every execution before this one's included; ``task_attempts`` the attempts of its task in
+    its execution registered before it, and itself (the task item as its registration wrote
+    it: registration order is the order of the writes to that one item);
+    ``lease_expires_at_ms`` the attempt's lease: its own, or its execution's when that ends
+    first."""
 
     registered: bool
     run: ReplayRun
     task_attempts: tuple[RunAttempt, ...] = ()
     lease_expires_at_ms: int = 0
+    outranked: bool = False
 
     @property
     def superseded(self) -> bool:

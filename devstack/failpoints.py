@@ -10,7 +10,7 @@ nothing hears SIGCONT, it raises :class:`FailpointError` rather than wait foreve
 ``sleep:<seconds>``.
 Steps are :class:`producer.hooks.Step`: after_claim, before_put, after_put, before_mark,
 after_mark, reconcile_before_mark, batch_after_puts, batch_before_complete,
-replay_after_register.
+replay_before_register, replay_after_register.
 
 A :class:`Failpoints` is the product's :class:`producer.hooks.Hooks`: entry points pass it to
 the producer, the reconciler and the Spark sink. It pickles, so Spark ships it to executors.

@@ -32,6 +32,7 @@ class Step(StrEnum):
     RECONCILE_BEFORE_MARK = "reconcile_before_mark"
     BATCH_AFTER_PUTS = "batch_after_puts"
     BATCH_BEFORE_COMPLETE = "batch_before_complete"
+    REPLAY_BEFORE_REGISTER = "replay_before_register"  # a task attempt, before its registration
     REPLAY_AFTER_REGISTER = "replay_after_register"  # an attempt registered, before any read
 
 

@@ -14,7 +14,8 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
       │                                          and with the task's own item
       └─ ReplayAttempt ── recovery_step:
            ├─ DONE ────── the run is COMPLETE: every row DUPLICATE, nothing sent
-           ├─ SUPERSEDED  a replay superseded this execution: every row FAILED, nothing sent
+           ├─ SUPERSEDED  a replay superseded this execution, or a higher attempt of the task
+           │              registered first: every row FAILED, nothing sent
            ├─ FAST_PATH ─ nothing earlier: plain puts
            └─ RECOVER, WAIT: supersede the earlier executions and my task's earlier attempts
               (their leases stop growing), then
@@ -180,6 +181,8 @@ class ReplayProducer:
         first step. Raises :class:`dedupe_store.errors.LedgerError` when the ledger cannot
         say."""
         context = self._context
+        # before the clock is read: an attempt held here registers with a fresh lease
+        context.hooks.at(Step.REPLAY_BEFORE_REGISTER)
         now_ms = context.clock.now_ms()
         me = RunAttempt(
             attempt_id=uuid.uuid4().hex,
@@ -269,9 +272,17 @@ class ReplayAttempt:
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
         self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
+        self._outranked = registration.outranked
+        # the attempts of my task that registered before me: the task item as my
+        # registration wrote it (one that registers later recovers against me)
+        self._registered_before = frozenset(
+            a.attempt_id for a in registration.task_attempts if a.attempt_id != me.attempt_id
+        )
         run = registration.run
         complete = run.state is RunState.COMPLETE
-        earlier = earlier_of(run, registration.task_attempts, me)
+        earlier = earlier_of(
+            run, registration.task_attempts, me, registered_before=self._registered_before
+        )
         if earlier and registration.registered and not complete:
             earlier = self._supersede(run, registration.task_attempts, earlier)
         # read after the ledger answered: an execution it showed finished put everything before
@@ -322,7 +333,7 @@ class ReplayAttempt:
         attempts = to_supersede(earlier, EarlierKind.ATTEMPT)
         if attempts:
             task_attempts = ledger.supersede_attempts(stream, name, self.me, attempts)
-        return earlier_of(run, task_attempts, self.me)
+        return earlier_of(run, task_attempts, self.me, registered_before=self._registered_before)
 
     def __enter__(self) -> ReplayAttempt:
         return self
@@ -363,8 +374,16 @@ class ReplayAttempt:
                 )
         elif self.step is RecoveryStep.SUPERSEDED:
             reason = (
-                f"a replay of run {self.task.run!r} superseded this execution "
-                f"({self.task.execution_id}): not sent; the replay delivers the run"
+                (
+                    f"a later attempt of task {self.task.task!r} of run {self.task.run!r} "
+                    f"registered before this one (attempt {self.task.task_attempt}): not "
+                    "sent; that attempt delivers these rows"
+                )
+                if self._outranked
+                else (
+                    f"a replay of run {self.task.run!r} superseded this execution "
+                    f"({self.task.execution_id}): not sent; the replay delivers the run"
+                )
             )
             for item in prepared:
                 decided[item.index] = _unresolved(item, OutcomeStatus.FAILED, reason)

@@ -10,14 +10,16 @@ order of a replay. ``tests/unit/test_replay_plan.py`` goes through every case.
 ::
 
     the run, my task ──── earlier_of:        what may hold my rows: another execution (a
-                                             replay), my task's lower attempts (a Spark task
-                                             retry); never mine, never a sibling
+                                             replay), my task's attempts registered before me
+                                             (a retry, a speculative copy); never mine, never a
+                                             sibling
     earlier ──────────── to_supersede:       the ids whose leases to fence before reading
                          still_running:      those that may still put (not finished, a lease
                                              not expired for all)
                          read_windows:       where their puts can be, merged, sorted
     a task attempt ───── recovery_step ─┬─ DONE       the run is COMPLETE: send nothing
-                                        ├─ SUPERSEDED a replay superseded my execution
+                                        ├─ SUPERSEDED a replay superseded my execution, or
+                                        │             a higher attempt registered first
                                         ├─ FAST_PATH  nothing earlier: plain puts
                                         ├─ WAIT       an earlier lease runs: wait, or fail the task
                                         └─ RECOVER    read the windows back, send the rest
@@ -36,7 +38,7 @@ rows are unaffected: a found record never matches another row.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -101,20 +103,27 @@ class Earlier:
 
 
 def earlier_of(
-    run: ReplayRun, task_attempts: Iterable[RunAttempt], me: RunAttempt
+    run: ReplayRun,
+    task_attempts: Iterable[RunAttempt],
+    me: RunAttempt,
+    *,
+    registered_before: Collection[str],
 ) -> list[Earlier]:
     """What ``me`` must not repeat, oldest first: every other execution of the run (a replay
-    of it, split however its partitioning split the rows), and the lower attempts of my task in
-    my execution (``task_attempts``: my task's). Never ``me``, never a sibling task of my
-    execution, never a later attempt of my task."""
+    of it, split however its partitioning split the rows), and the attempts of my task in my
+    execution that registered before me (``registered_before``: their ids, as my
+    registration found them on the task's item), whatever their attempt numbers: attempt 10
+    may register after attempt 11 (a stalled worker, a slow start, a speculative copy). Never
+    ``me``, never a sibling task of my execution, never an attempt that registered after me
+    (it recovers against me)."""
     earlier = [Earlier.of_execution(e) for e in run.executions if e.execution_id != me.execution_id]
     earlier += [
         Earlier.of_attempt(a)
         for a in task_attempts
         if a.attempt_id != me.attempt_id
+        and a.attempt_id in registered_before
         and a.execution_id == me.execution_id
         and a.task == me.task
-        and a.task_attempt < me.task_attempt
     ]
     return sorted(earlier, key=lambda e: (e.started_at_ms, e.kind, e.id))
 
@@ -202,7 +211,7 @@ class RecoveryStep(StrEnum):
     WAIT = "WAIT"  # an earlier lease still runs: wait for it, or fail the task
     RECOVER = "RECOVER"  # read the earlier windows back, send the rows not found
     DONE = "DONE"  # the run is COMPLETE: send nothing
-    SUPERSEDED = "SUPERSEDED"  # a replay superseded my execution: send nothing, fail
+    SUPERSEDED = "SUPERSEDED"  # my execution superseded, or outranked: send nothing, fail
 
 
 def recovery_step(

@@ -635,6 +635,27 @@ def test_attempts_register_with_their_execution_and_their_task(ledger: Ledger) -
     assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == (first, bounded)
 
 
+def test_a_lower_attempt_registering_after_a_higher_one_is_outranked(ledger: Ledger) -> None:
+    # GIVEN attempt 11 of a task registered first (attempt 10's worker stalled)
+    later = attempt("a11", task_attempt=11)
+    assert ledger.register_attempt(STREAM, RUN, later).registered
+    # WHEN attempt 10 registers after it
+    stalled = attempt("a10", task_attempt=10, started_at_ms=T0_MS + 1_000)
+    refused = ledger.register_attempt(STREAM, RUN, stalled)
+    # THEN it is outranked, not registered on its task (11 owns the rows), and not left open
+    # on its execution: only 11 is, and 11 sees no attempt before it
+    assert (refused.registered, refused.outranked, refused.superseded) == (False, True, True)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == (later,)
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    [counted] = run.executions
+    assert (counted.attempts, counted.open_tags) == (2, later.tag)
+    # AND an attempt with the same number as the highest registers, after it (a later one)
+    same = ledger.register_attempt(STREAM, RUN, attempt("b11", task_attempt=11))
+    assert same.registered
+    assert {a.attempt_id for a in same.task_attempts} == {"a11", "b11"}
+
+
 def test_registering_the_same_attempt_twice_keeps_one_attempt(ledger: Ledger) -> None:
     ledger.register_attempt(STREAM, RUN, attempt("a1"))
     # an SDK retry of an applied registration, or the same process asking again

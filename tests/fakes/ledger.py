@@ -151,6 +151,9 @@ class InMemoryLedger:
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
+        # called between a registration's two writes (the run item, then the task item), the
+        # lock held (reentrant): a test registers another attempt there, as a race would
+        self.between_registration_writes: Callable[[RunAttempt], None] = lambda _attempt: None
 
     @property
     def table_name(self) -> str:
@@ -412,11 +415,18 @@ class InMemoryLedger:
             me = dataclasses.replace(
                 attempt, lease_expires_at_ms=min(wanted, counted.lease_expires_at_ms)
             )
+            self.between_registration_writes(attempt)
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = self._task_attempts.get(task, ())
-            if all(a.attempt_id != me.attempt_id for a in mine):
-                mine = _sorted_attempts([*mine, me])
-                self._task_attempts[task] = mine
+            if any(a.attempt_id == me.attempt_id for a in mine):
+                return RunRegistration(True, registered, mine, me.lease_expires_at_ms)
+            if any(a.task_attempt > me.task_attempt for a in mine):
+                # outranked: a higher attempt of the task registered first; its count is
+                # finished on the execution, as the real ledger's third write does
+                self._finish_locked(stream, run, attempt)
+                return RunRegistration(False, registered, mine, outranked=True)
+            mine = _sorted_attempts([*mine, me])
+            self._task_attempts[task] = mine
             return RunRegistration(True, registered, mine, me.lease_expires_at_ms)
 
     def supersede_executions(
@@ -517,15 +527,18 @@ class InMemoryLedger:
     def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
         with self._lock:
             self._read_fault("finish_attempt")
-            current = self._replay_runs.get((check_stream_name(stream), run))
-            execution = current.execution(attempt.execution_id) if current is not None else None
-            if current is None or execution is None:
-                return
-            finished = dataclasses.replace(execution, open_tags=execution.open_tags - attempt.tag)
-            self._replay_runs[(stream, run)] = dataclasses.replace(
-                current,
-                executions=tuple(finished if e is execution else e for e in current.executions),
-            )
+            self._finish_locked(check_stream_name(stream), run, attempt)
+
+    def _finish_locked(self, stream: str, run: str, attempt: RunAttempt) -> None:
+        current = self._replay_runs.get((stream, run))
+        execution = current.execution(attempt.execution_id) if current is not None else None
+        if current is None or execution is None:
+            return
+        finished = dataclasses.replace(execution, open_tags=execution.open_tags - attempt.tag)
+        self._replay_runs[(stream, run)] = dataclasses.replace(
+            current,
+            executions=tuple(finished if e is execution else e for e in current.executions),
+        )
 
     def task_attempts(
         self, stream: str, run: str, execution_id: str, task: str

@@ -100,6 +100,7 @@ def test_every_documented_step_can_be_armed() -> None:
         "reconcile_before_mark",
         "batch_after_puts",
         "batch_before_complete",
+        "replay_before_register",
         "replay_after_register",
     }
     # WHEN each is armed

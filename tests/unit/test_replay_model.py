@@ -5,7 +5,9 @@ PutRecords (its lease left running, nothing finished), and Kinesis may lose resp
 out unwritten, land writes late or throttle records. A killed task is retried in the same
 execution (a Spark task retry) or the whole run is replayed by a new execution with its rows
 in another order, split over another number of tasks, and possibly more of them (a
-non-deterministic source). Then one execution runs to the end, as often as it takes.
+non-deterministic source). A task's attempts may register out of the order of their numbers
+(attempt 2 before attempt 0: a stalled worker, a speculative copy). Then one execution runs
+to the end, as often as it takes.
 
 What must hold, whatever happened:
 - at every moment, no row is in the stream more often than the largest input holds it;
@@ -76,6 +78,9 @@ class Execution:
     shuffle_seed: int
     kills: tuple[tuple[int | None, ...], ...]  # per task: each attempt's kill point
     retry_in_execution: bool
+    # 0: a task's attempts register in the order of their numbers; else a seed shuffling the
+    # numbers (attempt 2 registers before attempt 0: a stalled worker, a speculative copy)
+    numbering_seed: int
 
 
 executions = st.builds(
@@ -89,6 +94,7 @@ executions = st.builds(
         max_size=3,
     ).map(tuple),
     retry_in_execution=st.booleans(),
+    numbering_seed=st.one_of(st.just(0), st.integers(1, 1000)),
 )
 
 
@@ -160,7 +166,10 @@ def test_replays_under_faults_deliver_exactly_the_last_inputs_rows(
         for task, mine in enumerate(split(order, tasks)):
             kills = execution.kills[task]
             attempts = kills if execution.retry_in_execution else kills[:1]
-            for attempt, kill in enumerate(attempts):
+            numbers = list(range(len(attempts)))
+            if execution.numbering_seed:
+                random.Random(execution.numbering_seed).shuffle(numbers)
+            for attempt, kill in zip(numbers, attempts, strict=True):
                 if run_task(f"e{number}", task, attempt, mine, kill):
                     break
         kinesis.advance(1_000)

@@ -119,40 +119,46 @@ def test_every_other_execution_is_earlier_mine_is_not() -> None:
     first = execution("exec-0", started_at_ms=T0_MS - 100)
     replay = execution("exec-1", started_at_ms=T0_MS + 100, superseded=True)
     # WHEN what is earlier than me is chosen
-    chosen = earlier_of(run_of(first, MINE, replay), [ME], ME)
+    chosen = earlier_of(run_of(first, MINE, replay), [ME], ME, registered_before=())
     # THEN both other executions are, oldest first, with their bounds; mine is not
     assert chosen == [Earlier.of_execution(first), Earlier.of_execution(replay)]
     assert [e.kind for e in chosen] == [EarlierKind.EXECUTION] * 2
 
 
 @pytest.mark.parametrize(
-    ("other", "is_earlier"),
+    ("other", "registered_before_me", "is_earlier"),
     [
-        (ME, False),
-        (attempt("me", task_attempt=1, started_at_ms=T0_MS), False),  # my id: me, re-read
-        (attempt("r0", task="3", task_attempt=0), True),
-        (attempt("r1", task="3", task_attempt=1), False),
-        (attempt("r2", task="3", task_attempt=2), False),
-        (attempt("s0", task="4", task_attempt=0), False),
-        (attempt("x0", execution_id="exec-1", task="3", task_attempt=0), False),
+        (ME, True, False),
+        (attempt("me", task_attempt=1, started_at_ms=T0_MS), True, False),  # my id: me, re-read
+        (attempt("r0", task="3", task_attempt=0), True, True),
+        (attempt("r1", task="3", task_attempt=1), True, True),
+        (attempt("r2", task="3", task_attempt=2), True, True),
+        (attempt("r0", task="3", task_attempt=0), False, False),
+        (attempt("r2", task="3", task_attempt=2), False, False),
+        (attempt("s0", task="4", task_attempt=0), True, False),
+        (attempt("x0", execution_id="exec-1", task="3", task_attempt=0), True, False),
     ],
     ids=[
         "me",
         "my-id",
-        "my-task-lower-attempt",
-        "my-task-same-attempt-other-id",
-        "my-task-later-attempt",
+        "my-task-lower-attempt-registered-before",
+        "my-task-same-attempt-other-id-registered-before",
+        "my-task-higher-attempt-registered-before",
+        "my-task-lower-attempt-registered-after",
+        "my-task-higher-attempt-registered-after",
         "sibling-task-lower-attempt",
         "another-executions-attempt",
     ],
 )
-def test_only_my_tasks_lower_attempts_are_earlier_in_my_execution(
-    other: RunAttempt, is_earlier: bool
+def test_my_tasks_attempts_registered_before_me_are_earlier_whatever_their_number(
+    other: RunAttempt, registered_before_me: bool, is_earlier: bool
 ) -> None:
-    # GIVEN one attempt besides me among my task's attempts
+    # GIVEN one attempt besides me among my task's attempts, registered before me or after
+    before = {other.attempt_id} if registered_before_me else set()
     # WHEN what is earlier than me is chosen (my execution the run's only one)
-    chosen = earlier_of(run_of(MINE), [other, ME], ME)
-    # THEN it is earlier only when it is a Spark retry's predecessor: my task, a lower attempt
+    chosen = earlier_of(run_of(MINE), [other, ME], ME, registered_before=before)
+    # THEN it is earlier when it is of my task and registered before me, by the ledger's
+    # order, never by Spark's attempt number (attempt 10 may register after attempt 11)
     assert chosen == ([Earlier.of_attempt(other)] if is_earlier else [])
 
 
@@ -162,7 +168,9 @@ def test_a_cli_rerun_sees_the_earlier_run_of_its_run_id() -> None:
     me = attempt("p2", execution_id="proc-2", task="cli", started_at_ms=T0_MS + 90_000)
     # WHEN the re-run chooses what is earlier
     # THEN the first run is, and the re-run's own execution is not
-    assert earlier_of(run_of(first, rerun), [me], me) == [Earlier.of_execution(first)]
+    assert earlier_of(run_of(first, rerun), [me], me, registered_before=()) == [
+        Earlier.of_execution(first)
+    ]
 
 
 # --- to_supersede -------------------------------------------------------------------------
@@ -421,7 +429,12 @@ def test_a_driver_killed_after_its_puts_recovers_with_no_wait(lease: LeasePolicy
     dead = execution("exec-1")
     me = attempt("me", execution_id="exec-2", task="7", started_at_ms=T0_MS + 2_000)
     rows: list[Row] = [A, B, A]
-    found = earlier_of(run_of(dead, execution("exec-2", started_at_ms=T0_MS + 2_000)), [me], me)
+    found = earlier_of(
+        run_of(dead, execution("exec-2", started_at_ms=T0_MS + 2_000)),
+        [me],
+        me,
+        registered_before=(),
+    )
     # WHEN it decides how to start, reads the earlier windows back and finds every row
     step = recovery_step(run_complete=False, earlier=found, now_ms=T0_MS + 2_000, lease=lease)
     windows = read_windows(found, lease, now_ms=T0_MS + 2_000)
@@ -529,10 +542,12 @@ EXECUTIONS = st.builds(
 def test_what_is_earlier_never_holds_me_or_my_siblings(
     executions: list[RunExecution], task_attempts: list[RunAttempt], me: RunAttempt
 ) -> None:
-    # GIVEN any executions of a run and any attempts, me among them
+    # GIVEN any executions of a run and any attempts, me among them, the first half of them
+    # registered before me
+    before = {a.attempt_id for a in task_attempts[: len(task_attempts) // 2]}
     # WHEN what is earlier than me is chosen
-    found = earlier_of(run_of(*executions), [*task_attempts, me], me)
-    # THEN never my execution, never me, never a sibling task, never a later attempt of mine
+    found = earlier_of(run_of(*executions), [*task_attempts, me], me, registered_before=before)
+    # THEN never my execution, never me, never a sibling task, never one registered after me
     assert all(e.id not in (me.execution_id, me.attempt_id) for e in found)
     mine = {a.attempt_id: a for a in task_attempts if a.attempt_id != me.attempt_id}
     for e in found:
@@ -540,7 +555,13 @@ def test_what_is_earlier_never_holds_me_or_my_siblings(
             retry_of = mine[e.id]
             assert retry_of.execution_id == me.execution_id
             assert retry_of.task == me.task
-            assert retry_of.task_attempt < me.task_attempt
+            assert retry_of.attempt_id in before
+    # AND every attempt of my task registered before me is there, whatever its number
+    assert {e.id for e in found if e.kind is EarlierKind.ATTEMPT} == {
+        a.attempt_id
+        for a in mine.values()
+        if a.attempt_id in before and a.execution_id == me.execution_id and a.task == me.task
+    }
     # AND every other execution is there, oldest first
     others = {x.execution_id for x in executions if x.execution_id != me.execution_id}
     assert others == {e.id for e in found if e.kind is EarlierKind.EXECUTION}

@@ -17,6 +17,7 @@ from fakes.ledger import InMemoryLedger
 from fakes.replay import replay_producer_over
 
 from dedupe_store.clock import ManualClock
+from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
@@ -192,6 +193,74 @@ def test_a_sibling_task_is_not_earlier_but_a_retry_of_the_same_task_is(
         assert retry.step in {RecoveryStep.RECOVER, RecoveryStep.WAIT}
         assert statuses(retry.send(rows(8, "a"))) == {"DUPLICATE": 8}
     assert in_stream(kinesis) == as_multiset(rows(8, "a") + rows(8, "b"))
+
+
+def test_a_lower_attempt_registering_after_a_higher_one_is_outranked_and_puts_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN attempt 11 of a task registered and put every row (its attempt 10's worker
+    stalled before registering: GC, a slow start, an executor declared lost while alive)
+    WHEN attempt 10 registers after it THEN 10 is outranked: it puts nothing, its rows FAILED,
+    and the stream holds every row once (not 20 records for 10 rows)."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=11)) as later:
+        assert later.step is RecoveryStep.FAST_PATH
+        assert statuses(later.send(messages)) == {"SENT": 10}
+    clock.advance(1_000)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=10)) as stalled:
+        assert stalled.step is RecoveryStep.SUPERSEDED
+        outcomes = stalled.send(messages)
+    assert statuses(outcomes) == {"FAILED": 10}
+    assert "registered before this one" in (outcomes[0].reason or "")
+    assert in_stream(kinesis) == as_multiset(messages)
+    # AND the outranked attempt is not left open on its execution: a replay waits for none
+    run = producer.run_of(RUN)
+    assert run is not None
+    assert all(e.finished for e in run.executions)
+
+
+def test_a_higher_attempt_registering_while_a_lower_one_is_between_its_two_writes_wins(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN attempt 10 of a task has written the run item but not yet its task item
+    WHEN attempt 11 registers both in between, and puts every row THEN 10's task write is
+    refused (outranked): 10 sends nothing and the stream holds every row once."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    raced: list[RecoveryStep] = []
+
+    def race(attempt: RunAttempt) -> None:
+        if attempt.task_attempt != 10:
+            return
+        with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=11)) as later:
+            raced.append(later.step)
+            assert statuses(later.send(messages)) == {"SENT": 10}
+
+    ledger.between_registration_writes = race
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=10)) as stalled:
+        outcomes = stalled.send(messages)
+    assert raced == [RecoveryStep.FAST_PATH]
+    assert stalled.step is RecoveryStep.SUPERSEDED
+    assert statuses(outcomes) == {"FAILED": 10}
+    assert in_stream(kinesis) == as_multiset(messages)
+
+
+def test_a_higher_attempt_registering_after_a_lower_one_never_takes_the_fast_path(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN attempt 10 of a task registered and put every row WHEN attempt 11 registers
+    after it, even in the middle of 10's registration THEN 11 recovers against 10 (never the
+    fast path), finds every row and sends nothing again."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=10)) as first:
+        assert first.step is RecoveryStep.FAST_PATH
+        first.send(messages)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0", task_attempt=11)) as later:
+        assert later.step in {RecoveryStep.RECOVER, RecoveryStep.WAIT}
+        assert statuses(later.send(messages)) == {"DUPLICATE": 10}
+    assert in_stream(kinesis) == as_multiset(messages)
 
 
 @pytest.mark.parametrize("fault", [PutFault.RESPONSE_LOST, PutFault.NOT_WRITTEN])
