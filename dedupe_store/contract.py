@@ -230,11 +230,14 @@ class Ledger(LedgerReader, Protocol):
 
     # --- replay-mode runs: an item per run (its executions), one per task (its attempts) -----
 
-    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
         """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
         index), unless the run is COMPLETE or the execution superseded; then add it to its
         task's attempts. The run comes back with every execution so far, and the task's
-        attempts with it: the earlier ones are what recovery reads."""
+        attempts with it: the earlier ones are what recovery reads. A new run's items live
+        the dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer."""
         ...
 
     def supersede_executions(
@@ -273,8 +276,10 @@ class Ledger(LedgerReader, Protocol):
         ...
 
     def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
     ) -> ReplayRun:
         """OPEN (or absent) -> COMPLETE, out of the in-flight index; a run already COMPLETE
-        stays as it was."""
+        stays as it was, but lives on: the dedupe TTL or ``keep_s`` (the stream's retention)
+        from ``now_ms``, whichever is longer, so a re-run finds it while its rows are in the
+        stream."""
         ...

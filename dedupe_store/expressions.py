@@ -128,10 +128,11 @@ REGISTER_TASK_ATTEMPT = (
 ATTEMPT_RENEWABLE = "#me.#superseded = :false AND #me.#lease > :now_plus_skew"
 RENEW_ATTEMPT = "SET #me.#lease = :lease, #token = :token"
 RUN_COMPLETABLE = f"{ITEM_ABSENT} OR #state = :open OR #state = :complete"
-# COMPLETE leaves the in-flight index
+# COMPLETE leaves the in-flight index, and lives the stream's retention from now (later than
+# any expiry written before: a re-run must find it while the rows it put are in the stream)
 COMPLETE_RUN = (
     "SET #state = :complete, #stream = :stream, #completed = if_not_exists(#completed, :now), "
-    "#counts = if_not_exists(#counts, :counts), #expires = if_not_exists(#expires, :expires), "
+    "#counts = if_not_exists(#counts, :counts), #expires = :expires, "
     "#token = :token REMOVE #bucket, #lease"
 )
 

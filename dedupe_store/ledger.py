@@ -709,7 +709,9 @@ class DynamoDBLedger:
 
     # --- replay-mode runs: (stream, run) -> OPEN | COMPLETE, its executions ------------------
 
-    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
         """Two small writes: the run item (its execution: opened, or counted), then the task
         item (the attempt). The run is not COMPLETE and the execution not superseded, or
         nothing is written to the task item. A third when a higher attempt of the task
@@ -720,7 +722,7 @@ class DynamoDBLedger:
             ":stream": x.s(stream),
             ":bucket": x.s(self._run_bucket(stream, run)),
             ":first_lease": x.n(attempt.lease_expires_at_ms),
-            ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
+            ":expires": x.n(attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
             ":now": x.n(attempt.started_at_ms),
             ":one": x.n(1),
             ":tag": x.n(attempt.tag),
@@ -751,7 +753,7 @@ class DynamoDBLedger:
                 ":stream": x.s(stream),
                 ":attempt": _attempt_value(me),
                 ":n": x.n(attempt.task_attempt),
-                ":expires": x.n(attempt.started_at_ms // 1000 + self.dedupe_ttl_s),
+                ":expires": x.n(attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
             },
             names={"#me": _attempt_name(attempt.attempt_id)},
         )
@@ -906,7 +908,7 @@ class DynamoDBLedger:
         return _attempts_of(item or {})
 
     def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
     ) -> ReplayRun:
         next_run_state(RunState.OPEN, RunTransition.COMPLETE)
         values = {
@@ -914,7 +916,7 @@ class DynamoDBLedger:
             ":stream": x.s(stream),
             ":now": x.n(now_ms),
             ":counts": x.s(json.dumps(counts, sort_keys=True)),
-            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
+            ":expires": x.n(now_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
         }
         # every writer of COMPLETE writes the same fact; the first one's time and counts stay
         values[":open"] = x.s(RunState.OPEN.value)
@@ -1578,4 +1580,5 @@ def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
         executions=_executions_of(item),
         completed_at_ms=int(completed) if completed is not None else None,
         counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
+        expires_at_s=int(expires) if (expires := item.get(TTL_ATTRIBUTE, {}).get("N")) else None,
     )

@@ -320,6 +320,9 @@ class ReplayRun:
     executions: tuple[RunExecution, ...] = ()
     completed_at_ms: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # when the item may be deleted (DynamoDB TTL, epoch s): at least the stream's retention
+    # after its first registration and after its completion, for recovery reads the stream
+    expires_at_s: int | None = field(default=None, compare=False)
 
     def execution(self, execution_id: str) -> RunExecution | None:
         return next((e for e in self.executions if e.execution_id == execution_id), None)

@@ -13,6 +13,8 @@ adapter's (:mod:`kinesis_store.errors`), which the producer's callers meet. The 
     │                                 (kinesis_store.errors; raised by producer.fence)
     ├── AggregationFormatError        a KPL aggregate that cannot be read (kinesis_store.errors)
     ├── UnresolvedKeysError           a batch left keys neither delivered nor dead-lettered
+    ├── ReplayWindowTrimmedError      a replay's recovery window reaches past the stream's
+    │                                 retention: what it would read is gone; nothing sent
     └── AuditTooLargeError            more keys (rows) than one process audits (use the Spark audit)
 
 Expected outcomes (a duplicate, a conflict, a rejected message, an ambiguous put) are values
@@ -39,12 +41,36 @@ __all__ = [
     "ConfigurationError",
     "KeoError",
     "PutFencedError",
+    "ReplayWindowTrimmedError",
     "StreamError",
     "StreamNotFoundError",
     "StreamThrottledError",
     "StreamUnavailableError",
     "UnresolvedKeysError",
 ]
+
+
+class ReplayWindowTrimmedError(KeoError):
+    """A replay of ``run`` must read back earlier attempts' puts from ``window_start_ms``, but
+    the stream holds records only from ``trim_horizon_ms`` (its retention): rows put before
+    then cannot be found, and sending them again could write them twice. Nothing was sent.
+    Not retriable: the horizon only moves on. ``KEO_REPLAY_PAST_RETENTION=send`` accepts the
+    risk."""
+
+    retriable = False
+
+    def __init__(self, stream: str, run: str, *, window_start_ms: int, trim_horizon_ms: int):
+        super().__init__(
+            f"replay of run {run!r} on stream {stream} cannot be recovered: its earlier "
+            f"attempts' puts began at {window_start_ms} (epoch ms), before the stream's trim "
+            f"horizon {trim_horizon_ms}, so what they wrote is partly gone; nothing sent. "
+            "Set KEO_REPLAY_PAST_RETENTION=send (option replay_past_retention) to send the "
+            "rows not found anyway, at the risk of duplicates"
+        )
+        self.stream = stream
+        self.run = run
+        self.window_start_ms = window_start_ms
+        self.trim_horizon_ms = trim_horizon_ms
 
 
 class UnresolvedKeysError(KeoError):

@@ -111,6 +111,13 @@ REPLAY_ROWS_FOUND = Counter(
     "again",
     ["stream"],
 )
+REPLAY_PAST_RETENTION = Counter(
+    "keo_replay_past_retention_total",
+    "Replay-mode recoveries whose earlier attempts' windows reach past the stream's trim "
+    "horizon (what they put is partly gone): failed (nothing sent), or sent anyway "
+    "(KEO_REPLAY_PAST_RETENTION=send: duplicates possible)",
+    ["stream", "resolution"],
+)
 REPLAY_RUNS_OPEN = Gauge(
     "keo_replay_runs_open",
     "Replay-mode runs the last reconciler pass found left OPEN past every attempt's lease (a "
@@ -133,6 +140,7 @@ PRODUCER_COUNTERS: Final = (
     REPLAY_ATTEMPTS,
     REPLAY_RECOVERIES,
     REPLAY_ROWS_FOUND,
+    REPLAY_PAST_RETENTION,
 )
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 

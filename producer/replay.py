@@ -56,11 +56,13 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position, ReplayRun, RunAttempt, RunRegistration
 from dedupe_store.states import RunState
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
+from kinesis_store.provisioning import DEFAULT_RETENTION_HOURS
 from kinesis_store.reader import KinesisReader
 from kinesis_store.results import RecordResult
 from kinesis_store.shards import OpenShards, Shard
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
+from producer.errors import ReplayWindowTrimmedError
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare
@@ -70,6 +72,7 @@ from producer.replay_plan import (
     EarlierKind,
     RecoveryStep,
     earlier_of,
+    past_trim_horizon,
     read_windows,
     recovery_step,
     still_running,
@@ -109,6 +112,9 @@ class ReplayPolicy:
     retry_max_ms: int = 5_000
     wait_poll_ms: int = 1_000  # how often a wait looks at the clock, the lease and the interrupt
     max_wait_ms: int | None = None  # the longest wait for a lease; None: as long as it runs
+    # a recovery whose windows reach past the trim horizon: fail (nothing sent), or send the
+    # rows not found anyway (duplicates possible)
+    send_past_retention: bool = False
 
 
 @dataclass
@@ -126,7 +132,14 @@ class _Context:
     shards: OpenShards | None
     max_record_bytes: int
     resend_wait: wait_base
+    retention_ms: int
     interrupted: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def keep_s(self) -> int:
+        """How long a run's items must live at least: the stream's retention (recovery reads
+        the stream back that far)."""
+        return self.retention_ms // 1000
 
     @property
     def lease(self) -> LeasePolicy:
@@ -146,11 +159,14 @@ class ReplayProducer:
         clock: Clock,
         policy: ReplayPolicy,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        retention_hours: int = DEFAULT_RETENTION_HOURS,
         shard_map: Callable[[], list[Shard]] | None = None,
         hooks: Hooks = NO_HOOKS,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
     ) -> None:
+        """``retention_hours``: the stream's (``StreamInfo``); the default, Kinesis' least,
+        is the cautious guess: a recovery fails rather than read a window that may be gone."""
         self.stream = stream
         self._context = _Context(
             stream=stream,
@@ -164,6 +180,7 @@ class ReplayProducer:
             # aggregation is on when a shard map is given: user records are packed per shard
             shards=OpenShards(shard_map) if shard_map is not None else None,
             max_record_bytes=max_record_bytes,
+            retention_ms=retention_hours * 3_600_000,
             resend_wait=wait_full_jitter(
                 initial_s=policy.retry_initial_ms / 1000,
                 max_s=policy.retry_max_ms / 1000,
@@ -192,7 +209,9 @@ class ReplayProducer:
             started_at_ms=now_ms,
             lease_expires_at_ms=context.lease.lease_expires_at_ms(now_ms),
         )
-        registration = context.ledger.register_attempt(self.stream, task.run, me)
+        registration = context.ledger.register_attempt(
+            self.stream, task.run, me, keep_s=context.keep_s
+        )
         context.hooks.at(Step.REPLAY_AFTER_REGISTER)
         return ReplayAttempt(context, task, me, registration)
 
@@ -228,7 +247,7 @@ class ReplayProducer:
         """Mark ``run`` COMPLETE (one write): a replay of it sends nothing."""
         context = self._context
         completed = context.ledger.complete_run(
-            self.stream, run, counts=counts, now_ms=context.clock.now_ms()
+            self.stream, run, counts=counts, now_ms=context.clock.now_ms(), keep_s=context.keep_s
         )
         metrics.REPLAY_RUNS.labels(self.stream, "completed").inc()
         log.info(
@@ -298,10 +317,12 @@ class ReplayAttempt:
         metrics.REPLAY_ATTEMPTS.labels(context.stream, self.step.value).inc()
         if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
             metrics.REPLAY_RECOVERIES.labels(context.stream).inc()
+            windows = read_windows(earlier, context.lease, now_ms)
+            self._check_retention(windows, now_ms)
             self._earlier = EarlierPuts(
                 context.reader,
                 context.clock,
-                read_windows(earlier, context.lease, now_ms),
+                windows,
                 final=self.step is RecoveryStep.RECOVER,
                 keep_alive=self._keep_lease,
             )
@@ -334,6 +355,31 @@ class ReplayAttempt:
         if attempts:
             task_attempts = ledger.supersede_attempts(stream, name, self.me, attempts)
         return earlier_of(run, task_attempts, self.me, registered_before=self._registered_before)
+
+    def _check_retention(self, windows: list[tuple[int, int]], now_ms: int) -> None:
+        """Refuse to recover from windows the stream no longer holds (nothing sent; the
+        attempt finished), unless the policy accepts the risk of duplicates."""
+        context = self._context
+        horizon_ms = past_trim_horizon(windows, now_ms, context.retention_ms, context.lease.skew_ms)
+        if horizon_ms is None:
+            return
+        send = context.policy.send_past_retention
+        metrics.REPLAY_PAST_RETENTION.labels(context.stream, "sent" if send else "failed").inc()
+        log.error(
+            "replay recovery window past the stream's retention stream=%s run=%s "
+            "window_start_ms=%d trim_horizon_ms=%d action=%s",
+            context.stream,
+            self.task.run,
+            windows[0][0],
+            horizon_ms,
+            "send rows not found (duplicates possible)" if send else "fail, nothing sent",
+        )
+        if send:
+            return
+        self.finish()
+        raise ReplayWindowTrimmedError(
+            context.stream, self.task.run, window_start_ms=windows[0][0], trim_horizon_ms=horizon_ms
+        )
 
     def __enter__(self) -> ReplayAttempt:
         return self

@@ -51,6 +51,7 @@ __all__ = [
     "RecoveryStep",
     "can_finish_early",
     "earlier_of",
+    "past_trim_horizon",
     "read_windows",
     "recovery_step",
     "rows_left_to_send",
@@ -190,6 +191,17 @@ def rows_left_to_send(
         else:
             left.append(index)
     return left
+
+
+def past_trim_horizon(
+    windows: Sequence[tuple[int, int]], now_ms: int, retention_ms: int, skew_ms: int
+) -> int | None:
+    """The trim horizon when the earliest window starts before it, else None: records that
+    arrived before ``now - retention`` are gone (a clock ``skew_ms`` behind Kinesis' counts
+    them gone sooner), so rows put there cannot be found, and a row not found there may
+    have been put."""
+    horizon_ms = now_ms - retention_ms + skew_ms
+    return horizon_ms if windows and windows[0][0] < horizon_ms else None
 
 
 def can_finish_early(rows_left: int) -> bool:

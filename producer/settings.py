@@ -42,6 +42,14 @@ class Dedupe(StrEnum):
     REPLAY = "replay"  # what a run without failures writes, however often it is replayed
 
 
+class PastRetention(StrEnum):
+    """What a replay does when the windows it must read back reach past the stream's trim
+    horizon (what the earlier attempts put is partly gone)."""
+
+    FAIL = "fail"  # nothing sent: ReplayWindowTrimmedError names the run
+    SEND = "send"  # the rows not found are sent: duplicates possible
+
+
 class ProducerSettings(LedgerSettings):
     """The producer, the reconciler and the audit: the ledger's settings, plus the stream, the
     put's timeouts and the lease. Read by ``keo send|reconcile|audit|init`` and the Spark sink."""
@@ -245,6 +253,19 @@ class ProducerSettings(LedgerSettings):
             "a replay waits only for rows it did not find while an earlier attempt may still "
             "put them; the wait is at most one lease, and failing the task instead only moves "
             "the wait to Spark's retry"
+        ),
+    )
+    replay_past_retention: PastRetention = setting(
+        PastRetention.FAIL,
+        rule="`fail` or `send`",
+        description=(
+            "replay mode: a recovery whose earlier attempts' windows begin before the stream's "
+            "trim horizon fails (nothing sent, the run named), or with `send` sends the rows "
+            "it did not find"
+        ),
+        why=(
+            "rows put before the trim horizon cannot be read back, so a row not found there may "
+            "be in a consumer's hands already: resending it blindly could deliver it twice"
         ),
     )
     aggregate: bool = setting(

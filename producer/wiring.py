@@ -22,7 +22,7 @@ from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.readback import ReadBackResolver
 from producer.reconciler import Reconciler
 from producer.replay import ReplayPolicy, ReplayProducer
-from producer.settings import ProducerSettings
+from producer.settings import PastRetention, ProducerSettings
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ def replay_policy_from(settings: ProducerSettings) -> ReplayPolicy:
         lease=settings.lease_policy(),
         put_max_attempts=settings.put_max_attempts,
         max_wait_ms=round(max_wait_s * 1000) if max_wait_s is not None else None,
+        send_past_retention=settings.replay_past_retention == PastRetention.SEND,
     )
 
 
@@ -156,6 +157,7 @@ class Stack:
             clock=self.clock,
             policy=replay_policy_from(self.settings),
             max_record_bytes=self.settings.max_record_bytes or self.info.max_record_bytes,
+            retention_hours=self.info.retention_hours,
             shard_map=self.reader.shards if self.settings.aggregate else None,
             hooks=self.hooks if hooks is None else hooks,
             sleep=sleep,

@@ -688,6 +688,27 @@ def test_a_complete_run_takes_no_attempt_and_stays_complete(ledger: Ledger) -> N
     assert ledger.complete_run(STREAM, RUN, counts={}, now_ms=T0_MS + 9_000) == completed
 
 
+def test_a_run_lives_the_streams_retention_when_it_outlasts_the_dedupe_ttl(
+    ledger: Ledger,
+) -> None:
+    # GIVEN a stream kept longer than the ledger's dedupe TTL
+    keep_s = ledger.dedupe_ttl_s + 30 * 24 * 3600
+    # WHEN a run registers its first attempt
+    registered = ledger.register_attempt(STREAM, RUN, attempt("a1"), keep_s=keep_s)
+    # THEN its item lives the retention from then, not the TTL
+    assert registered.run.expires_at_s == T0_MS // 1000 + keep_s
+    # AND once completed, the retention from its completion: a re-run finds it COMPLETE while
+    # the rows it put are in the stream
+    completed = ledger.complete_run(STREAM, RUN, counts={}, now_ms=T0_MS + 60_000, keep_s=keep_s)
+    assert completed.expires_at_s == (T0_MS + 60_000) // 1000 + keep_s
+    found = ledger.get_run(STREAM, RUN)
+    assert found is not None
+    assert found.expires_at_s == completed.expires_at_s
+    # AND a run of a stream kept less than the TTL lives the TTL
+    short = ledger.register_attempt(STREAM, "other", attempt("b1"), keep_s=3600)
+    assert short.run.expires_at_s == T0_MS // 1000 + ledger.dedupe_ttl_s
+
+
 def test_an_attempt_renews_its_lease_and_its_executions_while_valid(ledger: Ledger) -> None:
     first = attempt("a1")
     ledger.register_attempt(STREAM, RUN, first)

@@ -378,7 +378,9 @@ class InMemoryLedger:
 
     # --- replay-mode runs -------------------------------------------------------------------
 
-    def register_attempt(self, stream: str, run: str, attempt: RunAttempt) -> RunRegistration:
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
         next_run_state(None, RunTransition.REGISTER)
         with self._lock:
             self._read_fault("register_attempt")
@@ -406,6 +408,9 @@ class InMemoryLedger:
                 _sorted_executions(
                     [e for e in others if e.execution_id != counted.execution_id] + [counted]
                 ),
+                expires_at_s=current.expires_at_s
+                if current is not None
+                else attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s),
             )
             self._replay_runs[(stream, run)] = registered
             self._run_index.setdefault((stream, run), attempt.lease_expires_at_ms)
@@ -548,14 +553,17 @@ class InMemoryLedger:
             return self._task_attempts.get((check_stream_name(stream), run, execution_id, task), ())
 
     def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
     ) -> ReplayRun:
         with self._lock:
             self._read_fault("complete_run")
             current = self._replay_runs.get((check_stream_name(stream), run))
             next_run_state(current.state if current else None, RunTransition.COMPLETE)
+            expires_at_s = now_ms // 1000 + max(self.dedupe_ttl_s, keep_s)
             if current is not None and current.state is RunState.COMPLETE:
-                return current
+                lives_on = dataclasses.replace(current, expires_at_s=expires_at_s)
+                self._replay_runs[(stream, run)] = lives_on
+                return lives_on
             completed = ReplayRun(
                 stream,
                 run,
@@ -563,6 +571,7 @@ class InMemoryLedger:
                 current.executions if current is not None else (),
                 completed_at_ms=now_ms,
                 counts=dict(counts),
+                expires_at_s=expires_at_s,
             )
             self._replay_runs[(stream, run)] = completed
             self._run_index.pop((stream, run), None)

@@ -23,6 +23,7 @@ def replay_producer_over(
     *,
     hooks: Hooks = NO_HOOKS,
     seed: int = 0,
+    retention_hours: int = 24,
     **policy: int,
 ) -> ReplayProducer:
     return ReplayProducer(
@@ -32,6 +33,7 @@ def replay_producer_over(
         reader=KinesisReader(kinesis, kinesis.stream, sleep=kinesis.sleep),
         clock=clock,
         policy=ReplayPolicy(lease=lease, **policy),
+        retention_hours=retention_hours,
         hooks=hooks,
         sleep=kinesis.sleep,
         rng=random.Random(seed),

@@ -21,6 +21,7 @@ from producer.replay_plan import (
     RecoveryStep,
     can_finish_early,
     earlier_of,
+    past_trim_horizon,
     read_windows,
     recovery_step,
     rows_left_to_send,
@@ -566,3 +567,30 @@ def test_what_is_earlier_never_holds_me_or_my_siblings(
     others = {x.execution_id for x in executions if x.execution_id != me.execution_id}
     assert others == {e.id for e in found if e.kind is EarlierKind.EXECUTION}
     assert [e.started_at_ms for e in found] == sorted(e.started_at_ms for e in found)
+
+
+# --- past_trim_horizon --------------------------------------------------------------------
+
+RETENTION_MS = 24 * 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("first_start_ms", "past"),
+    [
+        (T0_MS - RETENTION_MS + 60_000, False),  # inside the retention, past the skew margin
+        (T0_MS - RETENTION_MS + SKEW_MS, False),  # at the horizon a slow clock sees
+        (T0_MS - RETENTION_MS + SKEW_MS - 1, True),
+        (T0_MS - 2 * RETENTION_MS, True),
+    ],
+    ids=["inside", "at-the-horizon", "one-ms-before", "a-day-before"],
+)
+def test_a_window_starting_before_the_trim_horizon_is_past_it(
+    first_start_ms: int, past: bool
+) -> None:
+    # GIVEN windows, the earliest starting at first_start_ms, read at T0 on a 24 h stream
+    windows = [(first_start_ms, first_start_ms + 10_000), (T0_MS - 5_000, T0_MS)]
+    # WHEN the trim horizon is checked
+    horizon = past_trim_horizon(windows, T0_MS, RETENTION_MS, SKEW_MS)
+    # THEN it is past when it starts before what the stream holds (by a clock skew behind)
+    assert horizon == (T0_MS - RETENTION_MS + SKEW_MS if past else None)
+    assert past_trim_horizon([], T0_MS, RETENTION_MS, SKEW_MS) is None

@@ -19,6 +19,8 @@ from fakes.replay import replay_producer_over
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
+from producer.errors import ReplayWindowTrimmedError
+from producer.metrics import REPLAY_PAST_RETENTION
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
 from producer.replay import ReplayProducer, ReplayTask
@@ -126,6 +128,22 @@ def test_a_replay_with_more_rows_waits_for_the_earlier_lease_then_sends_only_the
     assert in_stream(kinesis) == as_multiset(rows(30))
     earlier = first.me
     assert LEASE.expired_for_everyone(earlier.lease_expires_at_ms, clock.now_ms())
+
+
+def test_a_replay_with_other_rows_than_the_first_attempt_leaves_the_union(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a first attempt whose rows were {A, B}, which put both and died before its commit
+    WHEN the replay's rows are {A, C} (a source that does not read the same records again)
+    THEN A is found and not sent again, C is sent, and B stays: the stream holds A, B and C,
+    the union of what the attempts carried, never a row twice. Nothing can take back B."""
+    a, b, c = Message("A", b"a"), Message("B", b"b"), Message("C", b"c")
+    first = producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1"))
+    assert statuses(first.send([a, b])) == {"SENT": 2}  # killed here: no commit
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay:
+        outcomes = replay.send([a, c])
+    assert [o.status for o in outcomes] == [OutcomeStatus.DUPLICATE, OutcomeStatus.SENT]
+    assert in_stream(kinesis) == as_multiset([a, b, c])
 
 
 def test_a_replay_of_a_finished_attempt_sends_its_new_rows_without_waiting(
@@ -446,3 +464,64 @@ def test_a_recovery_read_longer_than_the_lease_keeps_the_attempts_lease(
     assert statuses(outcomes) == {"DUPLICATE": 3_000, "SENT": 10}
     assert clock.now_ms() - started_ms > 2 * LEASE.lease_ms
     assert in_stream(kinesis) == as_multiset(rows(3_010))
+
+
+DAY_MS = 24 * 3_600_000
+
+
+def test_a_replay_whose_earlier_window_is_past_the_streams_retention_fails_and_sends_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a first execution that put half its rows and died, a day ago (the stream's
+    retention: 24 h) WHEN the run is replayed THEN the replay cannot read what was put before
+    the trim horizon: it fails with an error naming the run, sends nothing, and counts it;
+    nothing is left open for a later replay to wait for."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    first = producer.attempt(ReplayTask(RUN, "exec-1"))
+    first.send(messages[:5])  # killed here: never finished
+    clock.advance(DAY_MS)
+    before = REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get()
+    with pytest.raises(ReplayWindowTrimmedError) as raised:
+        producer.attempt(ReplayTask(RUN, "exec-2"))
+    assert raised.value.run == RUN
+    assert RUN in str(raised.value)
+    assert "KEO_REPLAY_PAST_RETENTION" in str(raised.value)
+    assert raised.value.window_start_ms < raised.value.trim_horizon_ms
+    assert REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get() == before + 1
+    assert in_stream(kinesis) == as_multiset(messages[:5])
+    run = producer.run_of(RUN)
+    assert run is not None
+    assert run.execution("exec-2") is not None
+    assert run.execution("exec-2").finished  # type: ignore[union-attr]
+
+
+def test_a_replay_past_retention_sends_the_rows_not_found_when_the_risk_is_accepted(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN the same replay a day after its first execution died WHEN the policy accepts the
+    risk (``KEO_REPLAY_PAST_RETENTION=send``) THEN the rows it does not find are sent."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    producer.attempt(ReplayTask(RUN, "exec-1")).send(messages[:5])
+    clock.advance(DAY_MS)
+    accepting = replay_producer_over(ledger, kinesis, clock, LEASE, send_past_retention=True)
+    with accepting.attempt(ReplayTask(RUN, "exec-2")) as replay:
+        assert replay.step is RecoveryStep.RECOVER
+        outcomes = replay.send(messages)
+    assert statuses(outcomes) == {"DUPLICATE": 5, "SENT": 5}
+
+
+def test_a_run_lives_at_least_the_streams_retention(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a stream kept 30 days, longer than the dedupe TTL (7 days) WHEN a run registers
+    and completes THEN its item lives 30 days from its completion: a re-run of the COMPLETE
+    run within the retention finds it and sends nothing."""
+    producer = replay_producer_over(ledger, kinesis, clock, LEASE, retention_hours=30 * 24)
+    producer.send_run(RUN, rows(4))
+    run = producer.run_of(RUN)
+    assert run is not None
+    assert run.state is RunState.COMPLETE
+    assert run.expires_at_s == clock.now_ms() // 1000 + 30 * 24 * 3600
+    assert run.expires_at_s > clock.now_ms() // 1000 + ledger.dedupe_ttl_s
