@@ -273,13 +273,14 @@ class KinesisReader:
         *,
         max_user_records: int,
         through: str | None = None,
-        take_oversized: bool = False,
+        oversized_up_to: int | None = 0,
         on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
     ) -> Counted:
         """Reads forward from ``start`` (to ``through`` at most, inclusive) and takes whole
-        Kinesis records while their user records fit in ``max_user_records``; with
-        ``take_oversized``, a first record that holds more is taken alone. GetRecords is asked
-        for no more records than are still wanted."""
+        Kinesis records while their user records fit in ``max_user_records``; a first record
+        that holds more is taken alone when it holds at most ``oversized_up_to`` (None: however
+        many; by default it is not taken). GetRecords is asked for no more records than are
+        still wanted."""
         taken = 0
         last: SeenRecord | None = None
 
@@ -292,7 +293,8 @@ class KinesisReader:
                 if through is not None and sequence_key(sequence_number) > sequence_key(through):
                     return Counted(last, taken, ended=False, full=False)
                 count = user_record_count(shard_id, raw)
-                if taken + count > max_user_records and not (taken == 0 and take_oversized):
+                alone = taken == 0 and (oversized_up_to is None or count <= oversized_up_to)
+                if taken + count > max_user_records and not alone:
                     return Counted(last, taken, ended=False, full=True)
                 taken += count
                 last = SeenRecord(

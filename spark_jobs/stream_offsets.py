@@ -7,14 +7,17 @@ An offset is what Spark writes to its checkpoint for the stream, as JSON::
      "shards": {"shardId-000000000000": {"after": "4968...", "after_ms": 1767225600000},
                 "shardId-000000000001": {"at_ms": 1767225000000},
                 "shardId-000000000002": {},
-                "shardId-000000000003": {"finished": true}}}
+                "shardId-000000000003": {"finished": true}},
+     "turn": "shardId-000000000002"}
 
 Per shard: the last Kinesis record read (``after``, its arrival ``after_ms``), else where the
 shard's first read starts (``at_ms``: the query's starting timestamp; nothing: the trim
 horizon), and whether it is ``finished``: closed and read to its end. A batch is the pair
 (start offset, end offset), and the end is fixed on the driver before the batch runs, so the
 partitions of a batch are a function of its two offsets (:func:`plan`): a replayed batch
-reads the same records.
+reads the same records. ``turn`` (absent in checkpoints written before it) is the shard whose
+turn it is to be offered a bounded batch's budget first: kept in the offset so that a
+restarted query goes on sharing the budget where it left off (:func:`allot`).
 
 Lineage, as the KCL follows it: a shard is read only once every parent it names
 (``ParentShardId``, ``AdjacentParentShardId``) is finished, or gone from the stream. A finished
@@ -141,21 +144,26 @@ def _int_or_none(value: Any) -> int | None:
 
 @dataclass(frozen=True)
 class StreamOffset:
-    """The read positions of every shard the query knows, by shard id."""
+    """The read positions of every shard the query knows, by shard id, and ``turn``: the shard
+    a bounded batch offers its budget to first (None: the lowest id; see :func:`allot`)."""
 
     stream: str
     shards: Mapping[str, ShardProgress]
+    turn: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The checkpoint's form: shards in id order, so equal offsets give equal JSON (Spark
         compares them as text to decide whether there is anything new)."""
-        return {
+        out: dict[str, Any] = {
             "version": OFFSET_VERSION,
             "stream": self.stream,
             "shards": {
                 shard_id: self.shards[shard_id].as_json() for shard_id in sorted(self.shards)
             },
         }
+        if self.turn is not None:
+            out["turn"] = self.turn
+        return out
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, stream: str) -> StreamOffset:
@@ -186,14 +194,20 @@ class StreamOffset:
             str(shard_id): ShardProgress.from_json(progress)
             for shard_id, progress in raw["shards"].items()
         }
-        return cls(stream, shards)
+        turn = raw.get("turn")
+        return cls(stream, shards, None if turn is None else str(turn))
 
     def progress(self, shard_id: str) -> ShardProgress:
         """A shard the offset does not name has read nothing yet (from the trim horizon)."""
         return self.shards.get(shard_id, ShardProgress())
 
-    def with_progress(self, updates: Mapping[str, ShardProgress]) -> StreamOffset:
-        return StreamOffset(self.stream, {**self.shards, **updates})
+    def with_progress(
+        self, updates: Mapping[str, ShardProgress], *, turn: str | None = None
+    ) -> StreamOffset:
+        """Moved on by ``updates``, and with the bounded batches' ``turn`` when one is given."""
+        return StreamOffset(
+            self.stream, {**self.shards, **updates}, self.turn if turn is None else turn
+        )
 
 
 def with_listing(offset: StreamOffset, listed: Iterable[Shard]) -> tuple[StreamOffset, list[str]]:
@@ -212,7 +226,7 @@ def with_listing(offset: StreamOffset, listed: Iterable[Shard]) -> tuple[StreamO
         del shards[shard_id]
     for shard_id in listed_ids - shards.keys():
         shards[shard_id] = ShardProgress()
-    return StreamOffset(offset.stream, shards), gone
+    return StreamOffset(offset.stream, shards, offset.turn), gone
 
 
 def readable(offset: StreamOffset, listed: Iterable[Shard]) -> list[Shard]:
@@ -286,42 +300,87 @@ def allot(
     shard_ids: Sequence[str],
     total: int | None,
     per_shard: int | None,
-    take: Callable[[str, int, bool], Taken],
-) -> None:
-    """Shares a batch's budget of user records among shards, fairly, in rounds.
+    take: Callable[[str, int, int | None], Taken],
+    *,
+    turn: str | None = None,
+) -> str | None:
+    """Shares a batch's budget of user records among shards, fairly, in rounds; returns the
+    shard whose turn it is to be offered the next batch's budget first.
 
-    Each round offers every shard that may have more an equal share of what is left (at least
-    one record, in shard-id order, while anything is left), capped by what ``per_shard``
-    leaves it; ``take(shard_id, share, first)`` reads that many more at most and says what it
-    took. A shard that reached its tip, or ``per_shard``, is done; what it left goes to the
-    others in the next round. Rounds end when the budget is spent or a round moves nothing.
-    ``first`` is true until the batch has taken anything: a KPL aggregate bigger than the
-    share may then be taken alone, so that the query moves on.
+    The order: shard-id order, starting at ``turn`` (the first shard from it on, else the
+    lowest), the same in every round. Each round offers every shard that may have more an
+    equal share of what is left (at least one record, while anything is left), capped by what
+    ``per_shard`` leaves it; ``take(shard_id, share, whole_up_to)`` reads that many more at
+    most, in whole Kinesis records, and says what it took. A shard whose next record holds
+    more than its share takes that record alone when it holds at most ``whole_up_to`` (None:
+    however many):
+
+    - the batch's first take has no bound (``None``), so that the query moves on whatever the
+      record sizes: an aggregate holding more than ``total`` is then the whole batch;
+    - a shard that has taken nothing yet in this batch may take one record that fits in what
+      the batch (and ``per_shard``) still leaves, though it is bigger than its share;
+    - any other take keeps to its share.
+
+    So a batch holds at most ``total`` unless it is one record alone, and a shard takes at
+    most ``per_shard`` unless with one record, the batch's first take. A shard that reached its
+    tip, or ``per_shard``, is done; what it left goes to the others in the next round. Rounds
+    end when the budget is spent or a round moves nothing.
+
+    The next turn is the first shard after this batch's first that took nothing and may have
+    more (it was offered too little, or nothing): the batch's first shard with a backlog always
+    moves, and each batch the turn moves towards a shard left waiting, so every shard with a
+    backlog moves within as many batches as there are shards (within about ``len(shard_ids) /
+    total`` when ``total`` is below the shard count and records are single). When no shard was
+    left waiting, or nothing was taken, the turn stays: a batch that reads nothing changes no
+    offset.
     """
     if total is None and per_shard is None:
         raise ValueError("allot needs a budget")
+    ordered = sorted(shard_ids)
+    begin = next((i for i, shard_id in enumerate(ordered) if turn is None or shard_id >= turn), 0)
+    ordered = ordered[begin:] + ordered[:begin]
     left = total
-    used = dict.fromkeys(shard_ids, 0)
-    active = list(shard_ids)
-    first = True
+    used = dict.fromkeys(ordered, 0)
+    drained: set[str] = set()  # said it has nothing more
+    active = list(ordered)
     while active and (left is None or left > 0):
-        share = None if left is None else max(1, left // len(active))
+        round_share = None if left is None else max(1, left // len(active))
         moved = False
         still: list[str] = []
         for shard_id in active:
             if left is not None and left <= 0:
                 break
-            room = [n for n in (share, left) if n is not None]
-            if per_shard is not None:
-                room.append(per_shard - used[shard_id])
-            taken = take(shard_id, min(room), first)
+            room = _room(left, per_shard, used[shard_id])
+            share = room if round_share is None else min(round_share, room)
+            taken = take(
+                shard_id, share, _whole_up_to(any(used.values()), used[shard_id], share, room)
+            )
             if taken.user_records:
-                moved, first = True, False
+                moved = True
                 used[shard_id] += taken.user_records
                 if left is not None:
                     left -= taken.user_records
-            if taken.more and (per_shard is None or used[shard_id] < per_shard):
+            if not taken.more:
+                drained.add(shard_id)
+            elif per_shard is None or used[shard_id] < per_shard:
                 still.append(shard_id)
         if not moved:
-            return
+            break
         active = still
+    waiting = (s for s in ordered[1:] if used[s] == 0 and s not in drained)
+    return next(waiting, turn) if any(used.values()) else turn
+
+
+def _room(left: int | None, per_shard: int | None, used: int) -> int:
+    """What the batch's budget and the shard's own bound still let one shard take."""
+    bounds = [n for n in (left, None if per_shard is None else per_shard - used) if n is not None]
+    return min(bounds)
+
+
+def _whole_up_to(batch_took: bool, shard_took: int, share: int, room: int) -> int | None:
+    """The most user records one record bigger than the share may hold to be taken alone:
+    any number for the batch's first take (None), what is left for a shard that has taken
+    nothing yet, else no more than the share."""
+    if not batch_took:
+        return None
+    return room if shard_took == 0 else share

@@ -15,7 +15,9 @@ it and no further, so a replayed batch reads the same records:
   an executor: the price of a bounded batch. Records are counted as user records (a KPL
   aggregate counts what it holds) and batches are cut at whole Kinesis records, so a batch
   holds at most the limit, except that an aggregate holding more than the limit is read
-  whole, alone;
+  whole, alone. The budget is shared among the shards in rounds starting at the offset's turn
+  (:func:`spark_jobs.stream_offsets.allot`), so every shard with a backlog moves within as
+  many batches as there are shards, whatever the limit and the aggregates' sizes;
 - under ``Trigger.AvailableNow`` (:meth:`StreamPlanner.freeze`), each shard's tail when the
   query started is its last end: records written later wait for the next run.
 
@@ -184,10 +186,9 @@ class StreamPlanner:
             s for s in readable(offset, listed) if self._caps is None or s.shard_id in self._caps
         ]
         if budget is None:
-            ends = self._ends(shards, offset)
-        else:
-            ends = self._counted(shards, offset, budget)
-        return offset.with_progress(ends)
+            return offset.with_progress(self._ends(shards, offset))
+        ends, turn = self._counted(shards, offset, budget)
+        return offset.with_progress(ends, turn=turn)
 
     def ranges(self, start: StreamOffset, end: StreamOffset) -> list[ShardRange]:
         """What a batch reads: a pure function of its two offsets, given the shards' hash
@@ -249,11 +250,13 @@ class StreamPlanner:
 
     def _counted(
         self, shards: Sequence[Shard], offset: StreamOffset, budget: Budget
-    ) -> dict[str, ShardProgress]:
+    ) -> tuple[dict[str, ShardProgress], str | None]:
+        """Each shard's end within the budget (:func:`allot`, from the offset's turn), and the
+        next batch's turn."""
         by_id = {shard.shard_id: shard for shard in shards}
         progress = {shard_id: offset.progress(shard_id) for shard_id in by_id}
 
-        def take(shard_id: str, share: int, first: bool) -> Taken:
+        def take(shard_id: str, share: int, whole_up_to: int | None) -> Taken:
             shard, current = by_id[shard_id], progress[shard_id]
             cap = self._caps.get(shard_id) if self._caps is not None else None
             through = None
@@ -266,14 +269,14 @@ class StreamPlanner:
                 current.start,
                 max_user_records=share,
                 through=through,
-                take_oversized=first,
+                oversized_up_to=whole_up_to,
                 on_lost=self._on_lost,
             )
             progress[shard_id] = current.advanced_to(counted.last, finished=counted.ended)
             return Taken(counted.user_records, more=counted.full)
 
-        allot(list(by_id), budget.total, budget.per_shard, take)
-        return progress
+        turn = allot(list(by_id), budget.total, budget.per_shard, take, turn=offset.turn)
+        return progress, turn
 
     def _gone(self, shard_id: str, progress: ShardProgress) -> ShardPositionLostError:
         return ShardPositionLostError(

@@ -7,8 +7,11 @@ batch from them, so what a batch reads must be a function of the two offsets alo
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kinesis_store.positions import SeenRecord, ShardStart
 from kinesis_store.shards import Shard
@@ -212,22 +215,67 @@ def test_a_shard_gone_between_planning_and_reading_is_reported() -> None:
 
 
 class Shards:
-    """Shards with so many user records left, each Kinesis record holding ``sizes`` of them."""
+    """Shards with so many user records left, each Kinesis record holding ``sizes`` of them.
+    ``take`` is the reader's rule: whole records while they fit in the share, or one record
+    that does not, alone, when it holds at most ``whole_up_to`` (None: however many)."""
 
     def __init__(self, **records: list[int]) -> None:
         self.records = {name: list(sizes) for name, sizes in records.items()}
         self.taken: dict[str, int] = dict.fromkeys(records, 0)
-        self.calls: list[tuple[str, int, bool]] = []
+        self.calls: list[tuple[str, int, int | None]] = []
+        self.takes: list[tuple[str, list[int]]] = []  # the records of each take that got some
 
-    def take(self, shard_id: str, share: int, first: bool) -> Taken:
-        self.calls.append((shard_id, share, first))
-        queue, got = self.records[shard_id], 0
-        while queue and (got + queue[0] <= share or (got == 0 and first)):
-            got += queue.pop(0)
-            if got >= share:
+    def take(self, shard_id: str, share: int, whole_up_to: int | None) -> Taken:
+        self.calls.append((shard_id, share, whole_up_to))
+        queue, got = self.records[shard_id], []
+        while queue and (
+            sum(got) + queue[0] <= share
+            or (not got and (whole_up_to is None or queue[0] <= whole_up_to))
+        ):
+            got.append(queue.pop(0))
+            if sum(got) >= share:
                 break
-        self.taken[shard_id] += got
-        return Taken(got, more=bool(queue))
+        if got:
+            self.takes.append((shard_id, got))
+        self.taken[shard_id] += sum(got)
+        return Taken(sum(got), more=bool(queue))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one batch took: user records by shard, and its takes in the order made."""
+
+    user_records: dict[str, int]
+    takes: list[tuple[str, list[int]]]
+
+
+def batches(shards: Shards, total: int | None, per_shard: int | None, count: int) -> list[Batch]:
+    """``count`` batches one after the other, each starting its rounds at the shard the one
+    before named (the turn an offset carries from batch to batch)."""
+    turn: str | None = None
+    out: list[Batch] = []
+    for _ in range(count):
+        before, takes_before = dict(shards.taken), len(shards.takes)
+        turn = allot(list(shards.records), total, per_shard, shards.take, turn=turn)
+        took = {name: shards.taken[name] - before[name] for name in shards.taken}
+        out.append(Batch(took, shards.takes[takes_before:]))
+    return out
+
+
+def longest_wait(shards: dict[str, list[int]], run: list[Batch]) -> int:
+    """The most batches in a row in which a shard that still had records took none of them
+    (the batch it finally moves in not counted)."""
+    left = {name: sum(sizes) for name, sizes in shards.items()}
+    waiting, longest = dict.fromkeys(shards, 0), 0
+    for batch in run:
+        for name, took in batch.user_records.items():
+            if left[name] and not took:
+                waiting[name] += 1
+                longest = max(longest, waiting[name])
+            else:
+                waiting[name] = 0
+            left[name] -= took
+    return longest
 
 
 def test_a_budget_is_shared_fairly_and_what_one_shard_leaves_goes_to_the_others() -> None:
@@ -265,6 +313,90 @@ def test_a_budget_smaller_than_the_shard_count_still_moves() -> None:
     shards = Shards(a=[1] * 5, b=[1] * 5, c=[1] * 5)
     allot(["a", "b", "c"], 2, None, shards.take)
     assert shards.taken == {"a": 1, "b": 1, "c": 0}
+
+
+def test_shards_of_aggregates_bigger_than_their_share_each_move_within_as_many_batches_as_shards() -> (
+    None
+):
+    # GIVEN three shards of KPL aggregates of 60 user records, more than a third of the limit
+    backlog = {"a": [60] * 8, "b": [60] * 8, "c": [60] * 8}
+    # WHEN 8 batches of at most 100 user records are allotted
+    run = batches(Shards(**backlog), 100, None, 8)
+    # THEN every shard moves, none waits 3 batches, and no batch holds more than the limit
+    assert [sum(b.user_records.values()) for b in run] == [60] * 8
+    assert {name: sum(b.user_records[name] for b in run) for name in backlog} == {
+        "a": 180,
+        "b": 180,
+        "c": 120,
+    }
+    assert longest_wait(backlog, run) <= 2
+
+
+def test_a_limit_below_the_shard_count_moves_every_shard_within_shards_over_limit_batches() -> None:
+    # GIVEN five shards of plain records and a limit of 2 user records a batch
+    backlog = {name: [1] * 4 for name in "abcde"}
+    # WHEN 10 batches are allotted
+    run = batches(Shards(**backlog), 2, None, 10)
+    # THEN each batch takes 2, and every shard moves at least once in every 3 (5 / 2) batches
+    assert [sum(b.user_records.values()) for b in run] == [2] * 10
+    assert longest_wait(backlog, run) <= 2
+    assert all(sum(b.user_records[name] for b in run) == 4 for name in backlog)
+
+
+def test_a_shard_takes_one_record_bigger_than_its_share_when_it_fits_what_the_batch_has_left() -> (
+    None
+):
+    # GIVEN a shard of aggregates of 40 between two of plain records
+    shards = Shards(a=[1] * 50, b=[40] * 3, c=[1] * 50)
+    # WHEN a batch of 100 is allotted (a share of 33 each)
+    allot(["a", "b", "c"], 100, None, shards.take)
+    # THEN the aggregate is taken whole, and the others share what it leaves: 100 in all
+    assert shards.taken == {"a": 33, "b": 40, "c": 27}
+
+
+def test_the_turn_stays_when_nothing_is_taken_so_a_caught_up_offset_does_not_change() -> None:
+    # GIVEN shards with nothing left, and a turn at the second
+    shards = Shards(a=[], b=[], c=[])
+    # WHEN a batch is allotted
+    turn = allot(["a", "b", "c"], 10, None, shards.take, turn="b")
+    # THEN it takes nothing and the turn is the same: the end offset equals the start
+    assert shards.taken == {"a": 0, "b": 0, "c": 0}
+    assert turn == "b"
+    # AND a batch's rounds start at the turn, then go on in shard-id order
+    assert [call[0] for call in shards.calls] == ["b", "c", "a"]
+
+
+@given(
+    backlog=st.lists(st.lists(st.integers(1, 40), max_size=10), min_size=1, max_size=6),
+    total=st.none() | st.integers(1, 60),
+    per_shard=st.none() | st.integers(1, 30),
+)
+def test_every_shard_with_a_backlog_moves_within_as_many_batches_as_shards_and_limits_hold(
+    backlog: list[list[int]], total: int | None, per_shard: int | None
+) -> None:
+    if total is None and per_shard is None:
+        per_shard = 1
+    # GIVEN shards holding records of any sizes, and any limits
+    records = {f"s{i}": sizes for i, sizes in enumerate(backlog)}
+    shards = Shards(**records)
+    # WHEN batches are allotted one after the other until every shard is read
+    run = batches(shards, total, per_shard, sum(len(sizes) for sizes in backlog))
+    # THEN everything is read: every batch took something until then (no stall)
+    assert not any(shards.records.values())
+    moved = [bool(b.takes) for b in run]
+    assert moved == sorted(moved, reverse=True)
+    for batch in run:
+        # AND a batch holds at most the limit, unless it is one record alone (the first take)
+        taken = sum(batch.user_records.values())
+        if total is not None:
+            assert taken <= total or (len(batch.takes) == 1 and len(batch.takes[0][1]) == 1)
+        # AND a shard takes at most its bound, unless with one record, the batch's first take
+        if per_shard is not None:
+            for name, took in batch.user_records.items():
+                mine = [t for t in batch.takes if t[0] == name]
+                assert took <= per_shard or (mine == [batch.takes[0]] and len(mine[0][1]) == 1)
+    # AND no shard with records waits as many batches as there are shards
+    assert longest_wait(records, run) < len(records)
 
 
 def test_how_far_a_start_is_behind_the_tail_is_told_in_arrival_time_when_the_start_has_one() -> (

@@ -47,11 +47,16 @@ class World:
         self.kinesis = FakeKinesisClient(stream=STREAM, clock=self.clock, shard_count=shard_count)
         self.client = client(self.kinesis)
         self.fail_on_data_loss = fail_on_data_loss
-        self.planner = StreamPlanner(
+        self.starting = starting
+        self.planner = self.new_planner()
+
+    def new_planner(self) -> StreamPlanner:
+        """A driver's planner, as a query (re)started makes one."""
+        return StreamPlanner(
             KinesisReader(self.client, STREAM, sleep=self.kinesis.sleep),
             self.clock,
-            starting_position=starting,
-            fail_on_data_loss=fail_on_data_loss,
+            starting_position=self.starting,
+            fail_on_data_loss=self.fail_on_data_loss,
             margin_ms=500,
         )
 
@@ -84,12 +89,20 @@ class World:
         return records
 
     def run(
-        self, start: StreamOffset | None = None, budget: Budget | None = None
+        self,
+        start: StreamOffset | None = None,
+        budget: Budget | None = None,
+        *,
+        restarting: bool = False,
     ) -> tuple[list[Batch], StreamOffset]:
-        """Batches until the end offset is the start (Spark then runs no batch)."""
+        """Batches until the end offset is the start (Spark then runs no batch); with
+        ``restarting``, each batch by a new planner from the checkpoint's form of its start."""
         offset = start if start is not None else self.planner.initial()
         batches: list[Batch] = []
         for _ in range(100):
+            if restarting:
+                self.planner = self.new_planner()
+                offset = StreamOffset.parse(offset.as_json(), stream=STREAM)
             end = self.planner.latest(offset, budget)
             if end.as_json() == offset.as_json():
                 return batches, offset
@@ -184,6 +197,39 @@ def test_a_per_shard_limit_bounds_each_shard() -> None:
     batches, _ = world.run(budget=Budget(None, 3))
     assert [len(b) for b in batches] == [6, 5, 3]
     assert len(set(keys(batches))) == 14
+
+
+def test_shards_of_aggregates_bigger_than_their_share_take_turns_carried_by_the_checkpoint() -> (
+    None
+):
+    # GIVEN three shards, each holding 4 KPL aggregates of 60 user records (more than 100 / 3)
+    world = World(shard_count=3)
+    for index in range(3):
+        for n in range(4):
+            world.put_aggregate(
+                *(f"s{index}-{n}-{i:02d}" for i in range(60)),
+                hash_key=index * (2**128 // 3) + 5,
+            )
+    # WHEN the query reads 100 user records a batch at most, restarted before every batch
+    batches, _ = world.run(budget=Budget(100, None), restarting=True)
+    # THEN each batch is one whole aggregate, the shards take turns, all is read once
+    assert [len(b) for b in batches] == [60] * 12
+    assert [b[0].shard_id[-1] for b in batches] == list("012" * 4)
+    assert len(keys(batches)) == len(set(keys(batches))) == 720
+    assert_in_shard_order(batches)
+
+
+def test_a_limit_below_the_shard_count_moves_every_shard_every_other_batch() -> None:
+    # GIVEN four shards of 3 plain records each
+    world = World(shard_count=4)
+    for index in range(4):
+        world.put(*(f"s{index}-{i}" for i in range(3)), hash_key=index * (2**128 // 4) + 5)
+    # WHEN the query reads 2 user records a batch at most
+    batches, _ = world.run(budget=Budget(2, None))
+    # THEN two shards move in one batch, the other two in the next, until all is read
+    moved = [sorted({r.shard_id[-1] for r in b}) for b in batches]
+    assert moved == [["0", "1"], ["2", "3"]] * 3
+    assert len(set(keys(batches))) == 12
 
 
 # --- lineage ------------------------------------------------------------------------------------
