@@ -118,6 +118,14 @@ REPLAY_PAST_RETENTION = Counter(
     "(KEO_REPLAY_PAST_RETENTION=send: duplicates possible)",
     ["stream", "resolution"],
 )
+REPLAY_ROWS_MATCHED_AMBIGUOUSLY = Counter(
+    "keo_replay_rows_matched_ambiguously_total",
+    "Replay-mode rows matched (found from an earlier attempt, or an ambiguous put found) beside "
+    "an identical record (same key and data) left unmatched in the window read: another "
+    "writer's copy was there, so the one taken may be it (one copy short); key mode counts "
+    "such rows exactly",
+    ["stream"],
+)
 REPLAY_RUNS_OPEN = Gauge(
     "keo_replay_runs_open",
     "Replay-mode runs the last reconciler pass found left OPEN past every attempt's lease (a "
@@ -141,6 +149,7 @@ PRODUCER_COUNTERS: Final = (
     REPLAY_RECOVERIES,
     REPLAY_ROWS_FOUND,
     REPLAY_PAST_RETENTION,
+    REPLAY_ROWS_MATCHED_AMBIGUOUSLY,
 )
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 

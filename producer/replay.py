@@ -24,12 +24,15 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
          send(messages) ── puts: full requests, SDK retries off, the fence against the attempt's
          │                 lease (renewed when short: one write), per-record errors resent
          │                 ├─ written ───── SENT at its position
-         │                 ├─ ambiguous ─── read back in the attempt's own window: found is
-         │                 │                SENT; not found once the lease it left under is
-         │                 │                over: sent again; else IN_FLIGHT
+         │                 ├─ ambiguous ─── read back from its request's send time - skew
+         │                 │                to its lease's end + skew: found is SENT; not
+         │                 │                found once the lease it left under is over:
+         │                 │                sent again; else IN_FLIGHT
          │                 └─ not written ─ FAILED (the lease lost, or not retriable)
          finish() ──────── every put has a definite result: the attempt is finished (one
-                           write); once all of its execution's are, a replay waits for none
+                           write); once all of its execution's are, a replay waits for none.
+                           Rows matched beside another writer's identical record are
+                           counted (rows_matched_ambiguously) and warned of, once
     ReplayProducer.complete(run)                 one write: COMPLETE; a replay sends nothing
 
 Outcomes are key mode's: SENT, DUPLICATE (found from an earlier attempt, or the run is
@@ -288,6 +291,9 @@ class ReplayAttempt:
         self._unresolved = 0  # puts that may still land: the attempt must not finish
         self._written: set[Position] = set()  # where this attempt's records are, all calls
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
+        self._sent_at_ms: dict[int, int] = {}  # per item of the call: when its request left
+        self._others_own = 0  # own read-back matches with another writer's copy beside them
+        self._others_reported = False
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
         self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
@@ -395,6 +401,15 @@ class ReplayAttempt:
         return self._earlier.rows_found if self._earlier is not None else 0
 
     @property
+    def rows_matched_ambiguously(self) -> int:
+        """Rows matched (found from an earlier attempt, or an ambiguous put of this one found)
+        beside an identical record left unmatched in the window read: another writer's copy
+        (another run, a sibling task) was there, so the one taken may be it
+        (:func:`producer.replay_plan.possibly_others`). Final once the attempt sent its rows."""
+        earlier = self._earlier.possibly_others(self._written) if self._earlier is not None else 0
+        return earlier + self._others_own
+
+    @property
     def get_records_calls(self) -> int:
         return self._context.reader.get_records_calls
 
@@ -456,6 +471,7 @@ class ReplayAttempt:
         best effort: one left unfinished costs a replay a wait, never a duplicate). Once: the
         attempt sends nothing after."""
         context = self._context
+        self._report_possibly_others()
         if self._finished or self._unresolved:
             return
         self._finished = True
@@ -471,6 +487,25 @@ class ReplayAttempt:
                 self.me.attempt_id,
                 exc,
             )
+
+    def _report_possibly_others(self) -> None:
+        """Count, once, the rows matched beside another writer's identical record, and warn."""
+        if self._others_reported:
+            return
+        self._others_reported = True
+        count = self.rows_matched_ambiguously
+        if not count:
+            return
+        metrics.REPLAY_ROWS_MATCHED_AMBIGUOUSLY.labels(self._context.stream).inc(count)
+        log.warning(
+            "replay rows matched beside another writer's identical record stream=%s run=%s "
+            "attempt=%s rows=%d: each may be the other writer's copy, leaving this run's "
+            "short; rows that must be counted exactly whatever other writers do need key mode",
+            self._context.stream,
+            self.task.run,
+            self.me.attempt_id,
+            count,
+        )
 
     # --- recovery ----------------------------------------------------------------------------
 
@@ -517,6 +552,7 @@ class ReplayAttempt:
     def _deliver(self, items: list[PreparedMessage], decided: dict[int, Outcome]) -> None:
         context = self._context
         written = self._written
+        self._sent_at_ms.clear()
         for _ in range(context.policy.put_max_attempts):
             if not items:
                 return
@@ -556,7 +592,11 @@ class ReplayAttempt:
         decided: dict[int, Outcome],
     ) -> list[PreparedMessage]:
         """Settle ambiguous puts from the stream; returns those that can no longer land and
-        were not found: to send again. The ones that may still land are IN_FLIGHT."""
+        were not found: to send again. The ones that may still land are IN_FLIGHT.
+
+        Each item is matched only from its own request's send time minus the skew (a record
+        that arrived before cannot be its put) up to the lease's end plus the skew; records
+        this attempt knows it wrote and the earlier attempts' records are never matched."""
         if not items:
             return []
         context = self._context
@@ -566,10 +606,24 @@ class ReplayAttempt:
         excluding = written | (self._earlier.positions() if self._earlier is not None else set())
         while True:
             over = lease.expired_for_everyone(bound_ms, context.clock.now_ms())
-            window = lease.read_back_window(self.me.started_at_ms, bound_ms)
-            found = read_rows(context.reader, context.clock, items, window, excluding=excluding)
+            since_ms = [
+                lease.read_back_window(
+                    self._sent_at_ms.get(item.index, self.me.started_at_ms), bound_ms
+                )[0]
+                for item in items
+            ]
+            window = (min(since_ms), lease.read_back_window(self.me.started_at_ms, bound_ms)[1])
+            found = read_rows(
+                context.reader,
+                context.clock,
+                items,
+                window,
+                excluding=excluding,
+                since_ms=since_ms,
+            )
+            self._others_own += found.possibly_others
             left: list[PreparedMessage] = []
-            for item, position in zip(items, found, strict=True):
+            for item, position in zip(items, found.positions, strict=True):
                 if position is None:
                     left.append(item)
                     continue
@@ -671,6 +725,10 @@ class ReplayAttempt:
         self, messages: list[PreparedMessage]
     ) -> tuple[list[PreparedMessage], list[PreparedMessage]]:
         if self._keep_lease():
+            # read after any renewal: no request carrying these can have left before now
+            now_ms = self._context.clock.now_ms()
+            for message in messages:
+                self._sent_at_ms[message.index] = now_ms
             return messages, []
         return [], messages
 

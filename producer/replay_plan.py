@@ -24,26 +24,45 @@ order of a replay. ``tests/unit/test_replay_plan.py`` goes through every case.
                                         ├─ WAIT       an earlier lease runs: wait, or fail the task
                                         └─ RECOVER    read the windows back, send the rest
     a read-back ──────── rows_left_to_send:  the rows no found record matches (multiset)
+                         match_since:        an ambiguous put's rows, each matched only from
+                                             its own request's send time minus the skew
+                         possibly_others:    the matches with an identical record left beside
+                                             them: another writer's copy was in the window
                          can_finish_early:   nothing left: done, whatever an earlier one does
 
-Known limit (the design asks that it be said and tested): a task matches its own rows only.
-Identical rows (same key and data) that a replay spreads over several tasks cannot be told
-apart by one task: each counts the same found record for its own row. So an identical row is
-delivered at least once per batch (a row is sent unless a copy of it was found), not as many
-times as the batch holds it when an earlier attempt delivered fewer copies than that and the
-replay spreads them over tasks; ``test_identical_rows_spread_over_tasks_...`` pins it. Distinct
-rows are unaffected: a found record never matches another row.
+Known limit (the design asks that it be said and tested): identity is ``(key, data)``, and
+nothing in the stream says which writer put a record. A found record of a row is taken for this
+run's put of it when it lies on a shard the row routes to, inside the window read: for recovery,
+an earlier attempt's ``[started_at - skew, lease end + skew]``; for an ambiguous put of this
+attempt, ``[its request's send time - skew, lease end + skew]``; never a record this attempt
+knows it wrote, nor (for its own puts) one of the earlier attempts' records. So an identical
+row that another writer put there in that window (another run; a sibling task of this
+execution, whose attempts the ledger does not show a task; another task of an earlier
+execution, when a replay spreads identical rows over tasks) can be taken for this run's, and
+when this run's own put of it never landed, the stream holds one copy where two belong.
+:func:`possibly_others` counts every match made beside an identical record left unmatched
+(the evidence that another writer put the row there); a match with no copy left beside it
+cannot be told from this run's own and is not counted. Rows that differ in key or data are
+never affected. Where a row must be counted exactly whatever other writers do, key mode is
+the answer. ``tests/unit/test_replay_producer.py`` pins the narrowing and the count
+(``test_an_ambiguous_put_is_not_matched_to_an_identical_row_written_before_it_was_sent``,
+``test_a_recovery_match_beside_an_identical_record_of_another_writer_is_counted_and_warned``);
+``test_identical_rows_spread_over_tasks_...`` the uncounted case.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
 from producer.protocol import LeasePolicy
+
+_R = TypeVar("_R", bound=Hashable)  # a row's identity
+_P = TypeVar("_P")  # a record's position
 
 __all__ = [
     "Earlier",
@@ -51,7 +70,9 @@ __all__ = [
     "RecoveryStep",
     "can_finish_early",
     "earlier_of",
+    "match_since",
     "past_trim_horizon",
+    "possibly_others",
     "read_windows",
     "recovery_step",
     "rows_left_to_send",
@@ -202,6 +223,57 @@ def past_trim_horizon(
     have been put."""
     horizon_ms = now_ms - retention_ms + skew_ms
     return horizon_ms if windows and windows[0][0] < horizon_ms else None
+
+
+def match_since(
+    wanted: Sequence[tuple[_R, int]], found: Mapping[_R, Sequence[tuple[int, _P]]]
+) -> tuple[list[_P | None], int]:
+    """Per wanted row, in order: a found record of it that arrived at or after the row's own
+    ``since`` (epoch ms), each record matched once, or None; and how many of those matches are
+    :func:`possibly_others` (another writer's identical record was left beside them).
+
+    ``wanted``: ``(row, since_ms)``: an ambiguous put of the row, which cannot have landed
+    before the moment its request was sent, minus the skew. ``found``: per row, the records
+    read back, ``(arrival_ms, position)``. A row's most restrictive puts (the latest
+    ``since``) choose first, each the oldest record it may have written: as many puts are
+    matched as any assignment could match."""
+    by_row: dict[_R, list[int]] = {}
+    for index, (row, _) in enumerate(wanted):
+        by_row.setdefault(row, []).append(index)
+    matched: list[_P | None] = [None] * len(wanted)
+    taken: Counter[_R] = Counter()
+    left: Counter[_R] = Counter()
+    for row, indexes in by_row.items():
+        records = sorted(found.get(row, ()), key=lambda record: record[0])
+        free = [True] * len(records)
+        for index in sorted(indexes, key=lambda i: (-wanted[i][1], i)):
+            since_ms = wanted[index][1]
+            for at, (arrival_ms, position) in enumerate(records):
+                if free[at] and arrival_ms >= since_ms:
+                    free[at] = False
+                    matched[index] = position
+                    taken[row] += 1
+                    break
+        earliest_ms = min(wanted[i][1] for i in indexes)
+        left[row] = sum(
+            1
+            for at, (arrival_ms, _) in enumerate(records)
+            if free[at] and arrival_ms >= earliest_ms
+        )
+    return matched, possibly_others(taken, left)
+
+
+def possibly_others(taken: Mapping[_R, int], left: Mapping[_R, int]) -> int:
+    """How many of the matches ``taken`` (per row) could be another writer's copy, by the
+    evidence read: every match of a row of which an identical record was left unmatched in the
+    windows read (``left``). Such a record is another writer's (another run, a sibling task,
+    another task of an earlier execution), so which copies are this run's is a guess, and a
+    copy this run never wrote may have been counted as its own.
+
+    The rule cannot see the rest: a match whose row has no record left beside it may still be
+    another writer's identical record, when this run's own put of it never landed. Only key
+    mode counts a row exactly whatever other writers do."""
+    return sum(count for row, count in taken.items() if count and left.get(row, 0) > 0)
 
 
 def can_finish_early(rows_left: int) -> bool:

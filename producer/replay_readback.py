@@ -12,9 +12,12 @@ positions, oldest first.
       │                 takes one found record per row, or None: left to send
       ├─ read_again() ─ once the earlier leases are over: the reads are final; what was taken
       │                 stays taken
-      └─ positions() ── every record read: an attempt's own read-back must not count them
+      ├─ positions() ── every record read: an attempt's own read-back must not count them
+      └─ possibly_others(excluding) ── the matches with an identical record left beside them
 
-    read_rows(rows, windows, excluding)                 an ambiguous put of the attempt itself
+    read_rows(rows, window, excluding, since_ms)        an ambiguous put of the attempt itself:
+                                                        each row matched only from its own
+                                                        request's send time minus the skew
 
 Only KCL-visible records count (an aggregate's user record outside its shard's hash range is
 dropped by every consumer: it was not delivered), and only those that arrived inside a window.
@@ -23,7 +26,7 @@ dropped by every consumer: it was not delivered), and only those that arrived in
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,8 +35,9 @@ from dedupe_store.records import Position
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard, lineage, visible_to_kcl
 from producer.protocol import PreparedMessage
+from producer.replay_plan import match_since, possibly_others
 
-__all__ = ["EarlierPuts", "FoundRows", "RowId", "read_rows", "row_id"]
+__all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id"]
 
 RowId = tuple[str, bytes]  # the key, and a digest of the data
 
@@ -52,9 +56,13 @@ class FoundRows:
     """Records read back, by row identity, each with its position; taken once each."""
 
     by_row: dict[RowId, deque[Position]] = field(default_factory=lambda: defaultdict(deque))
+    # each record's arrival (epoch ms), when the reader asked for them (None: not kept)
+    arrival_ms: dict[Position, int] | None = None
 
-    def add(self, row: RowId, position: Position) -> None:
+    def add(self, row: RowId, position: Position, arrival_ms: int) -> None:
         self.by_row[row].append(position)
+        if self.arrival_ms is not None:
+            self.arrival_ms[position] = arrival_ms
 
     def take(self, row: RowId) -> Position | None:
         """The oldest record of ``row`` not taken yet, now taken; None when none is left."""
@@ -107,6 +115,7 @@ def _read_shard(
                 into.add(
                     row,
                     Position(record.shard_id, record.sequence_number, record.sub_sequence_number),
+                    record.arrival_ms,
                 )
 
 
@@ -137,6 +146,7 @@ class EarlierPuts:
         self._read: set[str] = set()
         self._found = FoundRows()
         self._taken: set[Position] = set()
+        self._taken_rows: Counter[RowId] = Counter()
         self.rows_found = 0
 
     @property
@@ -148,12 +158,28 @@ class EarlierPuts:
         self._read_shards(_shards_of(items, self._shard_map()) - self._read)
         matched: list[Position | None] = []
         for item in items:
-            position = self._found.take(_id_of(item))
+            row = _id_of(item)
+            position = self._found.take(row)
             if position is not None:
                 self._taken.add(position)
+                self._taken_rows[row] += 1
                 self.rows_found += 1
             matched.append(position)
         return matched
+
+    def possibly_others(self, excluding: set[Position]) -> int:
+        """How many rows matched so far could be another writer's copy: those of a row of which
+        an identical record read in the windows is left unmatched (not at a position in
+        ``excluding``: this attempt's own records) —
+        :func:`producer.replay_plan.possibly_others`. Final once the attempt matched all its
+        rows: a later call may still take a record left now."""
+        left = Counter(
+            {
+                row: sum(1 for p in self._found.by_row.get(row, ()) if p not in excluding)
+                for row in self._taken_rows
+            }
+        )
+        return possibly_others(self._taken_rows, left)
 
     def read_again(self) -> None:
         """Read every shard read so far again, now that no earlier put can still land: the
@@ -188,6 +214,15 @@ class EarlierPuts:
         return {p for rows in self._found.by_row.values() for p in rows} | self._taken
 
 
+@dataclass(frozen=True, slots=True)
+class RowsRead:
+    """What :func:`read_rows` found: per item, in order, a position or None; and how many of
+    those matches could be another writer's copy (:func:`producer.replay_plan.possibly_others`)."""
+
+    positions: list[Position | None]
+    possibly_others: int
+
+
 def read_rows(
     reader: KinesisReader,
     clock: Clock,
@@ -195,12 +230,15 @@ def read_rows(
     window: tuple[int, int],
     *,
     excluding: set[Position],
-) -> list[Position | None]:
+    since_ms: Sequence[int] | None = None,
+) -> RowsRead:
     """Per item, in order: the position of a record of its row in ``window`` on the shards
     it routes to, none of them at a position in ``excluding`` (records known to be others'
-    or already matched), each record matched once; None when not found."""
+    or already matched), each record matched once; None when not found. ``since_ms``: per
+    item, the earliest arrival its put can have (its request's send time minus the skew):
+    an identical record that arrived before it is another writer's, never matched to it."""
     wanted = {_id_of(item) for item in items}
-    found = FoundRows()
+    found = FoundRows(arrival_ms={})
     shards = reader.shards()
     by_id = {shard.shard_id: shard for shard in shards}
     for shard_id in sorted(_shards_of(items, shards)):
@@ -208,4 +246,10 @@ def read_rows(
             reader, by_id[shard_id], [window], clock.now_ms(), found, wanted=wanted.__contains__
         )
     found.drop(excluding)
-    return [found.take(_id_of(item)) for item in items]
+    arrival_ms = found.arrival_ms or {}
+    starts = since_ms if since_ms is not None else [window[0]] * len(items)
+    positions, others = match_since(
+        [(_id_of(item), start) for item, start in zip(items, starts, strict=True)],
+        {row: [(arrival_ms[p], p) for p in records] for row, records in found.by_row.items()},
+    )
+    return RowsRead(positions, others)

@@ -41,8 +41,9 @@ producer counters' growth, ``producer.metrics.counts_since``), under ``keo send`
 with ``query`` and ``stream`` in front: ``keo_messages_total``, ``keo_claims_total``,
 ``keo_put_requests_total``, ``keo_put_record_errors_total``, ``keo_read_backs_total``,
 ``keo_ledger_requests_total``, ``keo_ledger_write_units_total``, and replay mode's
-``keo_replay_runs_total``, ``keo_replay_attempts_total``, ``keo_replay_recoveries_total`` and
-``keo_replay_rows_found_total`` (``producer.metrics.PRODUCER_COUNTERS``). A failed task sends no
+``keo_replay_runs_total``, ``keo_replay_attempts_total``, ``keo_replay_recoveries_total``,
+``keo_replay_rows_found_total`` and ``keo_replay_rows_matched_ambiguously_total``
+(``producer.metrics.PRODUCER_COUNTERS``). A failed task sends no
 commit message, so its work is not counted (its retry's is).
 
 A streaming read (``readStream.format("keo")`` with ``metrics_port``) has no commit message:

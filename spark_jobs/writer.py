@@ -283,12 +283,14 @@ class ReplayPartitionWriter:
         report = tally.done()
         report.skipped = attempt.step is RecoveryStep.DONE
         log.info(
-            "partition written run=%s partition=%d attempt=%d step=%s found=%d %s seconds=%.3f",
+            "partition written run=%s partition=%d attempt=%d step=%s found=%d "
+            "matched_ambiguously=%d %s seconds=%.3f",
             self.run,
             partition,
             task_attempt,
             attempt.step,
             attempt.rows_found,
+            attempt.rows_matched_ambiguously,
             tally.summary(),
             report.seconds,
         )

@@ -21,7 +21,9 @@ from producer.replay_plan import (
     RecoveryStep,
     can_finish_early,
     earlier_of,
+    match_since,
     past_trim_horizon,
+    possibly_others,
     read_windows,
     recovery_step,
     rows_left_to_send,
@@ -357,6 +359,71 @@ def test_identical_rows_in_one_task_are_counted() -> None:
     assert rows_left_to_send([A, A], [A]) == [1]
 
 
+# --- an ambiguous put's own read-back, and matches that could be another writer's -----------
+
+
+def test_an_ambiguous_put_is_matched_only_from_its_own_send_time() -> None:
+    # GIVEN row A put ambiguously from 1,000 ms (its send time minus the skew), and a copy of
+    # A that another writer put at 900 ms
+    # WHEN its read-back matches it
+    matched, others = match_since([(A, 1_000)], {A: [(900, "other")]})
+    # THEN the other writer's copy is not taken for it: it is not found, nothing counted
+    assert (matched, others) == ([None], 0)
+
+
+def test_the_latest_put_of_a_row_chooses_first_so_every_put_that_can_be_matched_is() -> None:
+    # GIVEN two ambiguous puts of A, from 0 and from 500 ms, and copies of A at 100 and 600 ms
+    # WHEN they are matched (the earlier put listed first)
+    matched, others = match_since([(A, 0), (A, 500)], {A: [(600, "late"), (100, "early")]})
+    # THEN both are found, the later put with the later copy; none left: nothing counted
+    assert (matched, others) == (["early", "late"], 0)
+
+
+def test_a_match_beside_an_identical_record_left_unmatched_is_counted() -> None:
+    # GIVEN one put of A and one of B, from 0 ms; two copies of A read back, one of B
+    # WHEN they are matched
+    matched, others = match_since([(A, 0), (B, 0)], {A: [(5, "a1"), (7, "a2")], B: [(6, "b")]})
+    # THEN A takes its oldest copy and counts as possibly another writer's (a copy is left
+    # beside it: which one is this run's is a guess); B, alone in the window, does not
+    assert (matched, others) == (["a1", "b"], 1)
+
+
+def test_a_copy_older_than_every_put_of_its_row_is_not_evidence_of_another_writer() -> None:
+    # GIVEN a put of A from 1,000 ms, its copy at 1,200 ms, and an older copy at 100 ms
+    # WHEN it is matched
+    # THEN the older copy is outside its window: the match is not counted
+    assert match_since([(A, 1_000)], {A: [(100, "old"), (1_200, "mine")]}) == (["mine"], 0)
+
+
+@pytest.mark.parametrize(
+    ("taken", "left", "counted"),
+    [
+        ({A: 1}, {}, 0),
+        ({A: 1}, {A: 0}, 0),
+        ({A: 2}, {A: 1}, 2),
+        ({A: 1, B: 3}, {B: 1}, 3),
+        ({A: 0}, {A: 4}, 0),
+    ],
+    ids=["alone", "none-left", "one-left-beside-two", "only-the-row-with-one-left", "none-taken"],
+)
+def test_possibly_others_counts_every_match_of_a_row_with_a_copy_left_beside_it(
+    taken: dict[Row, int], left: dict[Row, int], counted: int
+) -> None:
+    # GIVEN the matches per row and the identical records left unmatched in the windows read
+    # WHEN the matches that could be another writer's are counted
+    # THEN they are every match of a row with a record left, and no other
+    assert possibly_others(taken, left) == counted
+
+
+def test_identical_rows_spread_over_tasks_with_every_copy_found_are_counted() -> None:
+    # GIVEN a batch holding row A twice, both put by its first execution (tasks 1 and 2), and a
+    # replay that spreads the copies over two tasks: each reads both records, takes one
+    # WHEN each counts the matches that could be another writer's
+    # THEN each counts its match (the other copy, left beside it, is its sibling's or ours)
+    for _task in range(2):
+        assert possibly_others({A: 1}, {A: 1}) == 1
+
+
 # --- recovery_step and can_finish_early ---------------------------------------------------
 
 RUNNING = earlier(lease_expires_at_ms=LEASE_END_MS)
@@ -467,6 +534,51 @@ def test_rows_left_are_the_rows_minus_those_found(rows: list[Row], found: list[R
         copies = [i for i, r in enumerate(rows) if r == row]
         copies_left = [i for i in left if rows[i] == row]
         assert copies_left == copies[len(copies) - len(copies_left) :]
+
+
+def _maximum_matching(wanted: list[tuple[Row, int]], found: list[tuple[Row, int]]) -> int:
+    owner: dict[int, int] = {}
+
+    def augment(put: int, seen: set[int]) -> bool:
+        row, since_ms = wanted[put]
+        for record, (found_row, arrival_ms) in enumerate(found):
+            if found_row != row or arrival_ms < since_ms or record in seen:
+                continue
+            seen.add(record)
+            if record not in owner or augment(owner[record], seen):
+                owner[record] = put
+                return True
+        return False
+
+    return sum(augment(put, set()) for put in range(len(wanted)))
+
+
+@given(
+    wanted=st.lists(st.tuples(SMALL_ROWS, st.integers(0, 10)), max_size=12),
+    found=st.lists(st.tuples(SMALL_ROWS, st.integers(0, 10)), max_size=12),
+)
+def test_match_since_takes_each_record_once_and_never_before_its_put(
+    wanted: list[tuple[Row, int]], found: list[tuple[Row, int]]
+) -> None:
+    # GIVEN any puts (row, since) and any records read back (row, arrival)
+    records: dict[Row, list[tuple[int, int]]] = {}
+    for position, (row, arrival_ms) in enumerate(found):
+        records.setdefault(row, []).append((arrival_ms, position))
+    # WHEN they are matched
+    matched, others = match_since(wanted, records)
+    # THEN each match is a record of the put's row that arrived at or after its since, each
+    # record matched once
+    taken = [p for p in matched if p is not None]
+    assert len(taken) == len(set(taken))
+    for (row, since_ms), position in zip(wanted, matched, strict=True):
+        if position is not None:
+            assert found[position][0] == row
+            assert found[position][1] >= since_ms
+    # AND as many puts are matched as any assignment allows (a maximum matching, by
+    # augmenting paths)
+    assert len(taken) == _maximum_matching(wanted, found)
+    # AND the count of possibly others' never exceeds the matches
+    assert 0 <= others <= len(taken)
 
 
 @given(rows=st.lists(SMALL_ROWS, max_size=20), extra=st.lists(SMALL_ROWS, max_size=10))

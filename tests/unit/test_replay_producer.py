@@ -8,6 +8,7 @@ The stream must end up holding exactly the rows of a run without failures, as a 
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 
@@ -19,8 +20,8 @@ from fakes.replay import replay_producer_over
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
+from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
-from producer.metrics import REPLAY_PAST_RETENTION
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
 from producer.replay import ReplayProducer, ReplayTask
@@ -481,14 +482,14 @@ def test_a_replay_whose_earlier_window_is_past_the_streams_retention_fails_and_s
     first = producer.attempt(ReplayTask(RUN, "exec-1"))
     first.send(messages[:5])  # killed here: never finished
     clock.advance(DAY_MS)
-    before = REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get()
+    before = metrics.REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get()
     with pytest.raises(ReplayWindowTrimmedError) as raised:
         producer.attempt(ReplayTask(RUN, "exec-2"))
     assert raised.value.run == RUN
     assert RUN in str(raised.value)
     assert "KEO_REPLAY_PAST_RETENTION" in str(raised.value)
     assert raised.value.window_start_ms < raised.value.trim_horizon_ms
-    assert REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get() == before + 1
+    assert metrics.REPLAY_PAST_RETENTION.labels(STREAM, "failed")._value.get() == before + 1
     assert in_stream(kinesis) == as_multiset(messages[:5])
     run = producer.run_of(RUN)
     assert run is not None
@@ -525,3 +526,76 @@ def test_a_run_lives_at_least_the_streams_retention(
     assert run.state is RunState.COMPLETE
     assert run.expires_at_s == clock.now_ms() // 1000 + 30 * 24 * 3600
     assert run.expires_at_s > clock.now_ms() // 1000 + ledger.dedupe_ttl_s
+
+
+@pytest.mark.parametrize("writer", ["another run", "a sibling task"])
+def test_an_ambiguous_put_is_not_matched_to_an_identical_row_written_before_it_was_sent(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock, writer: str
+) -> None:
+    """GIVEN an attempt that started, and another writer (another run, or a sibling task of the
+    same execution) that then put row r WHEN the attempt puts r more than the skew later and
+    that put times out before its write THEN its read-back starts at the put's own send time:
+    the other writer's copy is not taken for it, r is sent again, and the stream holds both
+    copies (it used to hold one: the read-back started at the attempt's start)."""
+    row = Message("k", b"same")
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0")) as attempt:
+        clock.advance(1_000)
+        other = (
+            ReplayTask("query-a/6", "exec-0")
+            if writer == "another run"
+            else ReplayTask(RUN, "exec-1", task="1")
+        )
+        with producer_over(ledger, kinesis, clock).attempt(other) as theirs:
+            assert statuses(theirs.send([row])) == {"SENT": 1}
+        clock.advance(LEASE.skew_ms + 1)
+        kinesis.script(PutFault.NOT_WRITTEN)
+        assert statuses(attempt.send([row])) == {"SENT": 1}
+        assert attempt.rows_matched_ambiguously == 0
+    assert in_stream(kinesis) == {("k", b"same"): 2}
+
+
+def test_a_recovery_match_beside_an_identical_record_of_another_writer_is_counted_and_warned(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """GIVEN an attempt that put row r and died, and another run that put r inside that
+    attempt's window WHEN a replay recovers r THEN it takes one copy (r is DUPLICATE), and
+    counts the match as possibly another writer's: on the attempt, in
+    keo_replay_rows_matched_ambiguously_total, and in one warning naming the stream and run."""
+    row = Message("k", b"same")
+    producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")).send([row])
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask("query-a/6", "x")) as other:
+        other.send([row])
+    before = metrics.REPLAY_ROWS_MATCHED_AMBIGUOUSLY.labels(STREAM)._value.get()
+    with (
+        caplog.at_level(logging.WARNING, logger="producer.replay"),
+        producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay,
+    ):
+        assert statuses(replay.send([row, *rows(2)])) == {"DUPLICATE": 1, "SENT": 2}
+    assert replay.rows_matched_ambiguously == 1
+    assert metrics.REPLAY_ROWS_MATCHED_AMBIGUOUSLY.labels(STREAM)._value.get() == before + 1
+    warnings = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"stream={STREAM}" in warnings[0]
+    assert f"run={RUN}" in warnings[0]
+    assert "rows=1" in warnings[0]
+
+
+def test_an_ambiguous_put_found_beside_another_writers_identical_row_is_counted(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN another run that put row r just as an attempt put r (inside the skew of its send)
+    WHEN the attempt's put is written with its response lost THEN its read-back finds two
+    copies, takes one for it (SENT, nothing resent), and counts the match as possibly another
+    writer's; a row with one copy found is not counted."""
+    row = Message("k", b"same")
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-1")) as attempt:
+        with producer_over(ledger, kinesis, clock).attempt(ReplayTask("query-a/6", "x")) as other:
+            other.send([row])
+        kinesis.script(PutFault.RESPONSE_LOST)
+        assert statuses(attempt.send([row, Message("u", b"unique")])) == {"SENT": 2}
+        assert attempt.rows_matched_ambiguously == 1
+    assert in_stream(kinesis) == {("k", b"same"): 2, ("u", b"unique"): 1}
