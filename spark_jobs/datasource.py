@@ -86,7 +86,7 @@ from spark_jobs.options import (
     WriteOptions,
     flag,
 )
-from spark_jobs.read_rows import arrow_batches_of, read_schema
+from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, read_schema
 from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
@@ -467,7 +467,13 @@ class KeoReader(DataSourceReader):
         if not isinstance(partition, ShardPartition):
             raise TypeError(f"not a partition of format('keo'): {partition!r}")
         settings = producer_settings(self.options.settings)
-        reader = KinesisReader(kinesis_read_client(settings), settings.stream)
+        reader = KinesisReader(
+            kinesis_read_client(settings),
+            settings.stream,
+            on_malformed=malformed_aggregate_policy(
+                self.options.fail_on_malformed_aggregate, settings.stream
+            ),
+        )
         shard = partition.shard
         records = self._records(reader, shard.shard_id)
         yield from arrow_batches_of(records, shard, kcl_filter=self.options.kcl_filter)
