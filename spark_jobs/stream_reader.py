@@ -213,6 +213,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 records=rows,
                 data_bytes=data_bytes,
                 millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
+                malformed_aggregates=kinesis.shard_reads(shard_id).malformed_aggregates,
             )
         )
 
