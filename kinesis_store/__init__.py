@@ -37,12 +37,12 @@ if TYPE_CHECKING:
         StreamThrottledError,
         StreamUnavailableError,
     )
-    from kinesis_store.kpl import Aggregate, UserRecord
+    from kinesis_store.kpl import Aggregate, MalformedAggregate, UserRecord
     from kinesis_store.positions import SeenRecord, ShardStart
     from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
     from kinesis_store.reader import KinesisReader
     from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
-    from kinesis_store.shards import Shard, StreamInfo, lineage, open_shards, visible_to_kcl
+    from kinesis_store.shards import Shard, StreamInfo, kcl_view, lineage, open_shards
     from kinesis_store.writer import KinesisWriter
 
 __getattr__ = lazy_exports(
@@ -68,6 +68,7 @@ __getattr__ = lazy_exports(
         ),
         "kinesis_store.kpl": (
             "Aggregate",
+            "MalformedAggregate",
             "UserRecord",
         ),
         "kinesis_store.positions": (
@@ -89,9 +90,9 @@ __getattr__ = lazy_exports(
         "kinesis_store.shards": (
             "Shard",
             "StreamInfo",
+            "kcl_view",
             "lineage",
             "open_shards",
-            "visible_to_kcl",
         ),
         "kinesis_store.writer": ("KinesisWriter",),
     },
@@ -106,6 +107,7 @@ __all__ = [
     "AggregationFormatError",
     "KinesisReader",
     "KinesisWriter",
+    "MalformedAggregate",
     "PutFencedError",
     "PutResultKind",
     "RecordResult",
@@ -123,11 +125,11 @@ __all__ = [
     "UserRecord",
     "create_stream",
     "hash_key_of",
+    "kcl_view",
     "lineage",
     "open_shards",
     "provision_stream",
     "put_entry",
     "record_size",
-    "visible_to_kcl",
     "wait_active",
 ]

@@ -46,12 +46,18 @@ from kinesis_store.errors import (
     StreamThrottledError,
     StreamUnavailableError,
 )
-from kinesis_store.kpl import UserRecord, arrival_ms_of, deaggregate, user_record_count
+from kinesis_store.kpl import (
+    MalformedAggregate,
+    UserRecord,
+    arrival_ms_of,
+    deaggregate,
+    user_record_count,
+)
 from kinesis_store.positions import Counted, SeenRecord, ShardStart, StartKind, sequence_key
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
 from kinesis_store.shards import Shard, StreamInfo
 
-__all__ = ["KinesisReader", "ShardReads", "utc_timestamp"]
+__all__ = ["KinesisReader", "ShardReads", "stop_on_malformed", "utc_timestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,12 @@ _TAIL_NARROWEST_MS = 1_000
 def raise_lost(error: ShardPositionLostError) -> None:
     """The default ``on_lost``: a read never skips records silently."""
     raise error
+
+
+def stop_on_malformed(fault: MalformedAggregate) -> None:
+    """An ``on_malformed`` that stops the read at a malformed aggregate, before any of its user
+    records is given out, instead of going on as the KCL does."""
+    raise fault.error()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +122,15 @@ class _Resume:
 @dataclass(slots=True)
 class ShardReads:
     """What this reader's GetRecords calls on one shard brought back: Kinesis records (an
-    aggregate counts once) and their bytes (data and partition key), and the last answer's
-    ``MillisBehindLatest``: how far the read was behind the shard's tip (None: no answer)."""
+        aggregate counts once) and their bytes (data and partition key), and the last answer's
+        ``MillisBehindLatest``: how far the read was behind the shard's tip (None: no answer); the
+    malformed aggregates its reads met (:class:`kinesis_store.kpl.MalformedAggregate`)."""
 
     calls: int = 0
     records: int = 0
     bytes: int = 0
     millis_behind_latest: int | None = None
+    malformed_aggregates: int = 0
 
     def add(self, page: dict[str, Any]) -> int:
         """Count one GetRecords answer; its bytes."""
@@ -137,7 +151,12 @@ _READ_THROTTLED = frozenset(
 
 
 class KinesisReader:
-    """Reads shards: the shard map with lineage, time windows, and whole shards."""
+    """Reads shards: the shard map with lineage, time windows, and whole shards.
+
+    A malformed KPL aggregate is read as the KCL reads it (:func:`kinesis_store.kpl.deaggregate`:
+    the user records before the fault, or the record raw), logged with its shard and sequence
+    number, counted in :meth:`shard_reads`, then given to ``on_malformed``: count it, or raise
+    (:func:`stop_on_malformed`) to stop at it."""
 
     def __init__(
         self,
@@ -149,8 +168,10 @@ class KinesisReader:
         page_limit: int = 10_000,
         pacer: ReadPacer | None = None,
         jitter: Callable[[], float] = random.random,
+        on_malformed: Callable[[MalformedAggregate], None] | None = None,
     ) -> None:
         self._client = client
+        self._on_malformed = on_malformed
         self.stream = stream
         self._sleep = sleep
         self._max_throttle_retries = max_throttle_retries
@@ -212,7 +233,7 @@ class KinesisReader:
                 arrival = arrival_ms_of(raw.get("ApproximateArrivalTimestamp"))
                 if arrival > end_ms:
                     return
-                yield from deaggregate(shard_id, raw)
+                yield from self._user_records(shard_id, raw)
             if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
                 if now_ms() > end_ms:
                     return
@@ -231,7 +252,7 @@ class KinesisReader:
             page, iterator = self._get_records(shard_id, iterator, last_sequence, None)
             for raw in page["Records"]:
                 last_sequence = str(raw["SequenceNumber"])
-                yield from deaggregate(shard_id, raw)
+                yield from self._user_records(shard_id, raw)
             if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
                 return
 
@@ -253,7 +274,7 @@ class KinesisReader:
                 sequence_number = str(raw["SequenceNumber"])
                 if through is not None and sequence_key(sequence_number) > sequence_key(through):
                     return
-                yield from deaggregate(shard_id, raw)
+                yield from self._user_records(shard_id, raw)
                 if through is not None and sequence_key(sequence_number) == sequence_key(through):
                     return
             if page.tip and through is not None:
@@ -308,6 +329,28 @@ class KinesisReader:
             if page.tip:
                 return Counted(last, taken, ended=page.ended, full=False)
         return Counted(last, taken, ended=False, full=False)
+
+    def _user_records(self, shard_id: str, raw: dict[str, Any]) -> tuple[UserRecord, ...]:
+        """What a KCL consumer gets of one Kinesis record, before the shard's hash-range rule
+        (:func:`kinesis_store.shards.kcl_view`); a malformed aggregate is reported first."""
+        read = deaggregate(shard_id, raw)
+        fault = read.fault
+        if fault is not None:
+            log.warning(
+                "malformed KPL aggregate stream=%s shard=%s sequence_number=%s delivered=%s "
+                "dropped=%d reason=%s",
+                self.stream,
+                fault.shard_id,
+                fault.sequence_number,
+                "raw" if fault.raw else fault.delivered,
+                fault.dropped,
+                fault.reason,
+            )
+            with self._counting:
+                self.shard_reads(shard_id).malformed_aggregates += 1
+            if self._on_malformed is not None:
+                self._on_malformed(fault)
+        return read.records
 
     def tail(
         self, shard_id: str, start: ShardStart, *, now_ms: int, margin_ms: int

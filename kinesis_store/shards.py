@@ -1,5 +1,5 @@
 """A stream's shards as plain data: hash ranges, lineage through reshards, what the stream
-says of itself, and which user records a KCL consumer of a shard sees. No I/O:
+says of itself, and which user records a KCL consumer of a shard gets (:func:`kcl_view`). No I/O:
 :class:`kinesis_store.reader.KinesisReader` reads them from Kinesis.
 
 A key's hash key routes it to the one open shard whose range covers it. After splits and
@@ -9,7 +9,7 @@ a record of that key may sit in any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,7 @@ from kinesis_store.entries import hash_key_of
 if TYPE_CHECKING:
     from kinesis_store.kpl import UserRecord
 
-__all__ = ["OpenShards", "Shard", "StreamInfo", "lineage", "open_shards", "visible_to_kcl"]
+__all__ = ["OpenShards", "Shard", "StreamInfo", "kcl_view", "lineage", "open_shards"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +58,48 @@ def lineage(shards: Sequence[Shard], hash_key: int) -> list[Shard]:
     return [shard for shard in shards if shard.covers(hash_key)]
 
 
-def visible_to_kcl(record: UserRecord, shard: Shard) -> bool:
-    """KCL drops deaggregated user records whose hash key is outside the shard's range:
-    such a record was written but is never delivered, so it does not count."""
-    if not record.aggregated:
-        return True
-    hash_key = (
-        int(record.explicit_hash_key)
-        if record.explicit_hash_key
-        else hash_key_of(record.partition_key)
+def kcl_view(records: Iterable[UserRecord], shard: Shard) -> Iterator[tuple[UserRecord, bool]]:
+    """Each user record read from ``shard`` (as the reader gives them: an aggregate's members
+    one after another), with whether a KCL consumer of the shard gets it.
+
+    The KCL's rule (amazon-kinesis-client, software/amazon/kinesis/retrieval/
+    AggregatorUtil.java ``deaggregate``, called with the shard's hash range by
+    ``ProcessTask``; KCL 1.x ``UserRecord.deaggregate`` the same): a raw record is always
+    delivered; an aggregate's members are delivered all or none: as soon as one hashes outside
+    the shard's range, the members before it are taken back and the rest are not read. So a
+    stray aggregate (put by a stale shard map across a split) is not delivered at all, even
+    its members inside the range. An aggregate's members are held until its last one is seen.
+    """
+    members: list[UserRecord] = []
+    for record in records:
+        if members and not _same_aggregate(members[0], record):
+            yield from _whole_or_none(members, shard)
+            members = []
+        if record.aggregated:
+            members.append(record)
+        else:
+            yield record, True
+    yield from _whole_or_none(members, shard)
+
+
+def _same_aggregate(first: UserRecord, record: UserRecord) -> bool:
+    return (
+        record.aggregated
+        and record.sequence_number == first.sequence_number
+        and record.shard_id == first.shard_id
     )
-    return shard.covers(hash_key)
+
+
+def _whole_or_none(members: list[UserRecord], shard: Shard) -> Iterator[tuple[UserRecord, bool]]:
+    delivered = all(shard.covers(_hash_key(member)) for member in members)
+    for member in members:
+        yield member, delivered
+
+
+def _hash_key(record: UserRecord) -> int:
+    if record.explicit_hash_key is not None:
+        return int(record.explicit_hash_key)
+    return hash_key_of(record.partition_key)
 
 
 class OpenShards:

@@ -35,7 +35,8 @@ from dedupe_store.records import LedgerRecord, Position
 from dedupe_store.states import LedgerState
 from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import visible_to_kcl
+from kinesis_store.shards import kcl_view
+from producer import metrics
 from producer.errors import AuditTooLargeError
 from producer.findings import AnomalyLists, in_stream_order, position_json, position_of_json
 from producer.row_audit import LISTED_ROWS, ExpectedRow, RowAuditReport, RowTally
@@ -66,6 +67,7 @@ class AuditReport:
     user_records: int = 0
     distinct_keys: int = 0
     dropped_by_kcl: int = 0
+    malformed_aggregates: int = 0
     counts: dict[Anomaly, int] = field(default_factory=dict)
     listed: int = LISTED_KEYS
     duplicates: dict[str, list[Position]] = field(default_factory=dict)
@@ -109,6 +111,8 @@ class AuditReport:
         ]
         if self.dropped_by_kcl:
             lines.append(f"  dropped as KCL would: {self.dropped_by_kcl}")
+        if self.malformed_aggregates:
+            lines.append(f"  malformed aggregates: {self.malformed_aggregates} (read as KCL does)")
         for name, keys in (
             ("duplicate", list(self.duplicates)),
             ("missing", self.expected_missing + self.missing_delivered),
@@ -128,6 +132,7 @@ class AuditReport:
             "user_records": self.user_records,
             "distinct_keys": self.distinct_keys,
             "dropped_by_kcl": self.dropped_by_kcl,
+            "malformed_aggregates": self.malformed_aggregates,
             "anomalies": self.anomalies,
             "counts": {anomaly.value: self.count(anomaly) for anomaly in Anomaly},
             "listed_keys": self.listed,
@@ -200,6 +205,7 @@ class Findings:
     user_records: int = 0
     distinct_keys: int = 0
     dropped_by_kcl: int = 0
+    malformed_aggregates: int = 0
     expected: int | None = None  # None: no expected keys were given
     lists: AnomalyLists[Anomaly] = field(init=False)
 
@@ -243,6 +249,7 @@ class Findings:
         self.user_records += other.user_records
         self.distinct_keys += other.distinct_keys
         self.dropped_by_kcl += other.dropped_by_kcl
+        self.malformed_aggregates += other.malformed_aggregates
         if other.expected is not None:
             self.expected = (self.expected or 0) + other.expected
         self.lists.merge(other.lists)
@@ -260,6 +267,7 @@ class Findings:
             user_records=self.user_records,
             distinct_keys=self.distinct_keys,
             dropped_by_kcl=self.dropped_by_kcl,
+            malformed_aggregates=self.malformed_aggregates,
             counts={anomaly: self.counts.get(anomaly, 0) for anomaly in Anomaly},
             listed=self.listed,
             duplicates={
@@ -282,6 +290,7 @@ class Findings:
             "user_records": self.user_records,
             "distinct_keys": self.distinct_keys,
             "dropped_by_kcl": self.dropped_by_kcl,
+            "malformed_aggregates": self.malformed_aggregates,
             "expected": self.expected,
             "counts": self.lists.counts_json(),
             "keys": self.lists.entries_json(),
@@ -294,6 +303,7 @@ class Findings:
             user_records=int(body["user_records"]),
             distinct_keys=int(body["distinct_keys"]),
             dropped_by_kcl=int(body["dropped_by_kcl"]),
+            malformed_aggregates=int(body.get("malformed_aggregates", 0)),
             expected=body["expected"],
         )
         findings.lists.load_json(Anomaly, body["counts"], body["keys"])
@@ -308,6 +318,7 @@ class StreamTally:
     shards: int = 0
     user_records: int = 0
     dropped_by_kcl: int = 0
+    malformed_aggregates: int = 0
     seen: dict[str, list[Position]] = field(default_factory=lambda: defaultdict(list))
 
 
@@ -369,23 +380,29 @@ def read_tally(
 class ReadCounts(Protocol):
     shards: int
     dropped_by_kcl: int
+    malformed_aggregates: int
 
 
 def visible_records(
     reader: KinesisReader, counts: ReadCounts, progress: Callable[[int], None] | None = None
 ) -> Iterator[UserRecord]:
     """Every user record KCL delivers: every shard, open and closed, in shard-id order, each
-    from TRIM_HORIZON to its end, aggregates split. Sets ``counts.shards`` and counts the
-    records KCL drops (outside their shard's hash range) in ``counts.dropped_by_kcl``;
-    ``progress(1)`` after each shard."""
+    from TRIM_HORIZON to its end, aggregates split as the KCL splits them. Sets
+    ``counts.shards``, counts the records KCL drops (every member of an aggregate with a member
+    outside its shard's hash range, :func:`kinesis_store.shards.kcl_view`) in
+    ``counts.dropped_by_kcl`` and the malformed aggregates read (their members before the
+    fault delivered, the rest dropped, or the record delivered raw) in
+    ``counts.malformed_aggregates``; ``progress(1)`` after each shard."""
     shards = sorted(reader.shards(), key=lambda shard: shard.shard_id)
     counts.shards = len(shards)
     for shard in shards:
-        for record in reader.read_all(shard.shard_id):
-            if visible_to_kcl(record, shard):
+        for record, delivered in kcl_view(reader.read_all(shard.shard_id), shard):
+            if delivered:
                 yield record
             else:
                 counts.dropped_by_kcl += 1
+                metrics.READ_DROPPED.labels(reader.stream, metrics.DROPPED_OUTSIDE_SHARD).inc()
+        counts.malformed_aggregates += reader.shard_reads(shard.shard_id).malformed_aggregates
         if progress is not None:
             progress(1)
 
@@ -415,6 +432,7 @@ def judge(
     findings = Findings(
         listed=listed,
         dropped_by_kcl=tally.dropped_by_kcl,
+        malformed_aggregates=tally.malformed_aggregates,
         expected=0 if expected is not None else None,
     )
     # every key anyone knows of, once: the stream's, then the ledger's, then the expected

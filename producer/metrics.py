@@ -12,12 +12,15 @@ call is seen, whichever code path made it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from dedupe_store.billing import item_size_bytes, write_units
+
+if TYPE_CHECKING:
+    from kinesis_store.kpl import MalformedAggregate
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +135,36 @@ REPLAY_RUNS_OPEN = Gauge(
     "driver that did not commit; nothing to resend: a replay of the run ends it, or its TTL)",
     ["stream"],
 )
+# --- what a KCL consumer does not get of what the stream holds (read-back, reconciler, audit) -----
+
+DROPPED_OUTSIDE_SHARD: Final = "outside_shard"
+DROPPED_MALFORMED: Final = "malformed_aggregate"
+READ_DROPPED = Counter(
+    "keo_read_dropped_user_records_total",
+    "User records read from the stream that a KCL consumer does not get, by reason: "
+    "outside_shard (every member of an aggregate that has a member outside its shard's hash "
+    "range), malformed_aggregate (the members of a malformed aggregate from its fault on)",
+    ["stream", "reason"],
+)
+MALFORMED_AGGREGATES = Counter(
+    "keo_malformed_aggregates_total",
+    "Records read with the KPL magic and a valid MD5 that could not be read whole: read as the "
+    "KCL reads them (the members before the fault, or the record raw), logged with shard and "
+    "sequence number",
+    ["stream"],
+)
+
+
+def count_malformed(stream: str) -> Callable[[MalformedAggregate], None]:
+    """A reader's ``on_malformed`` that counts each malformed aggregate of ``stream``."""
+
+    def count(fault: MalformedAggregate) -> None:
+        MALFORMED_AGGREGATES.labels(stream).inc()
+        if fault.dropped:
+            READ_DROPPED.labels(stream, DROPPED_MALFORMED).inc(fault.dropped)
+
+    return count
+
 
 # The counters of a producer's work, which a Spark task reports to its driver (format("keo")'s
 # metrics_port): keyed by sample name and labels, e.g. ("keo_claims_total", (("result",
@@ -150,6 +183,8 @@ PRODUCER_COUNTERS: Final = (
     REPLAY_ROWS_FOUND,
     REPLAY_PAST_RETENTION,
     REPLAY_ROWS_MATCHED_AMBIGUOUSLY,
+    READ_DROPPED,
+    MALFORMED_AGGREGATES,
 )
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -17,7 +17,8 @@ from dedupe_store.clock import Clock
 from dedupe_store.records import LedgerRecord, Position
 from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import Shard, lineage, visible_to_kcl
+from kinesis_store.shards import Shard, kcl_view, lineage
+from producer import metrics
 from producer.decisions import Resolution
 from producer.protocol import LeasePolicy, payload_digest
 
@@ -122,11 +123,16 @@ class ReadBackResolver:
         start_ms = min(w.start_ms for ws in by_key.values() for w in ws)
         # never wait for the future: read to the tip as of now, PENDING covers the rest
         end_ms = min(max(w.end_ms for ws in by_key.values() for w in ws), now_ms)
-        for record in self._reader.read_window(
-            shard.shard_id, start_ms, end_ms, now_ms=self._clock.now_ms
-        ):
+        read = self._reader.read_window(shard.shard_id, start_ms, end_ms, now_ms=self._clock.now_ms)
+        for record, delivered in kcl_view(read, shard):
             candidates = by_key.get(record.partition_key)
-            if not candidates or not visible_to_kcl(record, shard):
+            if not delivered:
+                # a stray aggregate: written, never delivered to a KCL consumer
+                metrics.READ_DROPPED.labels(
+                    self._reader.stream, metrics.DROPPED_OUTSIDE_SHARD
+                ).inc()
+                continue
+            if not candidates:
                 continue
             identity = (record.shard_id, record.sequence_number, record.sub_sequence_number)
             for want in candidates:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from dedupe_store.clock import Clock
 from dedupe_store.records import Position
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import Shard, lineage, visible_to_kcl
+from kinesis_store.shards import Shard, kcl_view, lineage
+from producer import metrics
 from producer.protocol import PreparedMessage
 from producer.replay_plan import match_since, possibly_others
 
@@ -106,9 +107,14 @@ def _read_shard(
         def closed(end: int = end) -> int:
             return end + 1  # a read of what has arrived: the caller knows what may still land
 
-        for record in reader.read_window(shard.shard_id, start_ms, end, now_ms=closed):
+        read = reader.read_window(shard.shard_id, start_ms, end, now_ms=closed)
+        for record, delivered in kcl_view(read, shard):
             keep_alive()
-            if not start_ms <= record.arrival_ms <= end or not visible_to_kcl(record, shard):
+            if not start_ms <= record.arrival_ms <= end:
+                continue
+            if not delivered:
+                # a stray aggregate: written, never delivered to a KCL consumer
+                metrics.READ_DROPPED.labels(reader.stream, metrics.DROPPED_OUTSIDE_SHARD).inc()
                 continue
             row = row_id(record.partition_key, record.data)
             if wanted is None or wanted(row):

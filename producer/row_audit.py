@@ -102,7 +102,8 @@ def _by_key_then_digest(entry: Entry) -> tuple[str, str]:
 
 # what a report adds up, besides the anomalies: copies in the stream, distinct rows found,
 # expected copies, distinct rows expected, rows found as many times as expected, and records
-# KCL drops (outside their shard's hash range)
+# KCL drops (every member of an aggregate with a member outside its shard's hash range), and
+# malformed aggregates read as the KCL reads them
 TOTALS = (
     "user_records",
     "found_rows",
@@ -110,6 +111,7 @@ TOTALS = (
     "expected_rows",
     "matched_rows",
     "dropped_by_kcl",
+    "malformed_aggregates",
 )
 
 
@@ -224,6 +226,7 @@ class RowTally:
         self.stream = stream
         self.shards = 0
         self.dropped_by_kcl = 0
+        self.malformed_aggregates = 0
         self._max_rows = max_rows
         self._rows: dict[bytes, _Row] = {}
         for row in expected:
@@ -251,7 +254,12 @@ class RowTally:
         return row
 
     def findings(self, *, listed: int = LISTED_ROWS) -> RowFindings:
-        findings = RowFindings(listed=listed, totals=Counter(dropped_by_kcl=self.dropped_by_kcl))
+        findings = RowFindings(
+            listed=listed,
+            totals=Counter(
+                dropped_by_kcl=self.dropped_by_kcl, malformed_aggregates=self.malformed_aggregates
+            ),
+        )
         for digest, row in self._rows.items():
             findings.add_row(
                 digest,
@@ -319,6 +327,10 @@ class RowAuditReport:
         ]
         if total("dropped_by_kcl", 0):
             lines.append(f"  dropped as KCL would: {total('dropped_by_kcl', 0)}")
+        if total("malformed_aggregates", 0):
+            lines.append(
+                f"  malformed aggregates: {total('malformed_aggregates', 0)} (read as KCL does)"
+            )
         for anomaly in RowAnomaly:
             shown = self.rows.get(anomaly, [])[:show_rows]
             if shown:

@@ -168,7 +168,11 @@ def build_stack(
     settings: ProducerSettings, *, clock: Clock | None = None, hooks: Hooks = NO_HOOKS
 ) -> Stack:
     """Wire clients for one stream and table; checks both exist (fails fast otherwise)."""
-    reader = KinesisReader(kinesis_read_client(settings), settings.stream)
+    reader = KinesisReader(
+        kinesis_read_client(settings),
+        settings.stream,
+        on_malformed=metrics.count_malformed(settings.stream),
+    )
     info = reader.describe()
     ledger = ledger_from(settings)
     metrics.count_ledger_calls(ledger.client)

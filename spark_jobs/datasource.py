@@ -32,9 +32,11 @@ process of the driver without a Spark session, so it writes them with plain file
 write); a replayed batch overwrites its own file.
 
 ``spark.read.format("keo")`` reads a stream as a KCL consumer would: one input partition per
-shard (open and closed), aggregated records split into their user records, and user records
-whose hash key is outside their shard's range dropped (``kcl_filter=false`` keeps them, with a
-``visible_to_kcl`` column); ``starting_timestamp`` / ``ending_timestamp`` bound the read by
+shard (open and closed), aggregated records split into their user records as the KCL splits
+them, and every user record of an aggregate with one outside its shard's range dropped
+(``kcl_filter=false`` keeps them, with a ``visible_to_kcl`` column); a malformed aggregate is
+read as the KCL reads it, logged and counted (``fail_on_malformed_aggregate=true`` stops the
+read at it instead); ``starting_timestamp`` / ``ending_timestamp`` bound the read by
 arrival time (it starts at the first record at or after the start, and stops at the first one
 after the end, the end of a closed shard, or the tip).
 
@@ -86,7 +88,7 @@ from spark_jobs.options import (
     WriteOptions,
     flag,
 )
-from spark_jobs.read_rows import arrow_batches_of, read_schema
+from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, read_schema
 from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
@@ -467,7 +469,13 @@ class KeoReader(DataSourceReader):
         if not isinstance(partition, ShardPartition):
             raise TypeError(f"not a partition of format('keo'): {partition!r}")
         settings = producer_settings(self.options.settings)
-        reader = KinesisReader(kinesis_read_client(settings), settings.stream)
+        reader = KinesisReader(
+            kinesis_read_client(settings),
+            settings.stream,
+            on_malformed=malformed_aggregate_policy(
+                self.options.fail_on_malformed_aggregate, settings.stream
+            ),
+        )
         shard = partition.shard
         records = self._records(reader, shard.shard_id)
         yield from arrow_batches_of(records, shard, kcl_filter=self.options.kcl_filter)

@@ -53,6 +53,9 @@ directory on a cluster, where the first read starts an exporter on the same port
 
     keo_spark_read_records_total{query,stream,shard}      user records the read gave Spark
     keo_spark_read_bytes_total{query,stream,shard}        their data, in bytes
+    keo_spark_read_malformed_aggregates_total{query,stream,shard}
+                                                          malformed KPL aggregates the read met
+                                                          (read as the KCL reads them, logged)
     keo_spark_read_millis_behind_latest{query,stream,shard}
                                                           how far behind the shard's tip its
                                                           last read ended (MillisBehindLatest of
@@ -155,6 +158,7 @@ class ShardRead:
     records: int
     data_bytes: int
     millis_behind_latest: int | None
+    malformed_aggregates: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,7 @@ class QueryTotals:
     # a streaming read's, by shard: records and bytes, and [millis behind latest, at (s)]
     read_records: dict[str, int] = field(default_factory=dict)
     read_bytes: dict[str, int] = field(default_factory=dict)
+    read_malformed: dict[str, int] = field(default_factory=dict)
     behind: dict[str, list[float]] = field(default_factory=dict)
     # the driver's planning, by shard: [millis behind the tail at the batch's start, at (s)]
     planned_behind: dict[str, list[float]] = field(default_factory=dict)
@@ -204,6 +209,8 @@ class QueryTotals:
     def add_read(self, read: ShardRead, now_s: float) -> None:
         _bump(self.read_records, read.shard_id, read.records)
         _bump(self.read_bytes, read.shard_id, read.data_bytes)
+        if read.malformed_aggregates:
+            _bump(self.read_malformed, read.shard_id, read.malformed_aggregates)
         if read.millis_behind_latest is not None:
             self.behind[read.shard_id] = [read.millis_behind_latest, now_s]
 
@@ -226,6 +233,8 @@ class QueryTotals:
             _bump(self.read_records, shard_id, count)
         for shard_id, count in other.read_bytes.items():
             _bump(self.read_bytes, shard_id, count)
+        for shard_id, count in other.read_malformed.items():
+            _bump(self.read_malformed, shard_id, count)
         for gauge, others in (
             (self.behind, other.behind),
             (self.planned_behind, other.planned_behind),
@@ -466,6 +475,12 @@ def _read_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric
         "Bytes of the data of the records readStream.format('keo') gave Spark, by shard",
         labels=labels,
     )
+    malformed = CounterMetricFamily(
+        "keo_spark_read_malformed_aggregates",
+        "Malformed KPL aggregates readStream.format('keo') met, by shard: read as the KCL reads "
+        "them (the user records before the fault, or the record raw), logged",
+        labels=labels,
+    )
     behind = GaugeMetricFamily(
         "keo_spark_read_millis_behind_latest",
         "How far behind the shard's tip the last read of readStream.format('keo') ended "
@@ -483,11 +498,13 @@ def _read_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric
             records.add_metric([query, stream, shard_id], count)
         for shard_id, count in sorted(query_totals.read_bytes.items()):
             data_bytes.add_metric([query, stream, shard_id], count)
+        for shard_id, count in sorted(query_totals.read_malformed.items()):
+            malformed.add_metric([query, stream, shard_id], count)
         for shard_id, (behind_ms, _) in sorted(query_totals.behind.items()):
             behind.add_metric([query, stream, shard_id], behind_ms)
         for shard_id, (behind_ms, _) in sorted(query_totals.planned_behind.items()):
             planned.add_metric([query, stream, shard_id], behind_ms)
-    return [records, data_bytes, behind, planned]
+    return [records, data_bytes, malformed, behind, planned]
 
 
 def _producer_families(totals: Mapping[tuple[str, str], QueryTotals]) -> list[Metric]:

@@ -47,6 +47,7 @@ READ_OPTIONS: Final = {
     "starting_timestamp": None,
     "ending_timestamp": None,
     "kcl_filter": "true",
+    "fail_on_malformed_aggregate": "false",  # true: stop at one, instead of reading as KCL does
 }
 # Streaming read options beyond the settings, with their defaults.
 STREAM_READ_OPTIONS: Final = {
@@ -54,6 +55,7 @@ STREAM_READ_OPTIONS: Final = {
     "max_records_per_trigger": None,
     "max_records_per_shard_per_trigger": None,
     "fail_on_data_loss": "true",
+    "fail_on_malformed_aggregate": "false",  # true: stop at one, instead of reading as KCL does
     "kcl_filter": "true",
     "query_name": None,  # the metrics' query label
     "metrics_port": None,
@@ -254,6 +256,7 @@ class ReadOptions:
     ending_ms: int | None
     kcl_filter: bool
     planned_ms: int  # when the read was planned: the end of a read given only a start
+    fail_on_malformed_aggregate: bool = False
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
@@ -273,6 +276,7 @@ class ReadOptions:
             ending_ms=ending_ms,
             kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
             planned_ms=int(datetime.now(UTC).timestamp() * 1000),
+            fail_on_malformed_aggregate=_fail_on_malformed(chosen),
         )
 
 
@@ -289,6 +293,7 @@ class StreamReadOptions:
     query_name: str | None = None
     metrics: MetricsEndpoint | None = None  # where each task's reads are counted
     simple_reader: bool = False
+    fail_on_malformed_aggregate: bool = False
 
     @property
     def stream(self) -> str:
@@ -319,7 +324,15 @@ class StreamReadOptions:
             query_name=_named(chosen["query_name"]),
             metrics=metrics_endpoint(chosen["metrics_port"], chosen["metrics_host"]),
             simple_reader=flag("simple_reader", chosen["simple_reader"] or "false"),
+            fail_on_malformed_aggregate=_fail_on_malformed(chosen),
         )
+
+
+def _fail_on_malformed(chosen: Mapping[str, str | None]) -> bool:
+    """Stop a read at a malformed KPL aggregate (true), or read it as the KCL does (false: its
+    members before the fault, or the record raw; logged and counted) and go on."""
+    value = chosen["fail_on_malformed_aggregate"] or "false"
+    return flag("fail_on_malformed_aggregate", value)
 
 
 def _starting_position(value: str) -> StartingPosition:

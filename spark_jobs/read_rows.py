@@ -1,5 +1,7 @@
 """The rows ``format("keo")`` reads, batch and streaming alike (pure: no pyspark): one per
-user record as a KCL consumer sees it, its schema, and KCL's hash-range filter.
+user record as a KCL consumer sees it, its schema, and KCL's hash-range filter (an aggregate
+is delivered whole or not at all: :func:`kinesis_store.shards.kcl_view`); what a read does at
+a malformed aggregate (:func:`malformed_aggregate_policy`).
 
 The same rows come as tuples (:func:`rows_of`) or as Arrow record batches
 (:func:`arrow_batches_of`, the schema Spark expects of a Python data source's batches:
@@ -11,12 +13,15 @@ batch is built: executors have it, the CLI need not.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from kinesis_store.kpl import UserRecord
-from kinesis_store.shards import Shard, visible_to_kcl
+from kinesis_store.kpl import MalformedAggregate, UserRecord
+from kinesis_store.reader import stop_on_malformed
+from kinesis_store.shards import Shard, kcl_view
+from producer import metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,6 +32,7 @@ __all__ = [
     "UNFILTERED_READ_SCHEMA",
     "arrow_batches_of",
     "arrow_read_schema",
+    "malformed_aggregate_policy",
     "read_schema",
     "rows_of",
 ]
@@ -49,14 +55,26 @@ def rows_of(
     records: Iterable[UserRecord], shard: Shard, *, kcl_filter: bool
 ) -> Iterator[tuple[Any, ...]]:
     """One row per user record of ``shard``; with ``kcl_filter``, only those KCL delivers
-    (an aggregated user record whose hash key is outside the shard's range is dropped)."""
-    for record in records:
-        visible = visible_to_kcl(record, shard)
+    (every member of an aggregate with a member outside the shard's range is dropped)."""
+    for record, visible in kcl_view(records, shard):
         if kcl_filter:
             if visible:
                 yield _row(record)
         else:
             yield (*_row(record), visible)
+
+
+def malformed_aggregate_policy(fail: bool, stream: str) -> Callable[[MalformedAggregate], None]:
+    """A reader's ``on_malformed`` for ``format("keo")`` (``fail_on_malformed_aggregate``):
+    count the malformed aggregate and go on as the KCL does, or count it and stop the read
+    (:class:`kinesis_store.errors.AggregationFormatError`). Picklable."""
+    return partial(_on_malformed, fail, stream)
+
+
+def _on_malformed(fail: bool, stream: str, fault: MalformedAggregate) -> None:
+    metrics.count_malformed(stream)(fault)
+    if fail:
+        stop_on_malformed(fault)
 
 
 def _row(record: UserRecord) -> tuple[Any, ...]:
@@ -118,8 +136,7 @@ def arrow_batches_of(
             column.clear()
         return built
 
-    for record in records:
-        visible = visible_to_kcl(record, shard)
+    for record, visible in kcl_view(records, shard):
         if kcl_filter and not visible:
             continue
         keys.append(record.partition_key)

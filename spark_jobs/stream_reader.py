@@ -51,7 +51,7 @@ from kinesis_store.reader import KinesisReader
 from producer.clients import kinesis_read_client
 from spark_jobs.driver_metrics import STREAM_READ_QUERY, PlannedLag, ShardRead
 from spark_jobs.options import StreamReadOptions
-from spark_jobs.read_rows import arrow_batches_of, rows_of
+from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, rows_of
 from spark_jobs.stream_offsets import ShardRange, StreamOffset
 from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
 from spark_jobs.writer import producer_settings
@@ -84,7 +84,14 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kinesis(self) -> KinesisReader:
         settings = producer_settings(self.options.settings)
-        return KinesisReader(kinesis_read_client(settings), settings.stream, pacer=_PACER)
+        return KinesisReader(
+            kinesis_read_client(settings),
+            settings.stream,
+            pacer=_PACER,
+            on_malformed=malformed_aggregate_policy(
+                self.options.fail_on_malformed_aggregate, settings.stream
+            ),
+        )
 
     @property
     def planner(self) -> StreamPlanner:
@@ -206,6 +213,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 records=rows,
                 data_bytes=data_bytes,
                 millis_behind_latest=kinesis.shard_reads(shard_id).millis_behind_latest,
+                malformed_aggregates=kinesis.shard_reads(shard_id).malformed_aggregates,
             )
         )
 

@@ -92,7 +92,7 @@ def read_stream(client: Any, stream: str) -> StreamContents:
         while iterator is not None and empty_pages < _MAX_EMPTY_PAGES:
             page = client.get_records(ShardIterator=iterator, Limit=10_000)
             for raw in page["Records"]:
-                records.extend(deaggregate(shard_id, raw))
+                records.extend(deaggregate(shard_id, raw).records)
             iterator = page.get("NextShardIterator")
             if page["Records"]:
                 empty_pages = 0

@@ -16,6 +16,7 @@ copies missing and the extra copies, and reads no ledger.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -345,3 +346,72 @@ def test_the_replay_audit_names_the_copies_missing_and_the_extra_copies(
     ]
     assert (body["user_records"], body["matched_rows"], body["anomalies"]) == (6, 3, 3)
     assert "verdict: 3 ANOMALIES" in stderr
+
+
+# --- what a KCL consumer gets: a stray aggregate, a malformed one (issue 35) --------------------
+
+
+def keys_in_half(count: int, *, low: bool) -> list[str]:
+    """Keys whose hash key is in the lower (or upper) half: one shard each of a 2-shard stream."""
+    keys = (f"order-{i}" for i in range(10_000))
+    return [key for key in keys if (hash_key_of(key) < 2**127) == low][:count]
+
+
+def put_stray_aggregate(kinesis: Any, stream: str, rows: Sequence[tuple[str, bytes]]) -> None:
+    """The rows as one KPL aggregate, each user record with its own hash key (as the producer
+    packs them), routed by the first: rows of the other shard make it a stray aggregate, as a
+    producer with a stale shard map puts across a split."""
+    aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    for key, data in rows:
+        assert aggregate.add(key, data, str(hash_key_of(key)))
+    kinesis.put_records(StreamName=stream, Records=[aggregate.entry()])
+
+
+def put_malformed_aggregate(kinesis: Any, stream: str, good: tuple[str, bytes]) -> None:
+    """A record with the KPL magic and a valid MD5 whose second user record names a partition
+    key outside its table (the KCL delivers the first, drops the second)."""
+    from kinesis_store import kpl
+
+    message = kpl._library()[2].AggregatedRecord()
+    message.partition_key_table.extend([good[0]])
+    message.records.add(partition_key_index=0, data=good[1])
+    message.records.add(partition_key_index=3, data=b"never delivered")
+    body = message.SerializeToString()
+    data = kpl.MAGIC + body + hashlib.md5(body, usedforsecurity=False).digest()
+    kinesis.put_records(
+        StreamName=stream,
+        Records=[
+            {"Data": data, "PartitionKey": good[0], "ExplicitHashKey": str(hash_key_of(good[0]))}
+        ],
+    )
+
+
+def test_the_audit_counts_a_stray_aggregate_missing_and_reads_past_a_malformed_one(
+    stack: Stack, kinesis: Any, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a run's rows: two in an aggregate that strays (its second row belongs to the other
+    # shard), one as the first user record of a malformed aggregate, and one plain record after
+    (inside, good, after), (outside,) = keys_in_half(3, low=True), keys_in_half(1, low=False)
+    rows = {key: f'{{"k": "{key}"}}'.encode() for key in (inside, outside, good, after)}
+    stream = stack.settings.stream
+    put_stray_aggregate(kinesis, stream, [(inside, rows[inside]), (outside, rows[outside])])
+    put_malformed_aggregate(kinesis, stream, (good, rows[good]))
+    put_rows(kinesis, stream, [(after, rows[after])])
+    expected = rows_file(tmp_path / "run.jsonl", list(rows.items()))
+
+    # WHEN the stream is audited, in replay mode with `keo audit` and in process by key
+    code, body, stderr = run_audit(cli_env, expected, "--dedupe", "replay")
+    report = audit_stream(stack.reader, None, expected=list(rows))
+
+    # THEN neither row of the stray aggregate counts as delivered: a KCL consumer gets neither
+    # (before: `inside` was counted delivered), and the audit fails on them
+    assert code == 1, stderr
+    assert sorted(r["key"] for r in body["missing"]) == sorted([inside, outside])
+    assert body["dropped_by_kcl"] == 2
+    assert sorted(report.expected_missing) == sorted([inside, outside])
+    assert report.dropped_by_kcl == 2
+    # AND the malformed aggregate stops neither audit (before: AggregationFormatError): its
+    # first row and the record after it are delivered, and it is counted
+    assert (body["user_records"], body["malformed_aggregates"]) == (2, 1)
+    assert (report.user_records, report.malformed_aggregates) == (2, 1)
+    assert "malformed aggregates: 1" in stderr

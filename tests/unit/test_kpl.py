@@ -1,4 +1,5 @@
-"""Our wrapper of aws-kinesis-agg: deaggregation as a KCL consumer sees it, and no silent drops.
+"""Our wrapper of aws-kinesis-agg: deaggregation as a KCL consumer sees it, malformed aggregates
+read as the KCL reads them (AggregatorUtil.deaggregate), and never a silent drop.
 
 Aggregated records are built with the library's own aggregator, so the round trip checks our
 reading against the format the KPL writes.
@@ -82,7 +83,7 @@ def test_aggregated_record_yields_each_user_record_in_order() -> None:
     ]
     partition_key, data = aggregate(users)
     # WHEN it is deaggregated
-    result = list(deaggregate(SHARD, kinesis_record(partition_key, data, "4959")))
+    result = list(deaggregate(SHARD, kinesis_record(partition_key, data, "4959")).records)
     # THEN each user record comes back as a KCL consumer sees it: its own key, data as bytes,
     # sub-sequence numbers 0..n-1, and an explicit hash key only where one was given
     assert result == [
@@ -105,7 +106,7 @@ def test_explicit_hash_key_of_one_record_is_not_lent_to_the_others() -> None:
     # GIVEN an aggregate whose only explicit hash key belongs to its second record
     partition_key, data = aggregate([("a", b"1", None), ("b", b"2", "42"), ("c", b"3", None)])
     # WHEN deaggregated
-    result = list(deaggregate(SHARD, kinesis_record(partition_key, data)))
+    result = list(deaggregate(SHARD, kinesis_record(partition_key, data)).records)
     # THEN only that record carries it (the library reports entry 0 of the table for the others)
     assert [user.explicit_hash_key for user in result] == [None, "42", None]
 
@@ -124,7 +125,7 @@ def test_round_trip_of_any_user_records(users: list[tuple[str, bytes, str | None
     # GIVEN any user records the KPL can aggregate
     partition_key, data = aggregate(users)
     # WHEN deaggregated
-    result = list(deaggregate(SHARD, kinesis_record(partition_key, data, "77")))
+    result = list(deaggregate(SHARD, kinesis_record(partition_key, data, "77")).records)
     # THEN exactly the same records come back, in order, numbered 0..n-1
     assert [(u.partition_key, u.data, u.explicit_hash_key) for u in result] == users
     assert [u.sub_sequence_number for u in result] == list(range(len(users)))
@@ -144,7 +145,7 @@ def test_round_trip_of_any_user_records(users: list[tuple[str, bytes, str | None
 def test_raw_record_comes_back_as_itself(data: bytes) -> None:
     # GIVEN a record that was not aggregated (or is too short to be)
     # WHEN deaggregated
-    result = list(deaggregate(SHARD, kinesis_record("order-9", data, "12")))
+    result = list(deaggregate(SHARD, kinesis_record("order-9", data, "12")).records)
     # THEN it comes back unchanged, as one record without a sub-sequence number
     assert result == [UserRecord(SHARD, "order-9", data, "12", None, None, ARRIVAL_MS)]
     assert not result[0].aggregated
@@ -155,7 +156,8 @@ def test_magic_with_a_bad_md5_is_a_raw_record() -> None:
     _, data = aggregate([("a", b"1", None), ("b", b"2", None)])
     tampered = data[:-1] + bytes([data[-1] ^ 0xFF])
     # WHEN deaggregated
-    result = list(deaggregate(SHARD, kinesis_record("user-key", tampered)))
+    read = deaggregate(SHARD, kinesis_record("user-key", tampered))
+    result = list(read.records)
     # THEN it is taken as a raw record (as the KCL does): one record, the bytes as sent
     assert len(result) == 1
     assert result[0].data == tampered
@@ -163,9 +165,14 @@ def test_magic_with_a_bad_md5_is_a_raw_record() -> None:
     assert result[0].sub_sequence_number is None
     assert not is_aggregated(tampered)
     assert is_aggregated(data)
+    # AND it is no fault: any data may start with those bytes
+    assert read.fault is None
 
 
-# --- corrupt aggregates are errors, never drops --------------------------------------------------
+# --- malformed aggregates: as the KCL reads them, and said ------------------------------------
+# amazon-kinesis-client, software/amazon/kinesis/retrieval/AggregatorUtil.java deaggregate: a
+# body protobuf refuses is delivered raw; a user record that cannot be read (a key index outside
+# its table) ends the aggregate: the members before it are delivered, the rest dropped.
 
 
 @pytest.mark.parametrize(
@@ -173,37 +180,81 @@ def test_magic_with_a_bad_md5_is_a_raw_record() -> None:
     [b"\x0a\xff", b"\xff\xff\xff\xff", b"\x1a\x02\x08\x00"],
     ids=["truncated-field", "garbage", "record-without-data"],
 )
-def test_valid_magic_and_md5_with_corrupt_body_raises(body: bytes) -> None:
-    # GIVEN a record with the magic and a matching MD5 but a protobuf body that cannot be read
+def test_valid_magic_and_md5_with_a_body_protobuf_refuses_is_delivered_raw(body: bytes) -> None:
+    # GIVEN a record with the magic and a matching MD5 but a body that is no aggregate (cut
+    # short, garbage, a user record without its required data)
     data = with_digest(body)
     # WHEN deaggregated
-    with pytest.raises(AggregationFormatError) as excinfo:
-        list(deaggregate(SHARD, kinesis_record("pk", data, "31")))
-    # THEN it raises, naming the record, instead of dropping or passing it off as raw
-    assert excinfo.value.shard_id == SHARD
-    assert excinfo.value.sequence_number == "31"
-    assert f"{SHARD}/31" in str(excinfo.value)
+    read = deaggregate(SHARD, kinesis_record("pk", data, "31"))
+    # THEN the record is delivered raw, as the KCL delivers it, never an error that stops a read
+    assert read.records == (UserRecord(SHARD, "pk", data, "31", None, None, ARRIVAL_MS),)
+    # AND the fault is said, naming the record, so that the reader logs and counts it
+    fault = read.fault
+    assert fault is not None
+    assert (fault.shard_id, fault.sequence_number, fault.raw) == (SHARD, "31", True)
+    assert (fault.delivered, fault.dropped) == (0, 0)
+    assert f"{SHARD}/31" in str(fault.error())
 
 
-def test_user_record_pointing_outside_the_key_table_raises(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"partition_key_index": 5, "data": b"lost"}, "partition key index 5"),
+        (
+            {"partition_key_index": 0, "explicit_hash_key_index": 3, "data": b"lost"},
+            "explicit hash key index 3",
+        ),
+    ],
+    ids=["partition-key-index", "explicit-hash-key-index"],
+)
+def test_members_before_a_bad_key_index_are_delivered_and_the_rest_dropped(
+    bad: dict[str, Any], reason: str
 ) -> None:
-    # GIVEN an aggregate whose second user record names a partition key that is not in its table
+    # GIVEN an aggregate whose second of three user records names a key not in its table
     body = agg_message(
         ["order-1"],
         [
             {"partition_key_index": 0, "data": b"good"},
-            {"partition_key_index": 5, "data": b"lost"},
+            bad,
+            {"partition_key_index": 0, "data": b"after"},
         ],
     )
-    records = deaggregate(SHARD, kinesis_record("pk", with_digest(body), "8"))
-    # WHEN it is read: the library prints the fault and stops
-    first = next(records)
-    with pytest.raises(AggregationFormatError, match="read 1 of 2 user records"):
-        next(records)
-    # THEN the good record came through and the lost one is an error, not a silent drop
-    assert (first.partition_key, first.data, first.sub_sequence_number) == ("order-1", b"good", 0)
-    capsys.readouterr()  # the library's own report went to stderr
+    # WHEN it is deaggregated (on today's code: AggregationFormatError on every read)
+    read = deaggregate(SHARD, kinesis_record("pk", with_digest(body), "8"))
+    # THEN the first user record is delivered, the bad one and the one after it are not
+    assert read.records == (UserRecord(SHARD, "order-1", b"good", "8", 0, None, ARRIVAL_MS),)
+    # AND the fault says so, with the shard and sequence number
+    fault = read.fault
+    assert fault is not None
+    assert (fault.shard_id, fault.sequence_number) == (SHARD, "8")
+    assert (fault.raw, fault.delivered, fault.dropped) == (False, 1, 2)
+    assert reason in fault.reason
+
+
+def test_an_explicit_hash_key_that_is_no_integer_ends_the_aggregate() -> None:
+    # GIVEN an aggregate whose first user record has an explicit hash key the KCL cannot read
+    message = kpl._library()[2].AggregatedRecord()
+    message.partition_key_table.extend(["a"])
+    message.explicit_hash_key_table.extend(["not-a-number"])
+    message.records.add(partition_key_index=0, explicit_hash_key_index=0, data=b"x")
+    message.records.add(partition_key_index=0, data=b"y")
+    # WHEN deaggregated
+    read = deaggregate(SHARD, kinesis_record("pk", with_digest(message.SerializeToString())))
+    # THEN nothing is delivered (BigInteger refuses it before any member was kept)
+    assert read.records == ()
+    assert read.fault is not None
+    assert (read.fault.delivered, read.fault.dropped) == (0, 2)
+
+
+def test_user_record_count_counts_what_a_kcl_consumer_gets() -> None:
+    # GIVEN a malformed aggregate (1 good member of 2) and a body that is no aggregate
+    body = agg_message(
+        ["k"], [{"partition_key_index": 0, "data": b"1"}, {"partition_key_index": 9, "data": b""}]
+    )
+    # WHEN their user records are counted (a streaming read's admission control)
+    # THEN the count is what the KCL delivers, and it never raises
+    assert kpl.user_record_count(SHARD, kinesis_record("pk", with_digest(body))) == 1
+    assert kpl.user_record_count(SHARD, kinesis_record("pk", with_digest(b"\xff\xff"))) == 1
 
 
 def test_aggregation_format_error_is_a_value_error() -> None:

@@ -157,6 +157,34 @@ def test_a_streaming_reads_records_and_bytes_add_up_by_shard_and_its_lag_is_the_
     assert ("keo_spark_read_millis_behind_latest", shard1) not in found
 
 
+def test_the_malformed_aggregates_a_streaming_read_met_add_up_by_shard(tmp_path: Path) -> None:
+    # GIVEN two workers whose reads of shard 0 met a malformed KPL aggregate each, and a read
+    # of shard 1 that met none
+    one, other = ProcessTotals(tmp_path), ProcessTotals(tmp_path)
+    query = {"query": "orders-in", "stream": "s"}
+    for totals, shard_id, malformed in ((one, "0", 1), (other, "0", 1), (one, "1", 0)):
+        totals.totals("orders-in", "s").add_read(
+            ShardRead(
+                **query,
+                shard_id=shard_id,
+                records=1,
+                data_bytes=1,
+                millis_behind_latest=0,
+                malformed_aggregates=malformed,
+            ),
+            10.0,
+        )
+    one.save()
+    other.save()
+    # WHEN the exporter is scraped
+    found = scrape(tmp_path)
+    # THEN shard 0 counts both, shard 1 none
+    shard0 = frozenset({**query, "shard": "0"}.items())
+    shard1 = frozenset({**query, "shard": "1"}.items())
+    assert found[("keo_spark_read_malformed_aggregates_total", shard0)] == 2
+    assert ("keo_spark_read_malformed_aggregates_total", shard1) not in found
+
+
 def test_the_lag_a_batch_was_planned_with_is_the_latest_planning_s_by_shard(tmp_path: Path) -> None:
     # GIVEN the driver's planning of two batches, in two of its Python workers: shard 0 behind
     # then caught up, shard 1 planned once

@@ -180,6 +180,16 @@ def test_a_streaming_read_starts_at_the_trim_horizon_unbounded_and_fails_on_data
     )
     assert options.fail_on_data_loss
     assert options.kcl_filter
+    assert not options.fail_on_malformed_aggregate  # read it as the KCL does, and go on
+
+
+def test_a_read_stops_at_a_malformed_aggregate_only_when_told_to() -> None:
+    # GIVEN reads, batch and streaming, with and without fail_on_malformed_aggregate
+    told = {"stream": "orders", "fail_on_malformed_aggregate": "true"}
+    # THEN only those told stop at one
+    assert StreamReadOptions.parse(told).fail_on_malformed_aggregate
+    assert ReadOptions.parse(told).fail_on_malformed_aggregate
+    assert not ReadOptions.parse({"stream": "orders"}).fail_on_malformed_aggregate
 
 
 @pytest.mark.parametrize(
@@ -206,6 +216,7 @@ def test_a_starting_position_is_a_name_or_a_time(given: str, expected: StartingP
         ("max_records_per_trigger", "0"),
         ("max_records_per_shard_per_trigger", "ten"),
         ("fail_on_data_loss", "maybe"),
+        ("fail_on_malformed_aggregate", "sometimes"),
         ("query_name", " "),
         ("metrics_port", "http"),
         ("metrics_host", "127.0.0.2"),  # without metrics_port
