@@ -90,8 +90,9 @@ class OpenShards:
         self._open = None
 
     def landed_on(self, shard_id: str) -> Shard | None:
-        """The shard an aggregate landed on, re-reading the map when it is a new one: its
-        members inside the new shard's range are delivered, whatever our map said."""
+        """The shard an aggregate landed on, re-reading the map when it is a new one: the
+        aggregate is delivered when the shard's range covers all its members, whatever our
+        map said (the KCL takes an aggregate whole or not at all)."""
         known = next((s for s in self._open or [] if s.shard_id == shard_id), None)
         if known is not None:
             return known

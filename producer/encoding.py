@@ -2,14 +2,15 @@
 
 Aggregation packs user records that route to the same shard into one Kinesis record. Each
 user record keeps its own partition key (the message key) and explicit hash key, so KCL
-deaggregates it as if it had been sent alone, and drops it when its hash key is outside the
-shard the aggregate landed on: such a member counts as not delivered.
+deaggregates it as if it had been sent alone. The KCL takes an aggregate whole or not at all
+(:func:`kcl_delivers_whole`): an aggregate packed on a stale shard map that lands on a shard
+not covering all its members is not delivered, none of it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -71,3 +72,12 @@ def aggregated_units(
         if inside:
             units.append(PutUnit(aggregate.entry(), inside, aggregated=True))
     return units
+
+
+def kcl_delivers_whole(shard: Shard | None, hash_keys: Iterable[int]) -> bool:
+    """Whether a KCL consumer of ``shard`` (the shard an aggregate landed on; None: unknown)
+    gets the aggregate whose members have ``hash_keys``. The KCL's deaggregation
+    (``AggregatorUtil.deaggregate`` in amazon-kinesis-client, called with the hash key range
+    of the shard read) drops every member of an aggregate as soon as one member's effective
+    hash key is outside that range: all of them are delivered, or none."""
+    return shard is not None and all(shard.covers(hash_key) for hash_key in hash_keys)

@@ -4,11 +4,13 @@ fake's clock, whose sleeps move model time (nothing really waits)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from dedupe_store.clock import ManualClock
 from fakes.kinesis import FakeKinesisClient
 from fakes.ledger import InMemoryLedger
 from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import NO_HOOKS, Hooks
 from producer.protocol import LeasePolicy
@@ -23,6 +25,7 @@ def replay_producer_over(
     *,
     hooks: Hooks = NO_HOOKS,
     seed: int = 0,
+    shard_map: Callable[[], list[Shard]] | None = None,
     **policy: int,
 ) -> ReplayProducer:
     return ReplayProducer(
@@ -32,6 +35,7 @@ def replay_producer_over(
         reader=KinesisReader(kinesis, kinesis.stream, sleep=kinesis.sleep),
         clock=clock,
         policy=ReplayPolicy(lease=lease, **policy),
+        shard_map=shard_map,  # given: user records are aggregated
         hooks=hooks,
         sleep=kinesis.sleep,
         rng=random.Random(seed),
