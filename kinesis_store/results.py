@@ -53,7 +53,8 @@ class TransportFailure(StrEnum):
 
 _NEVER_SENT = frozenset({TransportFailure.CONNECTION_NOT_MADE, TransportFailure.CONNECT_TIMEOUT})
 
-# An aggregate landed on a shard that no longer covers some of its user records.
+# An aggregate landed on a shard that does not cover all its user records: the KCL drops it
+# whole, so each of them is resent (packed on a fresh shard map), though the stray is written.
 STALE_SHARD_MAP = "StaleShardMap"
 # The signature fence kept a request from leaving: its lease would not outlive its signature.
 # Nothing was sent; the next attempt checks the lease again (renews it, or moves the keys).

@@ -18,7 +18,15 @@ from kinesis_store.entries import hash_key_of
 if TYPE_CHECKING:
     from kinesis_store.kpl import UserRecord
 
-__all__ = ["OpenShards", "Shard", "StreamInfo", "kcl_view", "lineage", "open_shards"]
+__all__ = [
+    "OpenShards",
+    "Shard",
+    "StreamInfo",
+    "kcl_delivers_whole",
+    "kcl_view",
+    "lineage",
+    "open_shards",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +98,16 @@ def _same_aggregate(first: UserRecord, record: UserRecord) -> bool:
     )
 
 
+def kcl_delivers_whole(shard: Shard | None, hash_keys: Iterable[int]) -> bool:
+    """Whether a KCL consumer of ``shard`` (the shard an aggregate was read from or landed on;
+    None: unknown) gets the aggregate whose members have ``hash_keys``: all of them, or none
+    (:func:`kcl_view`). The put loop asks it of each aggregate it put, the readers of each
+    aggregate they read."""
+    return shard is not None and all(shard.covers(hash_key) for hash_key in hash_keys)
+
+
 def _whole_or_none(members: list[UserRecord], shard: Shard) -> Iterator[tuple[UserRecord, bool]]:
-    delivered = all(shard.covers(_hash_key(member)) for member in members)
+    delivered = kcl_delivers_whole(shard, map(_hash_key, members))
     for member in members:
         yield member, delivered
 
@@ -121,8 +137,9 @@ class OpenShards:
         self._open = None
 
     def landed_on(self, shard_id: str) -> Shard | None:
-        """The shard an aggregate landed on, re-reading the map when it is a new one: its
-        members inside the new shard's range are delivered, whatever our map said."""
+        """The shard an aggregate landed on, re-reading the map when it is a new one: the
+        aggregate is delivered when the shard's range covers all its members, whatever our
+        map said (the KCL takes an aggregate whole or not at all)."""
         known = next((s for s in self._open or [] if s.shard_id == shard_id), None)
         if known is not None:
             return known

@@ -2,8 +2,9 @@
 
 Aggregation packs user records that route to the same shard into one Kinesis record. Each
 user record keeps its own partition key (the message key) and explicit hash key, so KCL
-deaggregates it as if it had been sent alone, and drops it when its hash key is outside the
-shard the aggregate landed on: such a member counts as not delivered.
+deaggregates it as if it had been sent alone. The KCL takes an aggregate whole or not at all
+(:func:`kinesis_store.shards.kcl_delivers_whole`): an aggregate packed on a stale shard map
+that lands on a shard not covering all its members is not delivered, none of it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ which lease it is put under, and what becomes of one given up.
       └─ per round (at most put_max_attempts, jittered backoff between them):
          ├─ per 500 messages: the party's leases checked (ready_to_put: renewed, or not ours)
          ├─ per request (500 records, 5 MiB): PutRecords under the earliest lease it carries
-         │     ├─ written ───── position (an aggregate's members off its shard: not written)
+         │     ├─ written ───── position (an aggregate not wholly inside the shard it
+         │     │                landed on: none of it; every member resent, packed anew)
          │     ├─ ambiguous ─── read back by the caller, never resent blindly
          │     └─ not written ─ retriable: next round, same lease; else the party gives it up
          └─ diverted: messages no longer ours to put (key mode: a take-over lost): waited on
@@ -30,7 +31,7 @@ from tenacity import RetryCallState, stop_after_attempt, stop_when_event_set
 from dedupe_store.records import Position
 from kinesis_store.entries import MAX_RECORDS_PER_PUT
 from kinesis_store.results import STALE_SHARD_MAP, PutResultKind, RecordResult, not_written
-from kinesis_store.shards import OpenShards
+from kinesis_store.shards import OpenShards, kcl_delivers_whole
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.encoding import PutUnit, aggregated_units, single_units
@@ -199,16 +200,26 @@ class PutLoop(Generic[_M]):
             return
         shards = self._context.shards
         shard = shards.landed_on(shard_id) if shards is not None else None
-        for sub_sequence, member in enumerate(unit.members):
-            hash_key = int(self._party.item_of(member).explicit_hash_key)
-            if shards is None or shard is None or not shard.covers(hash_key):
-                # the shard map was stale (a reshard): KCL drops this user record on read,
-                # so it is not delivered; send it again under the same lease, newly routed
-                if shards is not None:
-                    shards.forget()
-                refused.append((member, not_written(STALE_SHARD_MAP)))
-                continue
-            report.written.append((member, Position(shard_id, sequence_number, sub_sequence)))
+        hash_keys = [int(self._party.item_of(member).explicit_hash_key) for member in unit.members]
+        if not kcl_delivers_whole(shard, hash_keys):
+            # packed on a stale shard map (a reshard): the KCL drops the whole aggregate, so
+            # none of it is delivered, though it is in the stream (a stray aggregate). Every
+            # member is sent again under the same lease, packed on a fresh map.
+            if shards is not None:
+                shards.forget()
+            log.info(
+                "stray aggregate resent whole stream=%s shard=%s sequence=%s members=%d",
+                self._context.stream,
+                shard_id,
+                sequence_number,
+                len(unit.members),
+            )
+            refused.extend((member, not_written(STALE_SHARD_MAP)) for member in unit.members)
+            return
+        report.written.extend(
+            (member, Position(shard_id, sequence_number, sub_sequence))
+            for sub_sequence, member in enumerate(unit.members)
+        )
 
     def _send(self, entries: list[dict[str, Any]], lease_expires_at_ms: int) -> list[RecordResult]:
         stream = self._context.stream

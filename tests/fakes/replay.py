@@ -4,11 +4,13 @@ fake's clock, whose sleeps move model time (nothing really waits)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from dedupe_store.clock import ManualClock
 from fakes.kinesis import FakeKinesisClient
 from fakes.ledger import InMemoryLedger
 from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import NO_HOOKS, Hooks
 from producer.protocol import LeasePolicy
@@ -24,6 +26,7 @@ def replay_producer_over(
     hooks: Hooks = NO_HOOKS,
     seed: int = 0,
     retention_hours: int = 24,
+    shard_map: Callable[[], list[Shard]] | None = None,
     **policy: int,
 ) -> ReplayProducer:
     return ReplayProducer(
@@ -34,6 +37,7 @@ def replay_producer_over(
         clock=clock,
         policy=ReplayPolicy(lease=lease, **policy),
         retention_hours=retention_hours,
+        shard_map=shard_map,  # given: user records are aggregated
         hooks=hooks,
         sleep=kinesis.sleep,
         rng=random.Random(seed),
