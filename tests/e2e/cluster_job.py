@@ -5,15 +5,17 @@ process of its own: a process has one SparkContext, and the tests kill this one 
     python cluster_job.py '{"run": "first", "work_dir": ..., "options": {...}, "stream": {...},
                             "batch_rows": [[key, data], ...] | null, "read": true | false,
                             "stream_read": {"settings": {KEO_*...}, "checkpoint": ...} | null,
-                            "task_failpoints": [{...}, ...]}'
+                            "task_failpoints": [{...}, ...],
+                            "driver_failpoints": [{...}, ...]}'
 
 In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, available
 now, one file per micro-batch, two partitions each), then the batch write of ``batch_rows``,
 then ``spark.read.format("keo")`` of the stream, then ``spark.readStream.format("keo")`` of a
 stream of its own across a split and a merge (:func:`run_stream_read`). ``KEO_FAILPOINTS``
-arms the data source's hooks for all of them (``batch_before_complete=stop`` freezes the
-driver's commit of the first batch, after the executors' puts and before the batch is
-recorded); ``task_failpoints`` arm a step in one task attempt only (:class:`OnTasks`). Each
+arms the data source's hooks for all of them, in every batch (``batch_before_complete=stop``
+freezes the driver's commit of the first batch, after the executors' puts and before the batch
+is recorded); ``task_failpoints`` arm a step in one task attempt only, ``driver_failpoints`` a
+driver step in one micro-batch only (:class:`OnTasks`). Each
 executor-side put leaves a file ``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so
 the test sees which executors did the work, and every Python process that reaches a hook logs
 the product's INFO lines to ``<work_dir>/logs/<pid>.log``. Prints one JSON line per finished
@@ -92,21 +94,39 @@ class TaskFailpoint:
 
 
 @dataclass(frozen=True)
+class DriverFailpoint:
+    """``action`` (a failpoint action) when the driver reaches ``step`` (a driver step:
+    ``batch_after_puts``, ``batch_before_complete``) for micro-batch ``batch`` only, once in
+    the scenario; ``KEO_FAILPOINTS`` acts at its step in every batch."""
+
+    batch: int
+    step: str
+    action: str
+
+
+@dataclass(frozen=True)
 class OnTasks:
     """Hooks that act in chosen task attempts only (:class:`TaskFailpoint`, matched from the
-    task's ``TaskContext``), log the product's INFO lines of every Python process they run in to
-    ``<logs>/<pid>.log``, then pass the step on. Defined in ``__main__``: shipped by value.
+    task's ``TaskContext``) and in the driver's steps of chosen batches (:class:`DriverFailpoint`:
+    no ``TaskContext`` there, the step says which batch), log the product's INFO lines of every
+    Python process they run in to ``<logs>/<pid>.log``, then pass the step on. Defined in
+    ``__main__``: shipped by value.
 
     A task attempt stopped here first leaves its executor's session (``setsid``): a process of
     a frozen machine outlives what the cluster does meanwhile, and resumes when the test sends
     SIGCONT. Without it, the death of its executor would orphan its process group, and the
-    kernel would resume it at once (SIGHUP, then SIGCONT, to a stopped orphaned group).
+    kernel would resume it at once (SIGHUP, then SIGCONT, to a stopped orphaned group). A
+    driver's process stopped here (its commit of the batch) stays where it is: the test resumes
+    or kills it.
     """
 
     failpoints: tuple[TaskFailpoint, ...]
-    marks: str  # a file per failpoint reached: <action>-b<batch>-p<partition>-a<attempt>-pid<pid>
+    # a file per failpoint reached: <action>-b<batch>-p<partition>-a<attempt>-pid<pid>, or
+    # <action>-b<batch>-driver-pid<pid>
+    marks: str
     logs: str
     then: Hooks
+    on_driver: tuple[DriverFailpoint, ...] = ()
     reached: Counter[tuple[int, str]] = field(default_factory=Counter, compare=False)
 
     def at(self, step: Step, *, batch_id: int | None = None) -> None:
@@ -125,17 +145,23 @@ class OnTasks:
                     and failpoint.attempt == context.attemptNumber()
                     and failpoint.nth == self.reached[(context.taskAttemptId(), step.value)]
                 ):
-                    self._act(failpoint)
+                    name = f"b{failpoint.batch}-p{failpoint.partition}-a{failpoint.attempt}"
+                    self._act(name, failpoint.step, failpoint.action, leave_session=True)
+        else:
+            for on_driver in self.on_driver:
+                if on_driver.step == step.value and on_driver.batch == batch_id:
+                    name = f"b{on_driver.batch}-driver"
+                    self._act(name, on_driver.step, on_driver.action, leave_session=False)
         self.then.at(step, batch_id=batch_id)
 
-    def _act(self, failpoint: TaskFailpoint) -> None:
-        name = f"{failpoint.action}-b{failpoint.batch}-p{failpoint.partition}-a{failpoint.attempt}"
+    def _act(self, where: str, step: str, action: str, *, leave_session: bool) -> None:
+        name = f"{action}-{where}"
         if any(Path(self.marks).glob(f"{name}-pid*")):
             return  # acted once already: a stage run again numbers its task attempts from 0
         Path(self.marks, f"{name}-pid{os.getpid()}").touch()
-        if failpoint.action == "stop":
+        if action == "stop" and leave_session:
             os.setsid()
-        Failpoints(f"{failpoint.step}={failpoint.action}").at(Step(failpoint.step))
+        Failpoints(f"{step}={action}").at(Step(step))
 
     def _log_here(self) -> None:
         path = str(Path(self.logs, f"{os.getpid()}.log"))
@@ -165,7 +191,8 @@ def register(spark: Any, job: dict[str, Any], step: str) -> None:
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
     failpoints = tuple(TaskFailpoint(**spec) for spec in job.get("task_failpoints", []))
-    on_tasks = OnTasks(failpoints, str(folders[1]), str(folders[2]), from_env())
+    on_driver = tuple(DriverFailpoint(**spec) for spec in job.get("driver_failpoints", []))
+    on_tasks = OnTasks(failpoints, str(folders[1]), str(folders[2]), from_env(), on_driver)
     spark_jobs.register(spark, hooks=WhereItRan(str(folders[0]), on_tasks))
 
 

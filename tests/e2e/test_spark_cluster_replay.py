@@ -4,7 +4,7 @@ runs; then every input row is in the stream exactly once, as a multiset of ``(ke
 read back with plain boto3 (streamcheck).
 
 One scenario for the module (a driver start launches a cluster: seconds each), three drivers
-(cluster_job.py) on one streaming query, four event files, one micro-batch each, two
+(cluster_job.py) on one streaming query, five event files, one micro-batch each, two
 partitions of 520 rows: a task puts its rows in two requests (500 rows, then 20), so a
 failpoint at its second request finds it in the middle of its puts. Every Kinesis call of the
 drivers and executors goes through a fault proxy (lost responses, 500s after the write,
@@ -22,15 +22,20 @@ with a short window and lease.
    the task), and batch 3, where the first attempt of one task stops at its second request.
    The test kills both executors (the stopped task's machine is lost, and the shuffle output
    the task reads with it: Spark runs the stage before again, then the task in a new stage
-   attempt, whose attempt numbers start at 0 again), waits for the batch to commit, then
-   resumes the stopped task: its lease is superseded, and the fence refuses the request it
-   held.
+   attempt, whose attempt numbers start at 0 again) and waits for the batch to commit;
+4. driver C runs batch 4, where the first attempt of one task stops before it registers
+   (``replay_before_register``). The test kills both executors again: the task's retry, a
+   higher task attempt id, registers first and puts the partition; a driver failpoint of batch
+   4 only freezes its commit, the run OPEN. Then, while nothing else puts, the test resumes the
+   task stopped in batch 3 (its lease is superseded, and the fence refuses the request it
+   held), then the one of batch 4 (it registers after a higher attempt of its task: outranked,
+   it puts nothing), then the driver, which commits batch 4 and ends.
 
 Spark launches a task again only once it has failed or its executor is lost (speculation
 never runs a copy on the host of the original, and a local cluster has one host), so the task
-stopped in batch 3 is made to outlive its executor: it leaves the executor's session before it
-stops (cluster_job.OnTasks), as a process of a frozen machine would resume whatever the cluster
-did meanwhile.
+stopped in batches 3 and 4 is made to outlive its executor: it leaves the executor's session
+before it stops (cluster_job.OnTasks), as a process of a frozen machine would resume whatever
+the cluster did meanwhile.
 
 Nothing here waits on the wall clock: each step waits for a state (a process stopped, a file, a
 log line, a run COMPLETE) under a deadline that only says how long it may take.
@@ -70,7 +75,7 @@ pytestmark = [
 ]
 
 QUERY = "replay-cluster"
-FILES, PER_FILE = 4, 1040  # two partitions of 520 rows: requests of 500 and 20 rows
+FILES, PER_FILE = 5, 1040  # two partitions of 520 rows: requests of 500 and 20 rows
 TASKS = ("0", "1")
 WINDOW_S = 2  # the signature window, at the proxy and in the fence
 TIMING = {
@@ -128,11 +133,18 @@ class Scenario:
     stopped_at_second_kill: list[str] = field(default_factory=list)
     in_stream_at_second_kill: int = -1
     stalled_pid: int = 0
-    executors_killed: set[int] = field(default_factory=set)
+    executors_killed: dict[int, set[int]] = field(default_factory=dict)  # by batch
     stage_run_again: list[str] = field(default_factory=list)  # executors' lines saying so
     resumed_ms: int = 0
     puts_at_resume: int = -1
     puts_after_resume: int = -1
+    held_pid: int = 0  # batch 4's first attempt of task 0, held before it registered
+    frozen_commit_of_held: str = ""
+    run_at_held_resume: ReplayRun | None = None
+    found_at_held_resume: int = -1
+    held_resumed_ms: int = 0
+    puts_at_held_resume: int = -1
+    puts_after_held_resume: int = -1
     orphans: list[str] = field(default_factory=list)
 
     def run(self, batch: int) -> ReplayRun:
@@ -250,48 +262,91 @@ def _kill_in_the_middle_of_the_puts(scenario: Scenario, job: dict[str, Any]) -> 
     scenario.steps["second"] = cluster_driver.steps(logs.with_suffix(".out"))
 
 
+def _lose_the_machine_of_a_stopped_task(
+    scenario: Scenario, batch: int, driver: subprocess.Popen[bytes]
+) -> int:
+    """Once the first attempt of task 0 of ``batch`` is stopped (by its failpoint) and task 1
+    has put its rows, both executors killed: the stopped task's machine is lost, and the
+    shuffle output the task reads with it (Spark runs the stage before again, then the task in
+    a new stage attempt). The stopped task's pid."""
+    prefix = f"stop-b{batch}-p0-a0"
+    _wait_for(
+        f"a task of batch {batch} stopped",
+        lambda: _stopped_task(scenario, prefix) is not None,
+        driver,
+    )
+    pid = _stopped_task(scenario, prefix)
+    assert pid is not None
+    # the other task's puts first: then only the stopped task has rows left to put
+    other = f"partition written run={QUERY}/{batch} partition=1 "
+    _wait_for(
+        f"the other task of batch {batch}",
+        lambda: any(other in line for line in scenario.log_lines()),
+        driver,
+    )
+    scenario.executors_killed[batch] = cluster_driver.executors(scenario.work_dir)
+    cluster_driver.kill(scenario.executors_killed[batch])
+    return pid
+
+
+def _resume(pid: int, scenario: Scenario) -> tuple[int, int, int]:
+    """SIGCONT to a stopped task, waited for until it ends: when, and the PutRecords the
+    Kinesis proxy had received then and once it ended."""
+    resumed_ms = scenario.stack.clock.now_ms()
+    puts_at = scenario.kinesis_proxy.received["PutRecords"]
+    os.kill(pid, signal.SIGCONT)
+    assert cluster_driver.wait_gone({pid}, EXIT_TIMEOUT_S) == set(), "the resumed task lives"
+    return resumed_ms, puts_at, scenario.kinesis_proxy.received["PutRecords"]
+
+
 def _retries_under_a_killed_worker_and_a_stalled_task(
     scenario: Scenario, job: dict[str, Any]
 ) -> None:
     """Driver C: batch 1 replayed; batch 2 with a Python worker killed after its first request;
-    batch 3 with a task stopped at its second request, both executors killed, and the task
-    resumed once its retry has put the batch and the driver committed it."""
+    batch 3 with a task stopped at its second request and both executors killed; batch 4 with
+    a task stopped before it registered, both executors killed, and the driver's commit of the
+    batch frozen. Then, while nothing else puts, batch 3's task resumed (its batch committed),
+    batch 4's (its run OPEN: its retry put the partition), and the driver."""
     logs = scenario.work_dir / "third"
     failpoints = [
         _task_failpoint(2, "after_put", "kill"),
         _task_failpoint(3, "before_put", "stop", nth=2),
+        _task_failpoint(4, "replay_before_register", "stop"),
     ]
-    third = {**job, "run": "third", "task_failpoints": failpoints}
+    frozen_commit = {"batch": 4, "step": "batch_before_complete", "action": "stop"}
+    third = {
+        **job,
+        "run": "third",
+        "task_failpoints": failpoints,
+        "driver_failpoints": [frozen_commit],
+    }
     with cluster_driver.running(third, logs) as driver:
-        _wait_for(
-            "a task of batch 3 stopped",
-            lambda: _stopped_task(scenario, "stop-b3-p0-a0") is not None,
-            driver,
-        )
-        pid = _stopped_task(scenario, "stop-b3-p0-a0")
-        assert pid is not None
-        scenario.stalled_pid = pid
-        # the other task's puts first: then only the stopped task has rows left to put
-        other = f"partition written run={QUERY}/3 partition=1 "
-        _wait_for(
-            "the other task of batch 3",
-            lambda: any(other in line for line in scenario.log_lines()),
-            driver,
-        )
-        # the machine of the stopped task is lost, and the shuffle output the task reads with
-        # it: Spark runs the stage before again, then the task in a new stage attempt
-        scenario.executors_killed = cluster_driver.executors(scenario.work_dir)
-        cluster_driver.kill(scenario.executors_killed)
+        scenario.stalled_pid = _lose_the_machine_of_a_stopped_task(scenario, 3, driver)
         _wait_for(
             "batch 3 committed while its first attempt is stopped",
             lambda: scenario.run(3).state is RunState.COMPLETE,
             driver,
         )
-        scenario.resumed_ms = scenario.stack.clock.now_ms()
-        scenario.puts_at_resume = scenario.kinesis_proxy.received["PutRecords"]
-        os.kill(pid, signal.SIGCONT)
-        assert cluster_driver.wait_gone({pid}, EXIT_TIMEOUT_S) == set(), "the resumed task lives"
-        scenario.puts_after_resume = scenario.kinesis_proxy.received["PutRecords"]
+        scenario.held_pid = _lose_the_machine_of_a_stopped_task(scenario, 4, driver)
+        # every task of batch 4 reported (the retry of the held one put its rows): the commit
+        _wait_for(
+            "the driver's commit of batch 4 frozen",
+            lambda: _stopped_task(scenario, "stop-b4-driver") is not None,
+            driver,
+        )
+        commit = _stopped_task(scenario, "stop-b4-driver")
+        assert commit is not None
+        assert commit in cluster_driver.tree(driver.pid), "not the driver's"
+        scenario.frozen_commit_of_held = cluster_driver.cmdline(commit)
+        scenario.run_at_held_resume = scenario.run(4)
+        scenario.found_at_held_resume = scenario.found_of(4)
+        resumed = _resume(scenario.stalled_pid, scenario)
+        scenario.resumed_ms, scenario.puts_at_resume, scenario.puts_after_resume = resumed
+        held = _resume(scenario.held_pid, scenario)
+        scenario.held_resumed_ms, scenario.puts_at_held_resume, scenario.puts_after_held_resume = (
+            held
+        )
+        os.kill(commit, signal.SIGCONT)
         assert driver.wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(logs.with_suffix(".err"))
     scenario.steps["third"] = cluster_driver.steps(logs.with_suffix(".out"))
     # Spark's own log of driver C's executors: task 0.0 of a Python (writing) stage in a
@@ -446,7 +501,7 @@ def test_a_task_stopped_past_its_lease_while_its_retry_ran_cannot_put_once_resum
     # GIVEN the first attempt of a task of batch 3 stopped at its second request, and both
     # executors killed: Spark ran the task again (in a new stage attempt), and committed the
     # batch
-    assert len(scenario.executors_killed) == 2
+    assert len(scenario.executors_killed[3]) == 2
     assert scenario.stage_run_again, "no task 0.0 of a stage run again"
     run = scenario.run(3)
     (execution,) = _executions(scenario, run)
@@ -477,15 +532,50 @@ def test_a_task_stopped_past_its_lease_while_its_retry_ran_cannot_put_once_resum
     assert scenario.puts_after_resume == scenario.puts_at_resume
 
 
+def test_a_task_held_before_it_registered_is_outranked_by_its_retry_and_puts_nothing(
+    scenario: Scenario,
+) -> None:
+    # GIVEN the first attempt of task 0 of batch 4 held before it registered, and both
+    # executors killed: Spark ran the task again, and the retry (a higher task attempt id)
+    # registered first, took the fast path and put the partition
+    assert len(scenario.executors_killed[4]) == 2
+    at_resume = scenario.run_at_held_resume
+    assert at_resume is not None
+    (execution,) = _executions(scenario, at_resume)
+    retry, *later = [a for a in execution if a.task == "0"]
+    assert retry.started_at_ms < scenario.held_resumed_ms
+    retried = f" run={QUERY}/4 attempt={retry.attempt_id} "
+    assert any(retried in line and " step=FAST_PATH " in line for line in scenario.log_lines())
+    assert scenario.found_at_held_resume == PER_FILE
+    # AND the driver's commit of the batch frozen: the run still OPEN
+    assert "python_streaming_sink_runner" in scenario.frozen_commit_of_held
+    assert at_resume.state is RunState.OPEN
+
+    # WHEN the held attempt is released, with the run still OPEN
+    resumed = scenario.log_lines(scenario.held_pid, since_ms=scenario.held_resumed_ms)
+
+    # THEN it registers after a higher attempt of its task: outranked, it puts nothing
+    (registered,) = [line for line in resumed if "replay attempt stream=" in line]
+    found = re.search(rf" run={QUERY}/4 .* task=0 task_attempt=(\d+) step=(\w+) ", registered)
+    assert found is not None, registered
+    assert found.group(2) == "SUPERSEDED", registered
+    assert all(int(found.group(1)) < a.task_attempt for a in (retry, *later))
+    assert scenario.puts_after_held_resume == scenario.puts_at_held_resume
+    # AND the driver committed the batch: its rows are in the stream exactly once
+    assert scenario.run(4).state is RunState.COMPLETE
+    in_stream = scenario.in_stream()
+    assert Counter({row: in_stream[row] for row in scenario.rows[4]}) == scenario.rows[4]
+
+
 def test_every_row_is_in_the_stream_exactly_once_under_the_faults(scenario: Scenario) -> None:
-    # GIVEN the four batches, through lost responses, 500s, throttled records and throttled
+    # GIVEN the five batches, through lost responses, 500s, throttled records and throttled
     # ledger writes
     injected = scenario.kinesis_proxy.schedule.injected
     for fault in ("drop_response", "error_after", "partial"):
         assert injected[f"PutRecords:{fault}"] > 0, injected
     assert scenario.ledger_proxy.schedule.injected["UpdateItem:throttle"] > 0
     # AND driver C ran the batches left after B's kill, the replayed one first
-    assert scenario.steps["third"]["stream"]["batches"] == [1, 2, 3]
+    assert scenario.steps["third"]["stream"]["batches"] == [1, 2, 3, 4]
     # WHEN the stream is read back with plain boto3
     found = scenario.in_stream()
     # THEN it holds every row of every batch, each once, and nothing else
