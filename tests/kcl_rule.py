@@ -122,7 +122,7 @@ def read_stream(client: Any, stream: str) -> StreamAsSeen:
     kcl: list[KclUserRecord] = []
     unfiltered: list[KclUserRecord] = []
     aggregates = dropped = 0
-    for shard in _shards(client, stream):
+    for shard in shards_of(client, stream):
         for record in _records(client, stream, shard.shard_id):
             seen = kcl_deaggregate(shard, record)
             every = deaggregate_unfiltered(shard, record)
@@ -243,7 +243,8 @@ def _users(
     ]
 
 
-def _shards(client: Any, stream: str) -> list[KclShard]:
+def shards_of(client: Any, stream: str) -> list[KclShard]:
+    """Every shard of the stream, open and closed, with its hash key range."""
     shards: list[KclShard] = []
     kwargs: dict[str, Any] = {"StreamName": stream}
     while True:

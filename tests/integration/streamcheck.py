@@ -2,7 +2,10 @@
 
 It reads with plain boto3 calls (ListShards, GetShardIterator TRIM_HORIZON, GetRecords to the
 tip), not with the product's ``KinesisReader``, so a bug in the reader cannot hide a duplicate.
-Aggregated records are split with ``kinesis_store.kpl.deaggregate``, as a KCL consumer would.
+Aggregated records are split with ``kinesis_store.kpl.deaggregate``, and one the KCL drops
+whole (a member outside the hash range of the shard it was read from: a stray aggregate put on a
+stale shard map) is dropped, as a KCL consumer drops it: the decision is ``tests/kcl_rule.py``'s,
+the tests' own port of the KCL's rule, not the product's.
 
     contents = read_stream(kinesis, stream)
     assert_exactly_once(contents, keys, ledger)        # once each, ledger position == stream
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
+import kcl_rule
 
 from dedupe_store.ledger import DynamoDBLedger
 from dedupe_store.records import Position
@@ -72,19 +76,11 @@ def kinesis_client(endpoint: str, config: Any = None) -> Any:
 
 
 def read_stream(client: Any, stream: str) -> StreamContents:
-    """Every user record of every shard (open and closed), from TRIM_HORIZON to the tip."""
-    shard_ids: list[str] = []
-    kwargs: dict[str, Any] = {"StreamName": stream}
-    while True:
-        page = client.list_shards(**kwargs)
-        shard_ids.extend(shard["ShardId"] for shard in page.get("Shards", []))
-        token = page.get("NextToken")
-        if not token:
-            break
-        kwargs = {"NextToken": token}
-
+    """Every user record a KCL consumer gets from every shard (open and closed), from
+    TRIM_HORIZON to the tip."""
     records: list[UserRecord] = []
-    for shard_id in shard_ids:
+    for shard in kcl_rule.shards_of(client, stream):
+        shard_id = shard.shard_id
         iterator: str | None = client.get_shard_iterator(
             StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
         )["ShardIterator"]
@@ -92,7 +88,8 @@ def read_stream(client: Any, stream: str) -> StreamContents:
         while iterator is not None and empty_pages < _MAX_EMPTY_PAGES:
             page = client.get_records(ShardIterator=iterator, Limit=10_000)
             for raw in page["Records"]:
-                records.extend(deaggregate(shard_id, raw).records)
+                if kcl_rule.kcl_deaggregate(shard, raw):  # else dropped whole by the KCL
+                    records.extend(deaggregate(shard_id, raw).records)
             iterator = page.get("NextShardIterator")
             if page["Records"]:
                 empty_pages = 0

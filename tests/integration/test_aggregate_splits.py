@@ -8,7 +8,6 @@ the KCL's rule: every key once (key mode), every row once as a multiset (replay 
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -17,10 +16,9 @@ import kcl_rule
 import pytest
 import stacks
 import streamcheck
+from splits import Splitter
 
 from devstack import emulators as local_stack
-from kinesis_store.provisioning import wait_active
-from producer.hooks import Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings
@@ -33,87 +31,6 @@ MESSAGES = [Message(f"order-{i:05d}", f"payload {i}".encode()) for i in range(2_
 FORCED = 2  # the first puts wait for a split right before they leave
 LIVE = 2  # and a split every second while the send runs: 2 shards become up to 6 open ones
 EVERY_S = 1.0
-
-
-class Splitter:
-    """Splits the stream's widest open shard at its middle, waiting for ACTIVE after each: the
-    first ``forced`` puts each wait at ``before_put`` (:meth:`at`, the producer's hooks) for a
-    split asked for then, and from the first put on, one every ``every_s`` seconds, up to
-    ``live`` of those."""
-
-    def __init__(self, client: Any, stream: str, *, live: int, forced: int, every_s: float):
-        self._client = client
-        self._stream = stream
-        self._live = live
-        self._forced = forced
-        self._every_s = every_s
-        self._putting = threading.Event()
-        self._asked = threading.Event()
-        self._stop = threading.Event()
-        self._done = threading.Condition()
-        self.splits = 0
-        self.stale_puts = 0
-        self._thread = threading.Thread(target=self._run, name="splitter", daemon=True)
-
-    def __enter__(self) -> Splitter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._putting.set()
-        self._asked.set()
-        self._thread.join(timeout=30)
-
-    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
-        if step is not Step.BEFORE_PUT:
-            return
-        self._putting.set()
-        with self._done:
-            if self.stale_puts >= self._forced:
-                return
-            self.stale_puts += 1
-            wanted = self.splits + 1
-            self._asked.set()
-            assert self._done.wait_for(lambda: self.splits >= wanted, timeout=30)
-
-    def _run(self) -> None:
-        self._putting.wait()  # live splits while the send runs, not while it starts
-        live = 0
-        while not self._stop.is_set():
-            asked = self._asked.wait(timeout=self._every_s)
-            self._asked.clear()
-            if self._stop.is_set():
-                return
-            if not asked:
-                if live >= self._live:
-                    continue
-                live += 1
-            self._split_widest()
-            with self._done:
-                self.splits += 1
-                self._done.notify_all()
-
-    def _split_widest(self) -> None:
-        shards = [
-            s
-            for s in self._client.list_shards(StreamName=self._stream)["Shards"]
-            if "EndingSequenceNumber" not in s["SequenceNumberRange"]
-        ]
-        widest = max(
-            shards,
-            key=lambda s: (
-                int(s["HashKeyRange"]["EndingHashKey"]) - int(s["HashKeyRange"]["StartingHashKey"])
-            ),
-        )
-        low = int(widest["HashKeyRange"]["StartingHashKey"])
-        high = int(widest["HashKeyRange"]["EndingHashKey"])
-        self._client.split_shard(
-            StreamName=self._stream,
-            ShardToSplit=widest["ShardId"],
-            NewStartingHashKey=str((low + high) // 2),
-        )
-        wait_active(self._client, self._stream, timeout_s=30)
 
 
 @pytest.fixture

@@ -6,7 +6,11 @@ claims and marks throttled, failing before the write, or losing their response a
 claim a key on dynalite, 25 to a ``BatchExecuteStatement`` on DynamoDB Local, where the
 duplicates' ``BatchGetItem`` fails too); GetRecords throttled. Two producers race over
 overlapping keys and chunks are sent again. Then the faults stop, the reconciler settles what
-is left, undelivered keys are sent again, and the audit must find every key exactly once.
+is left, undelivered keys are sent again, and the audit must find every key exactly once, as a
+KCL consumer reads the stream. The same soak runs once more with the producers aggregating
+(KPL aggregates) while the stream is split under them (before the first puts leave, and every
+second): aggregates packed on a stale shard map land across a split, the KCL drops them whole,
+and every key must still reach a KCL consumer exactly once.
 
 The seed is in the test id and in every failure message: ``make soak SEEDS=7`` replays it.
 Small by default (CI); ``make soak SEEDS=1,2,3,4,5 MESSAGES=3000`` runs a long one, and
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import streamcheck
+from splits import Splitter
 
 from dedupe_store.states import GroupState
 from devstack import emulators as local_stack
@@ -41,6 +46,8 @@ if TYPE_CHECKING:
 SEEDS = [int(s) for s in os.environ.get("SOAK_SEEDS", "1").split(",") if s.strip()]
 MESSAGES = int(os.environ.get("SOAK_MESSAGES", "240"))
 CHUNK = int(os.environ.get("SOAK_CHUNK", "40"))  # keys a send
+# aggregating: the stream split right before the first put leaves, then every second, twice
+SPLITS_FORCED, SPLITS_LIVE = 1, 2
 # Generous lease: the proxies share this process and its 2 cores with the producers. The
 # signature fence is on, with a 6 s window the Kinesis proxy enforces as AWS enforces its 5
 # minutes (a put slowed past it is refused, not written): the lease is its minimum,
@@ -111,19 +118,23 @@ def proxies(
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed={s}" for s in SEEDS])
+@pytest.mark.parametrize("shape", ["records", "aggregates-across-splits"])
 def test_soak_every_fault_then_every_key_exactly_once(
     seed: int,
+    shape: str,
     emulators: local_stack.Endpoints,
     dynamodb: str,
     proxies: tuple[FaultProxy, FaultProxy],
     names: Names,
 ) -> None:
     kinesis_proxy, dynamodb_proxy = proxies
+    aggregate = shape == "aggregates-across-splits"
     direct = ProducerSettings(
         stream=names.stream,
         table=names.table,
         kinesis_endpoint_url=emulators.kinesis,
         dynamodb_endpoint_url=dynamodb,
+        aggregate=aggregate,
         **TIMING,
     )
     create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, timeout_s=30)
@@ -138,8 +149,16 @@ def test_soak_every_fault_then_every_key_exactly_once(
     keys = [f"soak-{seed}-{i:05d}" for i in range(MESSAGES)]
     payload = {key: f"payload of {key}".encode() for key in keys}
 
-    # GIVEN two producers behind the faulty proxies, racing over overlapping chunks
-    stack = build_stack(faulty)
+    # GIVEN two producers behind the faulty proxies, racing over overlapping chunks (and the
+    # stream split under them, when they aggregate)
+    splitter = Splitter(
+        streamcheck.kinesis_client(emulators.kinesis),
+        direct.stream,
+        live=SPLITS_LIVE if aggregate else 0,
+        forced=SPLITS_FORCED if aggregate else 0,
+        every_s=1.0,
+    )
+    stack = build_stack(faulty, hooks=splitter)
     chunks = [keys[i : i + CHUNK] for i in range(0, MESSAGES, CHUNK)]
 
     def produce(owner: str, order: list[list[str]]) -> None:
@@ -150,10 +169,12 @@ def test_soak_every_fault_then_every_key_exactly_once(
     first = chunks + rng.sample(chunks, k=max(1, len(chunks) // 3))  # some chunks again
     second = rng.sample(chunks, k=max(1, len(chunks) // 2))
     # WHEN they send under every fault
-    racer = threading.Thread(target=produce, args=(f"soak-b-{seed}", second))
-    racer.start()
-    produce(f"soak-a-{seed}", first)
-    racer.join()
+    with splitter:
+        racer = threading.Thread(target=produce, args=(f"soak-b-{seed}", second))
+        racer.start()
+        produce(f"soak-a-{seed}", first)
+        racer.join()
+    assert splitter.stale_puts == (SPLITS_FORCED if aggregate else 0), f"seed={seed}"
     injected = dict(kinesis_proxy.schedule.injected) | dict(dynamodb_proxy.schedule.injected)
 
     # AND THEN, faults over: the reconciler settles stale claims, undelivered keys are resent
