@@ -123,7 +123,7 @@ def read_stream(client: Any, stream: str) -> StreamAsSeen:
     unfiltered: list[KclUserRecord] = []
     aggregates = dropped = 0
     for shard in shards_of(client, stream):
-        for record in _records(client, stream, shard.shard_id):
+        for record in records_of(client, stream, shard.shard_id):
             seen = kcl_deaggregate(shard, record)
             every = deaggregate_unfiltered(shard, record)
             if every and every[0].sub_sequence_number is not None:
@@ -264,7 +264,9 @@ def shards_of(client: Any, stream: str) -> list[KclShard]:
         kwargs = {"NextToken": token}
 
 
-def _records(client: Any, stream: str, shard_id: str) -> Iterator[Mapping[str, Any]]:
+def records_of(client: Any, stream: str, shard_id: str) -> Iterator[Mapping[str, Any]]:
+    """Every GetRecords record of the shard, from TRIM_HORIZON to its tip (its end, or a few
+    empty pages at the tip)."""
     iterator: str | None = client.get_shard_iterator(
         StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
     )["ShardIterator"]

@@ -29,8 +29,6 @@ from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from kinesis_store.kpl import UserRecord, deaggregate
 
-_MAX_EMPTY_PAGES = 3  # an open shard's tip: empty pages with MillisBehindLatest 0
-
 
 @dataclass(frozen=True)
 class StreamContents:
@@ -80,21 +78,9 @@ def read_stream(client: Any, stream: str) -> StreamContents:
     TRIM_HORIZON to the tip."""
     records: list[UserRecord] = []
     for shard in kcl_rule.shards_of(client, stream):
-        shard_id = shard.shard_id
-        iterator: str | None = client.get_shard_iterator(
-            StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        empty_pages = 0
-        while iterator is not None and empty_pages < _MAX_EMPTY_PAGES:
-            page = client.get_records(ShardIterator=iterator, Limit=10_000)
-            for raw in page["Records"]:
-                if kcl_rule.kcl_deaggregate(shard, raw):  # else dropped whole by the KCL
-                    records.extend(deaggregate(shard_id, raw).records)
-            iterator = page.get("NextShardIterator")
-            if page["Records"]:
-                empty_pages = 0
-            elif page.get("MillisBehindLatest", 0) == 0:
-                empty_pages += 1
+        for raw in kcl_rule.records_of(client, stream, shard.shard_id):
+            if kcl_rule.kcl_deaggregate(shard, raw):  # else dropped whole by the KCL
+                records.extend(deaggregate(shard.shard_id, raw).records)
     return StreamContents.of(stream, records)
 
 
