@@ -87,6 +87,30 @@ function exitOnListenError(name, server) {
   })
 }
 
+// A client that hangs up in the middle of a request body (a process killed during a put, a
+// timed-out SDK call) makes Node emit 'error' (ECONNRESET, "aborted") on the request, and both
+// kinesalite and dynalite answer that with `req.on('error', (err) => { throw err })`: the
+// emulator dies, and every later client meets a closed port. AWS serves on. So every request's
+// 'error' listeners are wrapped, before the emulator's own handler adds its own (this listener
+// runs first): a client gone is logged and forgotten; any other error is theirs to handle.
+const CLIENT_GONE = new Set(['ECONNRESET', 'ECONNABORTED', 'EPIPE'])
+
+function surviveClientsThatHangUp(server) {
+  server.prependListener('request', (req) => {
+    const on = req.on
+    req.on = function (event, listener) {
+      if (event !== 'error') return on.call(this, event, listener)
+      return on.call(this, event, (err) => {
+        if (CLIENT_GONE.has(err.code) || err.message === 'aborted') {
+          console.error(`client gone mid-request (${err.code || err.message}): ignored`)
+          return
+        }
+        listener(err)
+      })
+    }
+  })
+}
+
 function serveLevelDbEmulator(options, extra) {
   if (options.name === 'kinesalite') {
     // fixes kinesalite needs before it loads (see kinesalite-patches.js)
@@ -99,6 +123,7 @@ function serveLevelDbEmulator(options, extra) {
   const factory = load(options.name)
   const server = factory({ path: options.path, ...extra })
   exitOnListenError(options.name, server)
+  surviveClientsThatHangUp(server)
   server.listen(options.port, HOST, () => announce(options.name, server.address().port))
   return server
 }

@@ -462,3 +462,37 @@ def test_serve_js_binds_the_address_given_with_host_and_refuses_a_name() -> None
     )
     assert refused.returncode == 2
     assert "--host: not an IP address: example.com" in refused.stderr
+
+
+def _hang_up_mid_body(endpoint: str, target: str) -> None:
+    """A client that announces a body of 1,000 bytes, sends 20, and closes: as a process
+    killed in the middle of a put leaves its request."""
+    host, port = endpoint.removeprefix("http://").rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as client:
+        client.sendall(
+            (
+                f"POST / HTTP/1.1\r\nHost: {host}:{port}\r\nX-Amz-Target: {target}\r\n"
+                "Content-Type: application/x-amz-json-1.1\r\nContent-Length: 1000\r\n\r\n"
+                '{"StreamName": "cut'
+            ).encode()
+        )
+
+
+def test_a_client_that_hangs_up_mid_request_does_not_take_an_emulator_down(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a stack of its own (a crash here must not take the session's stack with it)
+    stack = local_stack.up(tmp_path)
+    try:
+        # WHEN a client of kinesalite and one of dynalite each hang up in the middle of a body
+        _hang_up_mid_body(stack.kinesis, "Kinesis_20131202.DescribeStreamSummary")
+        _hang_up_mid_body(stack.dynamodb, "DynamoDB_20120810.DescribeTable")
+        # THEN each emulator saw the client go, and serves on
+        for name in (local_stack.KINESALITE, local_stack.DYNALITE):
+            log = tmp_path / "logs" / f"{name}.log"
+            wait_until(lambda log=log: "client gone mid-request" in log.read_text())
+        assert kinesis_client(stack.kinesis).list_streams()["StreamNames"] == []
+        assert dynamodb_client(stack.dynamodb).list_tables()["TableNames"] == []
+        assert all(s.running for s in local_stack.status(tmp_path))
+    finally:
+        local_stack.down(tmp_path)
