@@ -90,12 +90,12 @@ def write_event_files(source: Path, files: int, per_file: int) -> list[str]:
 
 
 def visible_places(kinesis: Any, stream: str) -> list[Place]:
-    """Every user record a KCL consumer gets (but ``OUTSIDE``'s), read by the oracle."""
+    """Every user record a KCL consumer gets, read by the oracle (a stray aggregate, such as
+    one holding ``OUTSIDE``, dropped whole)."""
     contents = streamcheck.read_stream(kinesis, stream)
     return [
         (r.shard_id, r.sequence_number, r.sub_sequence_number if r.aggregated else -1)
         for r in contents.records
-        if r.partition_key != OUTSIDE
     ]
 
 

@@ -1,7 +1,8 @@
 """``spark.read.format("keo")`` and the audit on Spark, against the real emulators.
 
-The stream gets plain records from the producer, one KPL aggregate put by hand whose second
-user record hashes outside its shard (KCL drops it), a second copy of a delivered key (a
+The stream gets plain records from the producer, two KPL aggregates put by hand: one wholly
+inside its shard, and a stray one whose second user record hashes outside its shard (the KCL
+drops it whole, the user record inside the range too), a second copy of a delivered key (a
 planted duplicate) and, in the expected keys, a key never sent (a planted loss). The last
 key-mode test plants more of every anomaly than the report lists, in the stream and in the
 ledger; the replay audit's test counts rows (key, data) against the JSON lines a run sent.
@@ -31,7 +32,8 @@ from spark_jobs.read_rows import READ_SCHEMA
 
 pytestmark = pytest.mark.spark
 
-INSIDE = "agg-inside"
+KEPT = "agg-kept"  # an aggregate's user record inside its shard: delivered
+INSIDE = "agg-inside"  # a stray aggregate's user record inside its shard: dropped with it
 OUTSIDE = "agg-outside"
 LOW_HASH = "5"  # shard 0 of 2 covers [0, 2**127)
 HIGH_HASH = str(2**127 + 5)
@@ -39,15 +41,18 @@ HIGH_HASH = str(2**127 + 5)
 
 @pytest.fixture
 def planted(stack: Stack, kinesis: Any) -> list[str]:
-    """20 delivered keys, an aggregate routed to shard 0 holding one user record for shard 0
-    and one for shard 1; returns the delivered keys."""
+    """20 delivered keys, an aggregate routed to shard 0 holding one user record for it, and
+    a stray one holding one user record for shard 0 and one for shard 1; returns the delivered
+    keys."""
     rows = events(20)
     with stack.producer() as producer:
         producer.send([Message(key, data.encode()) for key, data in rows])
-    aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
-    assert aggregate.add(INSIDE, b"kept", LOW_HASH)
-    assert aggregate.add(OUTSIDE, b"dropped by KCL", HIGH_HASH)
-    kinesis.put_records(StreamName=stack.settings.stream, Records=[aggregate.entry()])
+    whole = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    assert whole.add(KEPT, b"kept", LOW_HASH)
+    stray = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    assert stray.add(INSIDE, b"dropped with its aggregate", LOW_HASH)
+    assert stray.add(OUTSIDE, b"dropped by KCL", HIGH_HASH)
+    kinesis.put_records(StreamName=stack.settings.stream, Records=[whole.entry(), stray.entry()])
     return [key for key, _ in rows]
 
 
@@ -63,10 +68,10 @@ def test_a_read_yields_each_user_record_as_a_consumer_sees_it(
     rows = {row["key"]: row for row in frame.collect()}
 
     # THEN one input partition per shard, the documented columns, and one row per user
-    # record that KCL delivers: the aggregate split, its out-of-range record dropped
+    # record that KCL delivers: the aggregate split, the stray aggregate dropped whole
     assert frame.rdd.getNumPartitions() == 2
     assert frame.schema.simpleString() == keo.createDataFrame([], READ_SCHEMA).schema.simpleString()
-    assert set(rows) == {*planted, INSIDE}
+    assert set(rows) == {*planted, KEPT}
     oracle = streamcheck.read_stream(kinesis, stack.settings.stream)
     for key in planted:
         (record,) = oracle.by_key[key]
@@ -78,14 +83,13 @@ def test_a_read_yields_each_user_record_as_a_consumer_sees_it(
         )
         assert row["sub_sequence_number"] is None
         assert abs(row["approximate_arrival_timestamp"].timestamp() * 1000 - record.arrival_ms) < 1
-    assert rows[INSIDE]["data"] == b"kept"
-    assert rows[INSIDE]["sub_sequence_number"] == 0
+    assert rows[KEPT]["data"] == b"kept"
+    assert rows[KEPT]["sub_sequence_number"] == 0
 
     # AND without the filter the dropped record is there, marked
     unfiltered = keo.read.format("keo").options(**_options(settings, kcl_filter="false")).load()
     marks = {row["key"]: row["visible_to_kcl"] for row in unfiltered.collect()}
-    assert marks[OUTSIDE] is False
-    assert marks[INSIDE] is True
+    assert (marks[OUTSIDE], marks[INSIDE], marks[KEPT]) == (False, False, True)
 
     # AND time bounds select by arrival: nothing arrived in the future
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
@@ -125,8 +129,8 @@ def test_the_spark_audit_reports_what_keo_audit_reports(
     assert report == keo_report.as_json()
     assert set(report["duplicates"]) == {duplicated}
     assert report["expected_missing"] == ["never-sent"]
-    assert report["unknown_keys"] == [INSIDE]
-    assert report["dropped_by_kcl"] == 1
+    assert report["unknown_keys"] == [KEPT]
+    assert report["dropped_by_kcl"] == 2
     assert f"verdict: {keo_report.anomalies} ANOMALIES" in err
 
 
@@ -249,8 +253,8 @@ def test_the_spark_replay_audit_reports_what_keo_audit_reports(
         3,
         2,
     )
-    assert [row["key"] for row in report["unexpected"]] == [INSIDE]
-    assert (report["dropped_by_kcl"], report["anomalies"]) == (1, 3)
+    assert [row["key"] for row in report["unexpected"]] == [KEPT]
+    assert (report["dropped_by_kcl"], report["anomalies"]) == (2, 3)
     # AND it is the report keo audit's reading gives (which knows the lines, Spark does not)
     keo_report = audit_rows(
         stack.reader,

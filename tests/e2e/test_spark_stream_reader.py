@@ -40,14 +40,17 @@ def test_a_streaming_read_gives_every_record_once_in_bounded_batches_and_replays
 ) -> None:
     stream = stack.settings.stream
     checkpoint = tmp_path / "checkpoint"
-    # GIVEN plain records on both shards, and a KPL aggregate of three user records for
-    # shard 0 and one whose hash key is shard 1's (KCL drops it)
+    # GIVEN plain records on both shards, a KPL aggregate of three user records for shard 0,
+    # and a stray one of a user record for shard 0 and one whose hash key is shard 1's (the
+    # KCL drops it whole)
     put(kinesis, stream, [f"k{i:02d}" for i in range(24)])
     aggregate = Aggregate(DEFAULT_MAX_RECORD_BYTES)
     for key in ("agg-0", "agg-1", "agg-2"):
         assert aggregate.add(key, b"aggregated", "5")
-    assert aggregate.add(OUTSIDE, b"dropped by KCL", str(2**127 + 5))
-    kinesis.put_records(StreamName=stream, Records=[aggregate.entry()])
+    stray = Aggregate(DEFAULT_MAX_RECORD_BYTES)
+    assert stray.add("stray-inside", b"dropped with its aggregate", "5")
+    assert stray.add(OUTSIDE, b"dropped by KCL", str(2**127 + 5))
+    kinesis.put_records(StreamName=stream, Records=[aggregate.entry(), stray.entry()])
 
     # WHEN the stream is read at most 8 records a batch
     sink = Batches()
