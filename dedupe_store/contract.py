@@ -236,8 +236,9 @@ class Ledger(LedgerReader, Protocol):
         """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
         index), unless the run is COMPLETE or the execution superseded; then add it to its
         task's attempts. The run comes back with every execution so far, and the task's
-        attempts with it: the earlier ones are what recovery reads. A new run's items live
-        the dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer."""
+        attempts with it: the earlier ones are what recovery reads. The run's items live the
+        dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer, past the lease
+        registered (and past each lease its execution is extended to)."""
         ...
 
     def supersede_executions(
@@ -264,10 +265,12 @@ class Ledger(LedgerReader, Protocol):
         now_ms: int,
         lease_ms: int,
         skew_ms: int,
+        keep_s: int = 0,
     ) -> AttemptRenewal:
         """A new lease from ``now_ms`` for an attempt not superseded, whose lease is still
         valid by more than ``skew_ms``, bounded by its execution's lease (extended first, the
-        run OPEN and the execution not superseded)."""
+        run OPEN and the execution not superseded; the run's items then live ``keep_s`` or the
+        dedupe TTL past that lease)."""
         ...
 
     def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:

@@ -97,9 +97,11 @@ EXECUTION_REGISTRABLE = f"{RUN_OPEN_OR_NEW} AND attribute_not_exists(#xsupersede
 # An execution's lease is its first attempt's; later attempts take it as their bound, and
 # extend it (EXTEND_EXECUTION) when it runs short. "open" sums the tags of attempts not
 # finished: ADD is not idempotent, and a repeated request only leaves it off zero.
+# Its expiry moves with its leases (each registration and extension sets it from the lease it
+# writes): the item must outlive the records of its latest execution by the stream's retention.
 REGISTER_EXECUTION = (
     "SET #state = if_not_exists(#state, :open), #stream = :stream, #bucket = :bucket, "
-    "#lease = if_not_exists(#lease, :first_lease), #expires = if_not_exists(#expires, :expires), "
+    "#lease = if_not_exists(#lease, :first_lease), #expires = :expires, "
     "#xstarted = if_not_exists(#xstarted, :now), #xlease = if_not_exists(#xlease, :first_lease), "
     "#token = :token ADD #xattempts :one, #xopen :tag"
 )
@@ -107,7 +109,7 @@ REGISTER_EXECUTION = (
 # once the replay superseded it, and that stops it growing; a task registering late in a long
 # batch (a retry once lost executors are back) extends it even when it ran out.
 EXECUTION_EXTENDABLE = "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease < :lease"
-EXTEND_EXECUTION = "SET #xlease = :lease, #token = :token"
+EXTEND_EXECUTION = "SET #xlease = :lease, #expires = :expires, #token = :token"
 FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
 EXECUTION_EXISTS = "attribute_exists(#xopen)"
 # a task item "__keo__/task/...": the attempts of one task in one execution, a map each

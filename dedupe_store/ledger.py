@@ -722,7 +722,7 @@ class DynamoDBLedger:
             ":stream": x.s(stream),
             ":bucket": x.s(self._run_bucket(stream, run)),
             ":first_lease": x.n(attempt.lease_expires_at_ms),
-            ":expires": x.n(attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
+            ":expires": x.n(self._run_expires_at_s(attempt.lease_expires_at_ms, keep_s)),
             ":now": x.n(attempt.started_at_ms),
             ":one": x.n(1),
             ":tag": x.n(attempt.tag),
@@ -742,7 +742,7 @@ class DynamoDBLedger:
         current = _run_of(stream, run, item)
         if not applied:
             return RunRegistration(False, current)
-        bound = self._execution_bound(stream, run, current, attempt)
+        bound = self._execution_bound(stream, run, current, attempt, keep_s)
         me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
         registered, task_item = self._update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
@@ -766,8 +766,13 @@ class DynamoDBLedger:
             return RunRegistration(False, current, task_attempts, outranked=True)
         return RunRegistration(True, current, task_attempts, bound)
 
+    def _run_expires_at_s(self, lease_expires_at_ms: int, keep_s: int) -> int:
+        """When a run's item may go: the dedupe TTL or ``keep_s`` (the stream's retention),
+        whichever is longer, after the last lease written to it, so after its last put."""
+        return lease_expires_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)
+
     def _execution_bound(
-        self, stream: str, run: str, current: ReplayRun, attempt: RunAttempt
+        self, stream: str, run: str, current: ReplayRun, attempt: RunAttempt, keep_s: int
     ) -> int:
         """The lease an attempt registers with: its own, or its execution's when that ends
         first. An execution's lease is its first attempt's: one registering when less than
@@ -777,7 +782,9 @@ class DynamoDBLedger:
         if execution is None:  # pragma: no cover - the registration just wrote it
             return wanted
         if execution.lease_expires_at_ms < wanted - attempt.half_lease_ms:
-            extended = self._extend_execution(stream, run, attempt.execution_id, wanted=wanted)
+            extended = self._extend_execution(
+                stream, run, attempt.execution_id, wanted=wanted, keep_s=keep_s
+            )
             if isinstance(extended, RenewalRefused):
                 extended = execution.lease_expires_at_ms
             return min(wanted, extended)
@@ -829,13 +836,16 @@ class DynamoDBLedger:
         now_ms: int,
         lease_ms: int,
         skew_ms: int,
+        keep_s: int = 0,
     ) -> AttemptRenewal:
         """Up to two writes: the execution's lease first, when the new lease would outgrow it
         (an attempt never puts past its execution's lease: what a replay reads up to), then the
         attempt's own."""
         next_run_state(RunState.OPEN, RunTransition.RENEW)
         wanted = now_ms + lease_ms
-        bound = self._extend_execution(stream, run, attempt.execution_id, wanted=wanted)
+        bound = self._extend_execution(
+            stream, run, attempt.execution_id, wanted=wanted, keep_s=keep_s
+        )
         if isinstance(bound, RenewalRefused):
             return AttemptRenewal(False, refused=bound)
         lease = min(wanted, bound)
@@ -861,11 +871,16 @@ class DynamoDBLedger:
         return AttemptRenewal(False, refused=refused)
 
     def _extend_execution(
-        self, stream: str, run: str, execution_id: str, *, wanted: int
+        self, stream: str, run: str, execution_id: str, *, wanted: int, keep_s: int
     ) -> int | RenewalRefused:
         """The execution's lease once it reaches ``wanted`` (extended, or already there), or
-        why it can no longer grow: the run is not OPEN, or the execution superseded."""
-        values = {":open": x.s(RunState.OPEN.value), ":lease": x.n(wanted)}
+        why it can no longer grow: the run is not OPEN, or the execution superseded. The run's
+        item lives on with it (:meth:`_run_expires_at_s`)."""
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":lease": x.n(wanted),
+            ":expires": x.n(self._run_expires_at_s(wanted, keep_s)),
+        }
         applied, item = self._update(
             replay_run_pk(stream, run),
             None,

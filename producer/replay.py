@@ -294,6 +294,7 @@ class ReplayAttempt:
         self._sent_at_ms: dict[int, int] = {}  # per item of the call: when its request left
         self._others_own = 0  # own read-back matches with another writer's copy beside them
         self._others_reported = False
+        self._past_retention_accepted = False  # reads past the trim horizon, the risk taken
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
         self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
@@ -331,6 +332,7 @@ class ReplayAttempt:
                 windows,
                 final=self.step is RecoveryStep.RECOVER,
                 keep_alive=self._keep_lease,
+                before_read=lambda now_ms: self._check_retention(windows, now_ms),
             )
             self._earlier_end_ms = max((e.lease_expires_at_ms for e in running), default=0)
         log.info(
@@ -363,13 +365,15 @@ class ReplayAttempt:
         return earlier_of(run, task_attempts, self.me, registered_before=self._registered_before)
 
     def _check_retention(self, windows: list[tuple[int, int]], now_ms: int) -> None:
-        """Refuse to recover from windows the stream no longer holds (nothing sent; the
-        attempt finished), unless the policy accepts the risk of duplicates."""
+        """Refuse to recover from windows the stream no longer holds (nothing more sent; the
+        attempt finished when no put of it is in flight), unless the policy accepts the risk
+        of duplicates. Checked as the attempt starts, and again before each shard is read."""
         context = self._context
         horizon_ms = past_trim_horizon(windows, now_ms, context.retention_ms, context.lease.skew_ms)
-        if horizon_ms is None:
+        if horizon_ms is None or self._past_retention_accepted:
             return
         send = context.policy.send_past_retention
+        self._past_retention_accepted = send  # counted and told once
         metrics.REPLAY_PAST_RETENTION.labels(context.stream, "sent" if send else "failed").inc()
         log.error(
             "replay recovery window past the stream's retention stream=%s run=%s "
@@ -690,6 +694,7 @@ class ReplayAttempt:
                 now_ms=now_ms,
                 lease_ms=lease.lease_ms,
                 skew_ms=lease.skew_ms,
+                keep_s=context.keep_s,
             )
         except LedgerError as exc:
             log.warning(

@@ -134,16 +134,20 @@ def earlier_of(
     """What ``me`` must not repeat, oldest first: every other execution of the run (a replay
     of it, split however its partitioning split the rows), and the attempts of my task in my
     execution that registered before me (``registered_before``: their ids, as my
-    registration found them on the task's item), whatever their attempt numbers: attempt 10
-    may register after attempt 11 (a stalled worker, a slow start, a speculative copy). Never
-    ``me``, never a sibling task of my execution, never an attempt that registered after me
-    (it recovers against me)."""
+    registration found them on the task's item). Registration order, not attempt numbers,
+    says what is earlier (attempt 10 may register after attempt 11: a stalled worker, a slow
+    start, a speculative copy); the ledger refuses a registration below the highest number
+    registered (outranked), so every attempt registered before me has a number no higher
+    than mine. A higher one among ``registered_before`` registered after me, and my
+    registration read it only because an SDK retry of it read the item again: it recovers
+    against me, never I against it. Never ``me``, never a sibling task of my execution."""
     earlier = [Earlier.of_execution(e) for e in run.executions if e.execution_id != me.execution_id]
     earlier += [
         Earlier.of_attempt(a)
         for a in task_attempts
         if a.attempt_id != me.attempt_id
         and a.attempt_id in registered_before
+        and a.task_attempt <= me.task_attempt
         and a.execution_id == me.execution_id
         and a.task == me.task
     ]

@@ -132,7 +132,10 @@ class EarlierPuts:
     window (merged: :func:`producer.replay_plan.read_windows`). ``final`` says whether the
     reads can still miss a put: False while an earlier lease runs (found rows are sure, rows
     not found are not), True once every earlier lease is over for every clock.
-    ``keep_alive``: called while a read goes on (the attempt keeps its lease with it)."""
+    ``keep_alive``: called while a read goes on (the attempt keeps its lease with it).
+    ``before_read``: called with the clock's reading before each shard is read (reads come
+    later than the plan, and again after a wait: the attempt checks the windows are still in
+    the stream's retention, and raises when they are not)."""
 
     def __init__(
         self,
@@ -142,9 +145,11 @@ class EarlierPuts:
         *,
         final: bool,
         keep_alive: Callable[[], object] = lambda: None,
+        before_read: Callable[[int], object] = lambda _now_ms: None,
     ) -> None:
         self._reader = reader
         self._keep_alive = keep_alive
+        self._before_read = before_read
         self._clock = clock
         self._windows = list(windows)
         self.final = final
@@ -205,11 +210,13 @@ class EarlierPuts:
     def _read_shards(self, shard_ids: set[str]) -> None:
         by_id = {shard.shard_id: shard for shard in self._shard_map()}
         for shard_id in sorted(shard_ids):
+            now_ms = self._clock.now_ms()
+            self._before_read(now_ms)
             _read_shard(
                 self._reader,
                 by_id[shard_id],
                 self._windows,
-                self._clock.now_ms(),
+                now_ms,
                 self._found,
                 keep_alive=self._keep_alive,
             )

@@ -694,19 +694,41 @@ def test_a_run_lives_the_streams_retention_when_it_outlasts_the_dedupe_ttl(
     # GIVEN a stream kept longer than the ledger's dedupe TTL
     keep_s = ledger.dedupe_ttl_s + 30 * 24 * 3600
     # WHEN a run registers its first attempt
-    registered = ledger.register_attempt(STREAM, RUN, attempt("a1"), keep_s=keep_s)
-    # THEN its item lives the retention from then, not the TTL
-    assert registered.run.expires_at_s == T0_MS // 1000 + keep_s
+    first = attempt("a1")
+    registered = ledger.register_attempt(STREAM, RUN, first, keep_s=keep_s)
+    # THEN its item lives the retention past that attempt's lease (its last possible put),
+    # not the TTL
+    assert registered.run.expires_at_s == first.lease_expires_at_ms // 1000 + keep_s
+    # AND a later execution (a replay, a day later) and its renewal move it on: the item
+    # outlives the records of the run's latest execution
+    later_ms = T0_MS + 24 * 3600 * 1000
+    replay = attempt("b1", execution="exec-2", started_at_ms=later_ms)
+    moved = ledger.register_attempt(STREAM, RUN, replay, keep_s=keep_s)
+    assert moved.run.expires_at_s == replay.lease_expires_at_ms // 1000 + keep_s
+    renewal = ledger.renew_attempt(
+        STREAM,
+        RUN,
+        replay,
+        now_ms=later_ms + 10_000,
+        lease_ms=LEASE_MS,
+        skew_ms=1_000,
+        keep_s=keep_s,
+    )
+    assert renewal.applied
+    renewed = ledger.get_run(STREAM, RUN)
+    assert renewed is not None
+    assert renewed.expires_at_s == (later_ms + 10_000 + LEASE_MS) // 1000 + keep_s
     # AND once completed, the retention from its completion: a re-run finds it COMPLETE while
     # the rows it put are in the stream
-    completed = ledger.complete_run(STREAM, RUN, counts={}, now_ms=T0_MS + 60_000, keep_s=keep_s)
-    assert completed.expires_at_s == (T0_MS + 60_000) // 1000 + keep_s
+    done_ms = later_ms + 60_000
+    completed = ledger.complete_run(STREAM, RUN, counts={}, now_ms=done_ms, keep_s=keep_s)
+    assert completed.expires_at_s == done_ms // 1000 + keep_s
     found = ledger.get_run(STREAM, RUN)
     assert found is not None
     assert found.expires_at_s == completed.expires_at_s
     # AND a run of a stream kept less than the TTL lives the TTL
-    short = ledger.register_attempt(STREAM, "other", attempt("b1"), keep_s=3600)
-    assert short.run.expires_at_s == T0_MS // 1000 + ledger.dedupe_ttl_s
+    short = ledger.register_attempt(STREAM, "other", attempt("c1"), keep_s=3600)
+    assert short.run.expires_at_s == (T0_MS + LEASE_MS) // 1000 + ledger.dedupe_ttl_s
 
 
 def test_an_attempt_renews_its_lease_and_its_executions_while_valid(ledger: Ledger) -> None:

@@ -408,15 +408,13 @@ class InMemoryLedger:
                 _sorted_executions(
                     [e for e in others if e.execution_id != counted.execution_id] + [counted]
                 ),
-                expires_at_s=current.expires_at_s
-                if current is not None
-                else attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s),
+                expires_at_s=self._run_expires_at_s(attempt.lease_expires_at_ms, keep_s),
             )
             self._replay_runs[(stream, run)] = registered
             self._run_index.setdefault((stream, run), attempt.lease_expires_at_ms)
             wanted = attempt.lease_expires_at_ms
             if counted.lease_expires_at_ms < wanted - attempt.half_lease_ms:
-                counted = self._extended(stream, run, counted, wanted)
+                counted = self._extended(stream, run, counted, wanted, keep_s)
             me = dataclasses.replace(
                 attempt, lease_expires_at_ms=min(wanted, counted.lease_expires_at_ms)
             )
@@ -480,6 +478,7 @@ class InMemoryLedger:
         now_ms: int,
         lease_ms: int,
         skew_ms: int,
+        keep_s: int = 0,
     ) -> AttemptRenewal:
         next_run_state(RunState.OPEN, RunTransition.RENEW)
         with self._lock:
@@ -491,7 +490,7 @@ class InMemoryLedger:
             if execution.superseded:
                 return AttemptRenewal(False, refused=RenewalRefused.EXECUTION_SUPERSEDED)
             wanted = now_ms + lease_ms
-            execution = self._extended(stream, run, execution, wanted)
+            execution = self._extended(stream, run, execution, wanted, keep_s)
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = next(
                 (
@@ -512,10 +511,14 @@ class InMemoryLedger:
             )
             return AttemptRenewal(True, lease)
 
+    def _run_expires_at_s(self, lease_expires_at_ms: int, keep_s: int) -> int:
+        return lease_expires_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)
+
     def _extended(
-        self, stream: str, run: str, execution: RunExecution, wanted: int
+        self, stream: str, run: str, execution: RunExecution, wanted: int, keep_s: int
     ) -> RunExecution:
-        """``execution`` with its lease extended to ``wanted`` when shorter (under the lock)."""
+        """``execution`` with its lease extended to ``wanted`` when shorter, the run's item
+        living on with it (under the lock)."""
         if execution.lease_expires_at_ms >= wanted:
             return execution
         extended = dataclasses.replace(execution, lease_expires_at_ms=wanted)
@@ -526,6 +529,7 @@ class InMemoryLedger:
                 extended if e.execution_id == execution.execution_id else e
                 for e in current.executions
             ),
+            expires_at_s=self._run_expires_at_s(wanted, keep_s),
         )
         return extended
 

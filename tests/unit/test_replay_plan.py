@@ -135,7 +135,7 @@ def test_every_other_execution_is_earlier_mine_is_not() -> None:
         (attempt("me", task_attempt=1, started_at_ms=T0_MS), True, False),  # my id: me, re-read
         (attempt("r0", task="3", task_attempt=0), True, True),
         (attempt("r1", task="3", task_attempt=1), True, True),
-        (attempt("r2", task="3", task_attempt=2), True, True),
+        (attempt("r2", task="3", task_attempt=2), True, False),
         (attempt("r0", task="3", task_attempt=0), False, False),
         (attempt("r2", task="3", task_attempt=2), False, False),
         (attempt("s0", task="4", task_attempt=0), True, False),
@@ -146,7 +146,7 @@ def test_every_other_execution_is_earlier_mine_is_not() -> None:
         "my-id",
         "my-task-lower-attempt-registered-before",
         "my-task-same-attempt-other-id-registered-before",
-        "my-task-higher-attempt-registered-before",
+        "my-task-higher-attempt-read-by-a-retried-registration",
         "my-task-lower-attempt-registered-after",
         "my-task-higher-attempt-registered-after",
         "sibling-task-lower-attempt",
@@ -161,7 +161,9 @@ def test_my_tasks_attempts_registered_before_me_are_earlier_whatever_their_numbe
     # WHEN what is earlier than me is chosen (my execution the run's only one)
     chosen = earlier_of(run_of(MINE), [other, ME], ME, registered_before=before)
     # THEN it is earlier when it is of my task and registered before me, by the ledger's
-    # order, never by Spark's attempt number (attempt 10 may register after attempt 11)
+    # order (attempt 10 may register after attempt 11: the ledger outranks 10), and a higher
+    # attempt is never earlier: one the registration read registered after it (an SDK retry
+    # of the registration read the item again), and recovers against me
     assert chosen == ([Earlier.of_attempt(other)] if is_earlier else [])
 
 
@@ -669,11 +671,15 @@ def test_what_is_earlier_never_holds_me_or_my_siblings(
             assert retry_of.execution_id == me.execution_id
             assert retry_of.task == me.task
             assert retry_of.attempt_id in before
-    # AND every attempt of my task registered before me is there, whatever its number
+            assert retry_of.task_attempt <= me.task_attempt
+    # AND every attempt of my task registered before me, numbered no higher, is there
     assert {e.id for e in found if e.kind is EarlierKind.ATTEMPT} == {
         a.attempt_id
         for a in mine.values()
-        if a.attempt_id in before and a.execution_id == me.execution_id and a.task == me.task
+        if a.attempt_id in before
+        and a.task_attempt <= me.task_attempt
+        and a.execution_id == me.execution_id
+        and a.task == me.task
     }
     # AND every other execution is there, oldest first
     others = {x.execution_id for x in executions if x.execution_id != me.execution_id}

@@ -599,3 +599,23 @@ def test_an_ambiguous_put_found_beside_another_writers_identical_row_is_counted(
         assert statuses(attempt.send([row, Message("u", b"unique")])) == {"SENT": 2}
         assert attempt.rows_matched_ambiguously == 1
     assert in_stream(kinesis) == {("k", b"same"): 2, ("u", b"unique"): 1}
+
+
+def test_a_recovery_that_waits_past_the_trim_horizon_fails_before_reading_again(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a first execution that put half its rows and died almost a retention ago, and a
+    second one still running WHEN a third starts inside the retention, finds rows missing and
+    waits for the second's lease THEN, the first's window now past the trim horizon, it fails
+    before it reads again and sends nothing (it would resend rows it can no longer see)."""
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(10)
+    producer.attempt(ReplayTask(RUN, "exec-1")).send(messages[:5])  # killed: never finished
+    clock.advance(DAY_MS - 10_000)
+    producer.attempt(ReplayTask(RUN, "exec-2")).send(messages[5:6])  # running, its lease on
+    clock.advance(1_000)
+    third = producer.attempt(ReplayTask(RUN, "exec-3"))
+    assert third.step is RecoveryStep.WAIT
+    with pytest.raises(ReplayWindowTrimmedError):
+        third.send(messages)
+    assert in_stream(kinesis) == as_multiset(messages[:6])
