@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kinesis_store.provisioning import wait_active
+from devstack.spark_demo import split_a_shard
 from producer.hooks import Step
 
 
@@ -66,28 +66,7 @@ class Splitter:
                 if live >= self._live:
                     continue
                 live += 1
-            self._split_widest()
+            split_a_shard(self._client, self._stream)
             with self._done:
                 self.splits += 1
                 self._done.notify_all()
-
-    def _split_widest(self) -> None:
-        shards = [
-            s
-            for s in self._client.list_shards(StreamName=self._stream)["Shards"]
-            if "EndingSequenceNumber" not in s["SequenceNumberRange"]
-        ]
-        widest = max(
-            shards,
-            key=lambda s: (
-                int(s["HashKeyRange"]["EndingHashKey"]) - int(s["HashKeyRange"]["StartingHashKey"])
-            ),
-        )
-        low = int(widest["HashKeyRange"]["StartingHashKey"])
-        high = int(widest["HashKeyRange"]["EndingHashKey"])
-        self._client.split_shard(
-            StreamName=self._stream,
-            ShardToSplit=widest["ShardId"],
-            NewStartingHashKey=str((low + high) // 2),
-        )
-        wait_active(self._client, self._stream, timeout_s=30)
