@@ -22,9 +22,12 @@ CHUNK    ?= 40
 # The stamps make setup incremental: pip runs again only when pyproject.toml changed, npm only
 # when the lockfile did. `npm ci` empties node_modules first, so its stamp is written last.
 VENV_STAMP := $(VENV)/.installed
+# Spark 3.5's venv, for the tests that must hold there too (`make test-spark35`)
+VENV35       := .venv-spark35
+VENV35_STAMP := $(VENV35)/.installed
 NODE_STAMP := node_modules/.installed
 
-.PHONY: help setup venv node_modules test lint settings-doc demo demo-relay bench bench-compare soak emulators-up \
+.PHONY: help setup venv venv-spark35 node_modules test test-spark35 lint settings-doc demo demo-relay bench bench-compare soak emulators-up \
 	emulators-down emulators-status clean distclean
 
 help: ## list the targets
@@ -40,6 +43,13 @@ $(VENV_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,lint,spark,connect]'
 	touch $@
 
+venv-spark35: $(VENV35_STAMP) ## a second virtualenv, .venv-spark35: pyspark 3.5 with the test and spark extras
+
+$(VENV35_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV35)
+	$(VENV35)/bin/pip install --quiet -e '.[test,spark]' 'pyspark>=3.5,<3.6'
+	touch $@
+
 node_modules: $(NODE_STAMP) ## the emulators (kinesalite, dynalite, DynamoDB Local, kinesis-local), from package-lock.json
 
 $(NODE_STAMP): package-lock.json package.json
@@ -49,6 +59,9 @@ $(NODE_STAMP): package-lock.json package.json
 
 test: setup ## run every test (starts and stops its own emulators)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-spark35: venv-spark35 node_modules ## the Spark tests that must hold on Spark 3.5 (marked spark35), on pyspark 3.5
+	$(VENV35)/bin/pytest -m spark35 $(PYTEST_ARGS)
 
 lint: setup ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
@@ -90,4 +103,4 @@ clean: emulators-down ## stop the emulators, remove their data and every cache
 		-name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean ## clean, and remove .venv and node_modules too
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) $(VENV35) node_modules

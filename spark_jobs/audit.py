@@ -7,7 +7,7 @@ Example::
 Every key is judged on the executors; the driver holds no key, only the findings::
 
     executors                                              driver
-    the stream: format("keo"), one task per shard ──┐
+    the stream: read_records, one task per shard ───┐
     the ledger: a parallel Scan, one task a segment ├─ union, grouped by key
     --expected: spark.read.text                   ──┘    (one shuffle)
         └─ each partition of keys: Findings.add_key per key (producer.audit's rule)
@@ -46,7 +46,6 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from enum import IntEnum
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,6 +58,8 @@ from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
 from producer.findings import in_stream_order
 from producer.row_audit import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
 from producer.wiring import ledger_from
+from spark_jobs.batch_read import read_records
+from spark_jobs.job_runner import ExitCode
 from spark_jobs.options import setting_options
 from spark_jobs.writer import producer_settings, settings_from_env
 
@@ -100,16 +101,6 @@ DEDUPE_MODES = ("key", "replay")
 DATA_ENCODINGS = ("text", "base64")
 _ROWS_PER_BATCH = 10_000
 F = TypeVar("F", Findings, RowFindings)  # the key audit's findings, or the replay audit's
-
-
-class ExitCode(IntEnum):
-    """``keo``'s exit codes (``cli/exit_codes.py``): scripts rely on them."""
-
-    OK = 0
-    FAILED = 1
-    USAGE = 2
-    CONFIG = 3
-    UNAVAILABLE = 4
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -199,12 +190,7 @@ def _shaped(frame: Any, kinds: dict[str, str], columns: dict[str, Any]) -> Any:
 def stream_frame(spark: Any, values: dict[str, str]) -> Any:
     """Every user record of the stream, read on Spark (one task per shard), those KCL drops
     kept and marked (``visible_to_kcl``)."""
-    return (
-        spark.read.format("keo")
-        .options(**setting_options(values))
-        .option("kcl_filter", "false")
-        .load()
-    )
+    return read_records(spark, setting_options(values), kcl_filter=False)
 
 
 def _where_in_stream() -> dict[str, Any]:
@@ -551,7 +537,7 @@ def audit(
     encoding: str = "text",
 ) -> AuditReport:
     settings = producer_settings(values)
-    shards = _ready(spark, settings, ledger=True)
+    shards = _ready(settings, ledger=True)
     frame = findings_frame(
         spark, values, expected=expected, listed=listed, segments=segments, encoding=encoding
     )
@@ -570,22 +556,19 @@ def audit_rows(
 ) -> RowAuditReport:
     """The replay audit (``--dedupe replay``): no ledger, rows counted by digest."""
     settings = producer_settings(values)
-    shards = _ready(spark, settings, ledger=False)
+    shards = _ready(settings, ledger=False)
     frame = row_findings_frame(spark, values, expected=expected, encoding=encoding, listed=listed)
     report = _collected(frame, RowFindings(listed=listed))
     return report.report(settings.stream, shards=shards, strict=strict)
 
 
-def _ready(spark: Any, settings: ProducerSettings, *, ledger: bool) -> int:
+def _ready(settings: ProducerSettings, *, ledger: bool) -> int:
     """The stream's shard count (it exists, before Spark starts reading), the ledger ready if
-    it is read, format("keo") registered."""
+    it is read."""
     reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
     shards = len(reader.shards())
     if ledger:
         ledger_from(settings).ensure_ready()
-    from spark_jobs import register
-
-    register(spark)
     return shards
 
 

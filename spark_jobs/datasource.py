@@ -73,22 +73,20 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from kinesis_store.kpl import UserRecord
-from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
-from producer.clients import kinesis_client, kinesis_read_client
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
+from spark_jobs.batch_read import read_shard, shards_of
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
+from spark_jobs.errors import OptionsError
 from spark_jobs.options import (
     FORMAT,
-    OptionsError,
     ReadOptions,
     StreamReadOptions,
     WriteOptions,
     flag,
 )
-from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, read_schema
+from spark_jobs.read_rows import read_schema
 from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
@@ -100,7 +98,6 @@ from spark_jobs.writer import (
     completed_before,
     data_is_binary,
     log_dead_letters_dropped,
-    producer_settings,
     raise_unresolved,
     run_completer,
     settle_batch,
@@ -460,36 +457,14 @@ class KeoReader(DataSourceReader):
 
     def partitions(self) -> list[ShardPartition]:
         """Every shard the stream still has, open and closed (listed on the driver)."""
-        settings = producer_settings(self.options.settings)
-        reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
-        return [ShardPartition(shard) for shard in reader.shards()]
+        return [ShardPartition(shard) for shard in shards_of(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The shard's rows as Arrow record batches (Spark converts tuples value by value)."""
+        """The shard's rows as Arrow record batches (:func:`spark_jobs.batch_read.read_shard`,
+        which :func:`spark_jobs.batch_read.read_records` runs too)."""
         if not isinstance(partition, ShardPartition):
             raise TypeError(f"not a partition of format('keo'): {partition!r}")
-        settings = producer_settings(self.options.settings)
-        reader = KinesisReader(
-            kinesis_read_client(settings),
-            settings.stream,
-            on_malformed=malformed_aggregate_policy(
-                self.options.fail_on_malformed_aggregate, settings.stream
-            ),
-        )
-        shard = partition.shard
-        records = self._records(reader, shard.shard_id)
-        yield from arrow_batches_of(records, shard, kcl_filter=self.options.kcl_filter)
-
-    def _records(self, reader: KinesisReader, shard_id: str) -> Iterator[UserRecord]:
-        starting, ending = self.options.starting_ms, self.options.ending_ms
-        if starting is None and ending is None:
-            return reader.read_all(shard_id)
-        end_ms = ending if ending is not None else self.options.planned_ms
-
-        def window_closed() -> int:
-            return end_ms + 1  # a read of what has arrived: never wait for late arrivals
-
-        return reader.read_window(shard_id, starting or 0, end_ms, now_ms=window_closed)
+        return read_shard(self.options, partition.shard)
 
 
 # --- the format ------------------------------------------------------------------------------

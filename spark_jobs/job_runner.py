@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any
 
+from spark_jobs.errors import SparkVersionError
 from spark_jobs.session import job_session
 
-__all__ = ["add_job_arguments", "run_query_job", "trigger_options"]
+__all__ = ["ExitCode", "add_job_arguments", "run_query_job", "trigger_options"]
 
 log = logging.getLogger(__name__)
+
+
+class ExitCode(IntEnum):
+    """``keo``'s exit codes (``cli/exit_codes.py``): scripts rely on them."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    CONFIG = 3
+    UNAVAILABLE = 4
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
@@ -40,7 +53,8 @@ def trigger_options(trigger: str) -> dict[str, Any]:
 
 
 def run_query_job(args: argparse.Namespace, app_name: str, start: Callable[[Any], Any]) -> int:
-    """Run ``start(spark)``'s streaming query until it ends; 0 when it ended by itself."""
+    """Run ``start(spark)``'s streaming query until it ends: 0 when it ended by itself, 3 when
+    the session's Spark cannot run it (:class:`SparkVersionError`, said on stderr)."""
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -51,6 +65,10 @@ def run_query_job(args: argparse.Namespace, app_name: str, start: Callable[[Any]
         query = start(spark)
         log.info("query started app=%s id=%s", app_name, query.id)
         query.awaitTermination()
+    except SparkVersionError as exc:
+        # a job this Spark cannot run: say what it needs and what to use, no traceback
+        sys.stderr.write(f"{app_name}: {exc}\n")
+        return ExitCode.CONFIG
     finally:
         spark.stop()
-    return 0
+    return ExitCode.OK

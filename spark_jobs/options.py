@@ -19,10 +19,10 @@ from typing import Final
 from urllib.parse import urlparse
 
 from dedupe_store.settings import ENV_PREFIX
-from producer.errors import ConfigurationError
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
+from spark_jobs.errors import OptionsError
 from spark_jobs.stream_offsets import StartingPosition, StartingPositionKind
 from spark_jobs.writer import producer_settings, settings_from_env
 
@@ -66,14 +66,6 @@ STREAM_READ_OPTIONS: Final = {
 SPARK_STREAMING_OPTIONS: Final = frozenset({"checkpointlocation", "queryname"})
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
-
-
-class OptionsError(ConfigurationError):
-    """Options ``format("keo")`` cannot work with; ``options`` names the ones at fault."""
-
-    def __init__(self, message: str, *, options: list[str]) -> None:
-        super().__init__(message, setting=options[0] if options else None)
-        self.options = options
 
 
 def refuse_unknown(options: Mapping[str, str], known: frozenset[str], doing: str) -> None:

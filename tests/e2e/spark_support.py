@@ -7,6 +7,7 @@ e2e test modules can ``from spark_support import streamcheck``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import planting
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from stream_reads import Place
 
@@ -27,6 +29,22 @@ from producer.retries import poll_until
 from producer.wiring import Stack
 
 SHARDS = 2
+
+
+def _installed_spark() -> tuple[int, int]:
+    try:
+        major, minor, *_ = importlib.metadata.version("pyspark").split(".")
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    return int(major), int(minor)
+
+
+# The tests' sessions are classic local ones: the installed pyspark's version is theirs.
+SPARK_VERSION = _installed_spark()
+# format("keo") is a Python data source: Spark 4's (spark_jobs.versions)
+needs_data_sources = pytest.mark.skipif(
+    SPARK_VERSION < (4, 0), reason="format('keo') needs Spark 4's Python data sources"
+)
 OUTSIDE = "agg-outside"  # an aggregated user record outside its shard's range: KCL drops it
 # short leases so a lost race or a replay settles in seconds
 FAST_LEASES = {

@@ -1,4 +1,5 @@
-"""``spark.read.format("keo")`` and the audit on Spark, against the real emulators.
+"""The batch read of a stream (``spark_jobs.read_records``, on Spark 3.5 and 4; and
+``spark.read.format("keo")``, on Spark 4) and the audit on Spark, against the real emulators.
 
 The stream gets plain records from the producer, two KPL aggregates put by hand: one wholly
 inside its shard, and a stray one whose second user record hashes outside its shard (the KCL
@@ -11,14 +12,16 @@ ledger; the replay audit's test counts rows (key, data) against the JSON lines a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import planting
 import pytest
-from spark_support import events, plant_unverifiable, streamcheck
+from spark_support import events, needs_data_sources, plant_unverifiable, streamcheck
 
+import spark_jobs
 from dedupe_store.records import Position
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
@@ -30,7 +33,7 @@ from spark_jobs import audit as spark_audit
 from spark_jobs.options import setting_options
 from spark_jobs.read_rows import READ_SCHEMA
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark35]
 
 KEPT = "agg-kept"  # an aggregate's user record inside its shard: delivered
 INSIDE = "agg-inside"  # a stray aggregate's user record inside its shard: dropped with it
@@ -60,17 +63,42 @@ def _options(settings: dict[str, str], **more: str) -> dict[str, str]:
     return {**setting_options(settings), **more}
 
 
+Read = Callable[[dict[str, str]], Any]
+
+
+@pytest.fixture(
+    params=[
+        "read_records",
+        pytest.param("format", marks=needs_data_sources),
+    ]
+)
+def read(request: pytest.FixtureRequest, spark: Any) -> Read:
+    """A batch read of a stream: ``spark_jobs.read_records`` (any Spark), or
+    ``spark.read.format("keo")`` (Spark 4); both read the same rows."""
+    if request.param == "read_records":
+        return lambda options: spark_jobs.read_records(spark, options)
+    spark_jobs.register(spark)
+    return lambda options: spark.read.format("keo").options(**options).load()
+
+
 def test_a_read_yields_each_user_record_as_a_consumer_sees_it(
-    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, planted: list[str]
+    spark: Any,
+    read: Read,
+    settings: dict[str, str],
+    stack: Stack,
+    kinesis: Any,
+    planted: list[str],
 ) -> None:
-    # WHEN the stream is read with format("keo")
-    frame = keo.read.format("keo").options(**_options(settings)).load()
+    # WHEN the stream is read
+    frame = read(_options(settings))
     rows = {row["key"]: row for row in frame.collect()}
 
     # THEN one input partition per shard, the documented columns, and one row per user
     # record that KCL delivers: the aggregate split, the stray aggregate dropped whole
     assert frame.rdd.getNumPartitions() == 2
-    assert frame.schema.simpleString() == keo.createDataFrame([], READ_SCHEMA).schema.simpleString()
+    assert (
+        frame.schema.simpleString() == spark.createDataFrame([], READ_SCHEMA).schema.simpleString()
+    )
     assert set(rows) == {*planted, KEPT}
     oracle = streamcheck.read_stream(kinesis, stack.settings.stream)
     for key in planted:
@@ -87,18 +115,32 @@ def test_a_read_yields_each_user_record_as_a_consumer_sees_it(
     assert rows[KEPT]["sub_sequence_number"] == 0
 
     # AND without the filter the dropped record is there, marked
-    unfiltered = keo.read.format("keo").options(**_options(settings, kcl_filter="false")).load()
+    unfiltered = read(_options(settings, kcl_filter="false"))
     marks = {row["key"]: row["visible_to_kcl"] for row in unfiltered.collect()}
     assert (marks[OUTSIDE], marks[INSIDE], marks[KEPT]) == (False, False, True)
 
-    # AND time bounds select by arrival: nothing arrived in the future
-    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    bounded = keo.read.format("keo").options(**_options(settings, starting_timestamp=later))
-    assert bounded.load().count() == 0
+    # AND time bounds select by arrival: nothing arrived in the future, all in the past hour
+    now = datetime.now(UTC)
+    later = (now + timedelta(hours=1)).isoformat()
+    assert read(_options(settings, starting_timestamp=later)).count() == 0
+    earlier = (now - timedelta(hours=1)).isoformat()
+    assert read(_options(settings, starting_timestamp=earlier)).count() == len(rows)
+
+
+def test_a_read_with_an_option_it_cannot_use_fails_on_the_driver_naming_it(
+    spark: Any, settings: dict[str, str], stack: Stack
+) -> None:
+    # WHEN read_records is given an option no read knows, or a bound it cannot parse
+    # THEN it fails before any task runs, naming the option
+    with pytest.raises(spark_jobs.OptionsError, match="starting_position") as unknown:
+        spark_jobs.read_records(spark, _options(settings), starting_position="latest")
+    assert unknown.value.options == ["starting_position"]
+    with pytest.raises(spark_jobs.OptionsError, match="ending_timestamp"):
+        spark_jobs.read_records(spark, _options(settings), ending_timestamp="yesterday")
 
 
 def test_the_spark_audit_reports_what_keo_audit_reports(
-    keo: Any,
+    spark: Any,
     settings: dict[str, str],
     stack: Stack,
     kinesis: Any,
@@ -118,7 +160,7 @@ def test_the_spark_audit_reports_what_keo_audit_reports(
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
-        code = spark_audit.main(argv, session=keo)
+        code = spark_audit.main(argv, session=spark)
     out, err = capsys.readouterr()
 
     # THEN it fails (exit 1) with the same report keo audit's reading gives: the duplicate,
@@ -135,7 +177,7 @@ def test_the_spark_audit_reports_what_keo_audit_reports(
 
 
 def test_the_spark_audit_counts_every_anomaly_and_brings_the_driver_one_row(
-    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any, tmp_path: Path
 ) -> None:
     # GIVEN 8 keys delivered by the producer, 5 of them written a second time, 4 records
     # the ledger never claimed, 5 expected keys never sent (each more than the 3 listed)
@@ -177,7 +219,9 @@ def test_the_spark_audit_counts_every_anomaly_and_brings_the_driver_one_row(
 
     # WHEN the stream is audited on Spark listing 3 keys per anomaly, the ledger read in
     # 3 segments
-    frame = spark_audit.findings_frame(keo, settings, expected=str(expected), listed=3, segments=3)
+    frame = spark_audit.findings_frame(
+        spark, settings, expected=str(expected), listed=3, segments=3
+    )
     found = frame.collect()
 
     # THEN the driver gets one row whatever the keys: the merged findings
@@ -209,7 +253,7 @@ def test_the_spark_audit_counts_every_anomaly_and_brings_the_driver_one_row(
 
 
 def test_the_spark_replay_audit_reports_what_keo_audit_reports(
-    keo: Any,
+    spark: Any,
     settings: dict[str, str],
     stack: Stack,
     kinesis: Any,
@@ -237,7 +281,7 @@ def test_the_spark_replay_audit_reports_what_keo_audit_reports(
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
-        code = spark_audit.main([*argv, "--dedupe", "replay"], session=keo)
+        code = spark_audit.main([*argv, "--dedupe", "replay"], session=spark)
     out, err = capsys.readouterr()
 
     # THEN it fails (exit 1): a copy missing of the row sent twice, the row never written, two
@@ -271,8 +315,8 @@ def test_the_spark_replay_audit_reports_what_keo_audit_reports(
         for name, value in env.items():
             patch.setenv(name, value)
         replay = ["--stream", stream, "--dedupe", "replay"]
-        assert spark_audit.main([*replay, "--expected", str(keys)], session=keo) == 2
+        assert spark_audit.main([*replay, "--expected", str(keys)], session=spark) == 2
         with pytest.raises(SystemExit) as usage:
-            spark_audit.main(replay, session=keo)
+            spark_audit.main(replay, session=spark)
     assert usage.value.code == 2
     assert "is not JSON lines: --dedupe replay compares rows" in capsys.readouterr().err

@@ -22,7 +22,8 @@ from dedupe_store.states import RunState
 from devstack.failpoints import Failpoints
 from producer.hooks import NO_HOOKS, Step
 from producer.wiring import Stack
-from spark_jobs.options import OptionsError, setting_options
+from spark_jobs.errors import OptionsError
+from spark_jobs.options import setting_options
 from spark_jobs.sink import ExactlyOnceSink
 
 pytestmark = pytest.mark.spark
@@ -124,6 +125,7 @@ def test_a_streaming_write_in_replay_mode_needs_a_query_name(
     assert sum(in_stream(kinesis, stack).values()) == 0
 
 
+@pytest.mark.spark35
 def test_run_id_belongs_to_replay_mode(settings: dict[str, str]) -> None:
     """GIVEN key mode WHEN a write names a run_id THEN the options are refused by name."""
     from spark_jobs.options import WriteOptions
@@ -134,8 +136,9 @@ def test_run_id_belongs_to_replay_mode(settings: dict[str, str]) -> None:
     assert refused.value.options == ["run_id"]
 
 
+@pytest.mark.spark35
 def test_the_foreach_batch_sink_in_replay_mode_sends_a_replayed_batch_once(
-    keo: Any, settings: dict[str, str], stack: Stack, kinesis: Any
+    spark: Any, settings: dict[str, str], stack: Stack, kinesis: Any
 ) -> None:
     """GIVEN ExactlyOnceSink(dedupe="replay") whose batch 3 put its rows and failed before its
     commit WHEN the same sink is called with batch 3 again (a query restarted in the same
@@ -149,13 +152,13 @@ def test_the_foreach_batch_sink_in_replay_mode_sends_a_replayed_batch_once(
         hooks=Failpoints(f"{Step.BATCH_BEFORE_COMPLETE}=raise"),
     )
     with pytest.raises(Exception, match="batch_before_complete"):
-        sink.write_batch(frame(keo, rows), 3)
+        sink.write_batch(frame(spark, rows), 3)
     assert in_stream(kinesis, stack) == as_multiset(rows)
 
     sink.hooks = NO_HOOKS
-    again = sink.write_batch(frame(keo, list(reversed(rows))), 3)
+    again = sink.write_batch(frame(spark, list(reversed(rows))), 3)
     assert (again.counts["sent"], again.counts["duplicates"]) == (0, 30)
-    assert sink.write_batch(frame(keo, rows), 3).skipped
+    assert sink.write_batch(frame(spark, rows), 3).skipped
 
     assert in_stream(kinesis, stack) == as_multiset(rows)
     run = stack.ledger.get_run(stack.settings.stream, "sink-query/3")

@@ -36,7 +36,7 @@ from spark_jobs.produce_stream import start_query
 from spark_jobs.sink import ExactlyOnceSink
 from spark_jobs.writer import PartitionReport
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.spark35]
 
 
 # --- (1) a batch is delivered exactly once ----------------------------------------------------

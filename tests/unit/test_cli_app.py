@@ -44,7 +44,7 @@ from producer.errors import (
     UnresolvedKeysError,
 )
 from producer.settings import ProducerSettings
-from spark_jobs.options import OptionsError
+from spark_jobs.errors import OptionsError
 
 runner = CliRunner()
 

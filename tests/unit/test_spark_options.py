@@ -8,7 +8,8 @@ import pytest
 
 from producer import wiring
 from spark_jobs.driver_metrics import MetricsEndpoint
-from spark_jobs.options import OptionsError, ReadOptions, StreamReadOptions, WriteOptions
+from spark_jobs.errors import OptionsError
+from spark_jobs.options import ReadOptions, StreamReadOptions, WriteOptions
 from spark_jobs.stream_offsets import StartingPosition, StartingPositionKind
 
 STREAM = {"stream": "orders", "table": "orders-ledger"}
