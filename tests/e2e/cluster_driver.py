@@ -130,10 +130,13 @@ def new_stream(emulators: Any, table: str, name: str, timing: Mapping[str, str])
     return settings
 
 
-def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[str, Any]:
+def stream_job(
+    work_dir: Path, settings: Mapping[str, str], query: str, *, sink: str = "format"
+) -> dict[str, Any]:
     """A job for cluster_job.py: the streaming query ``query`` over the event files in
-    ``work_dir/in`` (its checkpoint in ``work_dir``), then nothing: no batch write, no read,
-    no streaming read."""
+    ``work_dir/in`` (its checkpoint in ``work_dir``) into ``sink`` (``format``: format("keo");
+    ``foreach_batch``: ExactlyOnceSink), then nothing: no batch write, no read, no streaming
+    read."""
     return {
         "run": "first",
         "work_dir": str(work_dir),
@@ -143,8 +146,9 @@ def stream_job(work_dir: Path, settings: Mapping[str, str], query: str) -> dict[
             "checkpoint": str(work_dir / "checkpoint"),
             "query_name": query,
         },
+        "sink": sink,
         "batch_rows": None,
-        "read": False,
+        "read": None,
         "stream_read": None,
     }
 

@@ -3,14 +3,18 @@
 process of its own: a process has one SparkContext, and the tests kill this one with SIGKILL.
 
     python cluster_job.py '{"run": "first", "work_dir": ..., "options": {...}, "stream": {...},
-                            "batch_rows": [[key, data], ...] | null, "read": true | false,
+                            "sink": "format" | "foreach_batch",
+                            "batch_rows": [[key, data], ...] | null,
+                            "read": "format" | "read_records" | null,
                             "stream_read": {"settings": {KEO_*...}, "checkpoint": ...} | null,
                             "task_failpoints": [{...}, ...],
                             "driver_failpoints": [{...}, ...]}'
 
-In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, available
-now, one file per micro-batch, two partitions each), then the batch write of ``batch_rows``,
-then ``spark.read.format("keo")`` of the stream, then ``spark.readStream.format("keo")`` of a
+In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, or with
+``"sink": "foreach_batch"`` ``writeStream.foreachBatch(ExactlyOnceSink(...))``, which Spark
+3.5 runs too; available now, one file per micro-batch, two partitions each), then the batch
+write of ``batch_rows``, then a read of the stream (``spark.read.format("keo")``, or
+``spark_jobs.read_records``), then ``spark.readStream.format("keo")`` of a
 stream of its own across a split and a merge (:func:`run_stream_read`). ``KEO_FAILPOINTS``
 arms the data source's hooks for all of them, in every batch (``batch_before_complete=stop``
 freezes the driver's commit of the first batch, after the executors' puts and before the batch
@@ -43,7 +47,8 @@ from producer.clients import kinesis_client
 from producer.hooks import Hooks, Step
 from spark_jobs.produce_stream import EVENT_SCHEMA
 from spark_jobs.session import SHORT_LIVED_JVM, cluster_session
-from spark_jobs.writer import producer_settings
+from spark_jobs.sink import ExactlyOnceSink
+from spark_jobs.writer import producer_settings, settings_from_env
 
 PARTITIONS = 2
 FIRST_SHARD = "shardId-000000000000"
@@ -185,7 +190,8 @@ def report(step: str, **facts: Any) -> None:
     sys.stdout.flush()
 
 
-def register(spark: Any, job: dict[str, Any], step: str) -> None:
+def hooks_of(job: dict[str, Any], step: str) -> Hooks:
+    """The job's hooks for ``step``: where each put ran, its failpoints, the logs."""
     work_dir = Path(job["work_dir"])
     folders = [work_dir / "where" / f"{job['run']}-{step}", work_dir / "marks", work_dir / "logs"]
     for folder in folders:
@@ -193,26 +199,48 @@ def register(spark: Any, job: dict[str, Any], step: str) -> None:
     failpoints = tuple(TaskFailpoint(**spec) for spec in job.get("task_failpoints", []))
     on_driver = tuple(DriverFailpoint(**spec) for spec in job.get("driver_failpoints", []))
     on_tasks = OnTasks(failpoints, str(folders[1]), str(folders[2]), from_env(), on_driver)
-    spark_jobs.register(spark, hooks=WhereItRan(str(folders[0]), on_tasks))
+    return WhereItRan(str(folders[0]), on_tasks)
+
+
+def register(spark: Any, job: dict[str, Any], step: str) -> None:
+    spark_jobs.register(spark, hooks=hooks_of(job, step))
 
 
 def run_stream(spark: Any, job: dict[str, Any]) -> None:
-    register(spark, job, "stream")
     stream = job["stream"]
-    query = (
+    events = (
         spark.readStream.schema(EVENT_SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .json(stream["source"])
         .repartition(PARTITIONS)
-        .writeStream.format("keo")
-        .options(**job["options"], routing_key_column="routing_key")
-        .option("query_name", stream["query_name"])
-        .option("checkpointLocation", stream["checkpoint"])
+    )
+    if job.get("sink") == "foreach_batch":
+        # the query's name keys its batches in the ledger, as format("keo")'s query_name does
+        sink = ExactlyOnceSink(
+            settings_from_env({}, **job["options"]),
+            routing_key_column="routing_key",
+            query_id=stream["query_name"],
+            hooks=hooks_of(job, "stream"),
+        )
+        writing = events.writeStream.foreachBatch(sink)
+    else:
+        register(spark, job, "stream")
+        writing = (
+            events.writeStream.format("keo")
+            .options(**job["options"], routing_key_column="routing_key")
+            .option("query_name", stream["query_name"])
+        )
+    query = (
+        writing.option("checkpointLocation", stream["checkpoint"])
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination()
-    batches = [progress.batchId for progress in query.recentProgress]
+    # Spark 3.5 gives each progress as a dict, Spark 4 as an object
+    batches = [
+        progress["batchId"] if isinstance(progress, dict) else progress.batchId
+        for progress in query.recentProgress
+    ]
     report("stream", batches=batches)
 
 
@@ -225,7 +253,11 @@ def run_batch(spark: Any, job: dict[str, Any]) -> None:
 
 
 def run_read(spark: Any, job: dict[str, Any]) -> None:
-    found = spark.read.format("keo").options(**job["options"]).load().select("key").collect()
+    if job["read"] == "read_records":
+        frame = spark_jobs.read_records(spark, job["options"])
+    else:
+        frame = spark.read.format("keo").options(**job["options"]).load()
+    found = frame.select("key").collect()
     keys = Counter(row.key for row in found)
     report("read", keys=keys)
 

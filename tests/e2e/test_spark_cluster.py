@@ -133,7 +133,7 @@ def cluster_run(
 
         batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
         stream_read = {"settings": resharded, "checkpoint": str(work_dir / "read-checkpoint")}
-        job.update(run="second", batch_rows=batch_rows, read=True, stream_read=stream_read)
+        job.update(run="second", batch_rows=batch_rows, read="format", stream_read=stream_read)
         drivers.append(cluster_driver.start_driver(job, work_dir / "second"))
         assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(work_dir / "second.err")
         run.second_steps = cluster_driver.steps(work_dir / "second.out")
