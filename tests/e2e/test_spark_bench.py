@@ -7,6 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
+# the bench measures format("keo"), a Spark 4 data source
+pytest.importorskip("pyspark.sql.datasource")
+
 from cli.bench import render_spark_table
 from devstack import emulators as local_stack
 from devstack import spark_bench
