@@ -285,13 +285,23 @@ _EXPORTERS: list[subprocess.Popen[bytes]] = []  # kept to be reaped, never waite
 
 @dataclass(frozen=True)
 class MetricsEndpoint:
-    """Where a write's driver metrics are served; picklable (it travels in the write plan)."""
+    """Where a write's driver metrics are served; picklable (it travels in the write plan).
+
+    ``format("keo")`` counts in Python workers, whose parent (Spark's worker daemon, or the
+    driver JVM) the exporter watches, in their Spark local directory. The ``foreachBatch``
+    sink counts in the driver's own Python process (``in_driver``): the exporter watches that
+    process, and the folder is in ``local_dir`` (the driver's Spark files directory, which
+    Spark deletes when the driver stops)."""
 
     port: int
     host: str = "127.0.0.1"
+    local_dir: str | None = None
+    in_driver: bool = False
 
     @property
     def folder(self) -> Path:
+        if self.local_dir is not None:
+            return Path(self.local_dir) / f"{FOLDER_PREFIX}{self.port}"
         return metrics_folder(self.port)
 
     def record(self, end: BatchEnd) -> None:
@@ -326,7 +336,9 @@ class MetricsEndpoint:
                     mine = _TOTALS[(os.getpid(), folder)] = ProcessTotals(folder)
                 count(mine, time.time())
                 mine.save()
-            ensure_exporter(folder, self.port, self.host)
+            # the process whose end the exporter's follows: the driver's, however reached
+            watch = os.getpid() if self.in_driver else os.getppid()
+            ensure_exporter(folder, self.port, self.host, watch)
         except OSError as exc:
             log.warning(
                 "spark driver metrics not recorded port=%d query=%s error=%r",
@@ -360,16 +372,16 @@ def _replace(path: Path, text: str) -> None:
 # --- the exporter: started once per driver and port ------------------------------------------
 
 
-def ensure_exporter(folder: Path, port: int, host: str) -> None:
-    """Start the exporter for ``folder`` unless one holds its lock. Two workers may both start
-    one; the second finds the lock taken and leaves."""
+def ensure_exporter(folder: Path, port: int, host: str, watch: int) -> None:
+    """Start the exporter for ``folder`` unless one holds its lock; it leaves when the process
+    ``watch`` is gone (or the folder is). Two workers may both start one; the second finds the
+    lock taken and leaves."""
     for running in list(_EXPORTERS):
         if running.poll() is not None:  # reap it
             _EXPORTERS.remove(running)
     with (folder / _LOCK).open("a") as lock:
         if _locked_elsewhere(lock):
             return
-    watch = os.getppid()  # Spark's worker daemon, or the driver JVM: gone when the driver is
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     command = [sys.executable, "-m", __name__, str(folder), str(port), host, str(watch)]
     _EXPORTERS.append(

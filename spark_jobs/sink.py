@@ -11,29 +11,32 @@ Kinesis exactly once: per key (``dedupe="key"``, the default, through
       │     ├─ key: producer.send(rows) ── one PartitionReport per partition, to the driver
       │     └─ replay: one attempt at run <query_id>/<batch_id> (a COMPLETE run sends nothing);
       │        a row unresolved fails the task: Spark retries it, the retry finds what was put
-      └─ settle_batch                                         spark_jobs.writer
-            ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-*.json
-            ├─ any key unresolved (IN_FLIGHT, FAILED, TAKEN_OVER, UNVERIFIABLE)
-            │     └─ raise UnresolvedKeysError: Spark retries the batch, the per-key claims decide
-            └─ mark the batch COMPLETE (key: the batch ledger; replay: the run item)
+      ├─ settle_batch                                         spark_jobs.writer
+      │     ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-*.json
+      │     ├─ any key unresolved (IN_FLIGHT, FAILED, TAKEN_OVER, UNVERIFIABLE)
+      │     │     └─ raise UnresolvedKeysError: Spark retries the batch, the per-key claims decide
+      │     └─ mark the batch COMPLETE (key: the batch ledger; replay: the run item)
+      └─ metrics_port: the batch's end counted, as format("keo")'s commit counts it
 
 Replays are safe at every step: a batch replayed after a crash re-runs the per-key protocol
 (already delivered keys come back DUPLICATE, nothing is sent again), or in replay mode reads
 back what the batch's earlier attempts put and sends the rest; only a batch that settled every
 row is marked COMPLETE. Speculative or retried tasks race on the per-key claim, or supersede the
 attempts before them. The ``keo`` data source (:mod:`spark_jobs.datasource`) runs the same
-writers."""
+writers. The sink runs on Spark 3.5 too (plain RDD tasks, no Python data source)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dedupe_store.settings import env_var
+from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
 from producer.settings import Dedupe
+from spark_jobs.driver_metrics import BatchEnd, BatchResult, FailureReason, MetricsEndpoint
 from spark_jobs.writer import (
     DEAD_LETTER_SCHEMA,
     DEFAULT_ROWS_PER_SEND,
@@ -59,7 +62,9 @@ class ExactlyOnceSink:
     ``settings`` holds ``KEO_*`` values (see :func:`settings_from_env`); they are validated
     here, on the driver, and travel to the executors as they are. ``query_id`` defaults to the
     streaming query's id, which is stable across restarts from the same checkpoint; give it
-    when calling the sink outside a streaming query.
+    when calling the sink outside a streaming query. With ``metrics_port``, the driver serves
+    each batch's end and its rows by outcome on ``metrics_host:metrics_port``, as
+    ``format("keo")``'s ``metrics_port`` does.
     """
 
     def __init__(
@@ -74,6 +79,8 @@ class ExactlyOnceSink:
         rows_per_send: int = DEFAULT_ROWS_PER_SEND,
         hooks: Hooks = NO_HOOKS,
         dedupe: Dedupe | str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.settings = dict(settings)
         if dedupe is not None:
@@ -90,6 +97,10 @@ class ExactlyOnceSink:
         if rows_per_send < 1:
             raise ValueError("rows_per_send must be at least 1")
         self.rows_per_send = rows_per_send
+        if metrics_port is not None and not 0 < metrics_port < 65536:
+            raise ValueError(f"metrics_port must be a TCP port (1 to 65535), got {metrics_port}")
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.write_batch(df, batch_id)
@@ -98,29 +109,79 @@ class ExactlyOnceSink:
         query_id = self.query_id or _streaming_query_id(df)
         stack = stack_for(self.settings)
         replay = self.dedupe is Dedupe.REPLAY
-        if not replay and completed_before(stack, query_id, batch_id):
-            return BatchReport(query_id, batch_id, skipped=True)
-
+        count = self._counter()
         report = BatchReport(query_id, batch_id)
-        parts = (
-            self._rows(df)
-            .rdd.mapPartitionsWithIndex(self.partition_writer(df, query_id, batch_id))
-            .collect()
-        )
+        if not replay and completed_before(stack, query_id, batch_id):
+            report.skipped = True
+            count(report, BatchResult.SKIPPED)
+            return report
+
+        try:
+            parts = (
+                self._rows(df)
+                .rdd.mapPartitionsWithIndex(self.partition_writer(df, query_id, batch_id))
+                .collect()
+            )
+        except Exception:
+            count(report, BatchResult.FAILED, FailureReason.ABORTED)  # a task failed for good
+            raise
         for part in parts:
             report.add(part)
         if parts and all(part.skipped for part in parts):
             report.skipped = True
+            count(report, BatchResult.SKIPPED)
             return report
         run = f"{query_id}/{batch_id}"
-        settle_batch(
-            report,
-            stack=stack,
-            hooks=self.hooks,
-            write_dead_letters=lambda done: self._write_dead_letters(df.sparkSession, done),
-            record=run_completer(stack, run) if replay else batch_recorder(stack, query_id),
-        )
+        try:
+            settle_batch(
+                report,
+                stack=stack,
+                hooks=self.hooks,
+                write_dead_letters=lambda done: self._write_dead_letters(df.sparkSession, done),
+                record=run_completer(stack, run) if replay else batch_recorder(stack, query_id),
+            )
+        except Exception as exc:
+            unresolved = isinstance(exc, UnresolvedKeysError)
+            count(
+                report,
+                BatchResult.FAILED,
+                FailureReason.UNRESOLVED_KEYS if unresolved else FailureReason.ERROR,
+            )
+            raise
+        count(report, BatchResult.COMMITTED)
         return report
+
+    def _counter(self) -> Callable[..., None]:
+        """Counts a batch's end on ``metrics_port`` (nothing without one), under the names
+        ``format("keo")``'s driver metrics use (:mod:`spark_jobs.driver_metrics`)."""
+        if self.metrics_port is None:
+            return lambda *_: None
+        from pyspark import SparkFiles
+
+        # the driver's files directory: Spark deletes it when the driver stops, and the
+        # exporter leaves with it (and with this process)
+        metrics = MetricsEndpoint(
+            self.metrics_port,
+            self.metrics_host,
+            local_dir=SparkFiles.getRootDirectory(),
+            in_driver=True,
+        )
+
+        def count(
+            report: BatchReport, result: BatchResult, reason: FailureReason | None = None
+        ) -> None:
+            metrics.record(
+                BatchEnd(
+                    query=report.query_id or "unnamed",
+                    stream=self.stream,
+                    result=result,
+                    counts={} if report.skipped else report.counts,
+                    reason=reason,
+                    producer_counts=report.producer_counts,
+                )
+            )
+
+        return count
 
     def partition_writer(
         self, df: Any, query_id: str, batch_id: int

@@ -21,8 +21,11 @@ from spark_support import (
     batch_complete,
     events,
     frame,
+    free_port,
     payloads,
     plant_unverifiable,
+    sample,
+    scrape_until,
     streamcheck,
     write_event_files,
 )
@@ -220,6 +223,48 @@ def test_a_batch_with_an_unresolved_key_raises_and_is_not_marked_complete(
     contents = streamcheck.read_stream(kinesis, stack.settings.stream)
     streamcheck.assert_exactly_once(contents, [k for k, _ in rows[1:]], stack.ledger)
     streamcheck.assert_absent(contents, [stuck])
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dedupe", ["key", "replay"])
+def test_the_sink_serves_its_batches_and_rows_on_its_metrics_port(
+    spark: Any, settings: dict[str, str], stack: Stack, dedupe: str
+) -> None:
+    # GIVEN a sink with a metrics port
+    port = free_port()
+    rows = events(20)
+    query = f"q-metrics-{dedupe}"
+    sink = ExactlyOnceSink(settings, query_id=query, dedupe=dedupe, metrics_port=port)
+
+    # WHEN batch 0 is written, then replayed (skipped: it is COMPLETE), and in key mode a
+    # batch 1 whose key cannot settle
+    sink.write_batch(frame(spark, rows), 0)
+    assert sink.write_batch(frame(spark, rows), 0).skipped
+    failures = 0
+    if dedupe == "key":
+        stuck = plant_unverifiable(stack, "stuck", "data")
+        with pytest.raises(UnresolvedKeysError):
+            sink.write_batch(frame(spark, [(stuck, "data")]), 1)
+        failures = 1
+
+    # THEN the driver serves the batches' ends and their rows by outcome, under the names of
+    # format("keo")'s metrics, and what the executors' producers did
+    labels = {"query": query, "stream": stack.settings.stream}
+    found = scrape_until(
+        port, lambda found: sample(found, "keo_spark_batches_skipped_total", **labels) == 1
+    )
+    assert sample(found, "keo_spark_batches_committed_total", **labels) == 1
+    failed = sample(found, "keo_spark_batch_failures_total", reason="unresolved_keys", **labels)
+    assert failed == failures
+    assert sample(found, "keo_spark_rows_total", outcome="SENT", **labels) == 20
+    assert sample(found, "keo_spark_rows_total", outcome="UNRESOLVED", **labels) == failures
+    assert sample(found, "keo_spark_last_commit_timestamp_seconds", **labels) > 0
+    produced = {
+        name for (name, pairs) in found if dict(pairs).get("query") == query and "spark" not in name
+    }
+    assert "keo_ledger_requests_total" in produced, sorted(produced)
 
 
 # --- (5) a streaming query that dies mid-batch ------------------------------------------------
