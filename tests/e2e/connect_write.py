@@ -7,7 +7,7 @@ into a memory sink).
     python connect_write.py '{"options": {...}, "rows": [[key, data], ...], "checkpoint": ...}'
 
 Prints one JSON line: what the session was, whether it had df.rdd, how many rows the read
-found, and each row the streaming read gave (shard, sequence number, sub-sequence number, key).
+found (format("keo") and read_records), and each row the streaming read gave (shard, sequence number, sub-sequence number, key).
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ def main() -> None:
         for _ in range(2):
             replayed.write.format("keo").mode("append").options(**replay).save()
         read = spark.read.format("keo").options(**job["options"]).load().count()
+        records = spark_jobs.read_records(spark, job["options"]).count()
         result = {
             "session": type(spark).__module__,
             "has_rdd": has_rdd,
             "read": read,
+            "read_records": records,
             "audit": {"clean": report.clean, "user_records": report.user_records},
             "streamed": stream_read(spark, job),
         }

@@ -1,6 +1,6 @@
 """``format("keo")`` on Spark Connect (``SparkSession.builder.remote("local[2]")``), where a
-DataFrame has no ``rdd``: the write path, the read path, the streaming read and the Spark
-audit work all the same.
+DataFrame has no ``rdd``: the write path, the read paths (``format("keo")`` and
+``read_records``), the streaming read and the Spark audit work all the same.
 
 PySpark refuses a Spark Connect session in a process that holds a classic one (the other
 Spark tests share one), so connect_write.py runs in a process of its own, once for the
@@ -90,6 +90,7 @@ def test_batch_writes_on_spark_connect_deliver_each_key_once_and_a_replay_run_on
         "session": "pyspark.sql.connect.session",
         "has_rdd": False,
         "read": 60,
+        "read_records": 60,
         "audit": {"clean": True, "user_records": 40},
     }
     stack = connect_run.stack
