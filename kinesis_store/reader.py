@@ -57,7 +57,7 @@ from kinesis_store.positions import Counted, SeenRecord, ShardStart, StartKind, 
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
 from kinesis_store.shards import Shard, StreamInfo
 
-__all__ = ["KinesisReader", "ShardReads", "stop_on_malformed", "utc_timestamp"]
+__all__ = ["KinesisReader", "ShardReads", "shard_of", "stop_on_malformed", "utc_timestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class KinesisReader:
         kwargs: dict[str, Any] = {"StreamName": self.stream}
         while True:
             page = self._call("list_shards", **kwargs)
-            found.extend(_shard_of(raw) for raw in page.get("Shards", []))
+            found.extend(shard_of(raw) for raw in page.get("Shards", []))
             token = page.get("NextToken")
             if not token:
                 return found
@@ -721,7 +721,8 @@ def _code_of(cause: BaseException | None) -> str | None:
     return None
 
 
-def _shard_of(raw: dict[str, Any]) -> Shard:
+def shard_of(raw: dict[str, Any]) -> Shard:
+    """A shard as ListShards describes it."""
     hash_range = raw["HashKeyRange"]
     sequences = raw.get("SequenceNumberRange", {})
     return Shard(

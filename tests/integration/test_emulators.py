@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -496,3 +497,46 @@ def test_a_client_that_hangs_up_mid_request_does_not_take_an_emulator_down(
         assert all(s.running for s in local_stack.status(tmp_path))
     finally:
         local_stack.down(tmp_path)
+
+
+def test_up_with_aws_quotas_puts_kinesalite_behind_the_quota_proxy(
+    tmp_path: Path, names: Any
+) -> None:
+    # GIVEN a stack of its own started with AWS's quotas, as `keo emulators up --quotas aws`
+    result = CliRunner().invoke(
+        emulators_cli, ["up", "--state-dir", str(tmp_path)], env={"KEO_QUOTAS": "aws"}
+    )
+    try:
+        assert result.exit_code == 0, result.output
+        statuses = by_name(local_stack.status(tmp_path))
+        proxy = statuses[local_stack.KINESIS_QUOTAS]
+        kinesalite = statuses[local_stack.KINESALITE]
+        # THEN its Kinesis endpoint is the proxy's, on the loopback interface only, in front
+        # of kinesalite, and endpoints.env points every command at it
+        assert proxy.running
+        assert set(listeners(proxy.port)) == {LOOPBACK_HEX}
+        assert f"kinesis        {proxy.endpoint}  (AWS's quotas" in result.output
+        assert kinesalite.endpoint in result.output
+        env_file = (tmp_path / local_stack.ENV_FILE).read_text()
+        assert f"export KEO_KINESIS_ENDPOINT_URL={proxy.endpoint}\n" in env_file
+
+        # WHEN a shard is sent 12 records of 100 KiB in one request through it
+        kinesis = kinesis_client(proxy.endpoint)
+        kinesis.create_stream(StreamName=names.stream, ShardCount=1)
+        wait_stream_active(kinesis, names.stream)
+        records = [{"PartitionKey": f"big-{i:02d}", "Data": b"x" * 100 * 1024} for i in range(12)]
+        answer = kinesis.put_records(StreamName=names.stream, Records=records)
+
+        # THEN what 1 MiB a second holds is written and the rest refused as AWS refuses it,
+        # and the proxy counts it for any process that asks
+        assert answer["FailedRecordCount"] == 2
+        report = httpx.get(f"{proxy.endpoint}/__keo/report", timeout=5).json()
+        refused = report["quotas"]["records_refused"]
+        assert refused == {f"{names.stream}/shardId-000000000000": 2}
+
+        # AND `up` without quotas points the stack at kinesalite again, the proxy left running
+        plain = local_stack.up(tmp_path)
+        assert (plain.kinesis, plain.quotas) == (kinesalite.endpoint, "none")
+    finally:
+        stopped = local_stack.down(tmp_path)
+    assert local_stack.KINESIS_QUOTAS in stopped
