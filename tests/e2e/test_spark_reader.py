@@ -19,7 +19,13 @@ from typing import Any
 
 import planting
 import pytest
-from spark_support import events, needs_data_sources, plant_unverifiable, streamcheck
+from spark_support import (
+    SPARK_VERSION,
+    events,
+    needs_data_sources,
+    plant_unverifiable,
+    streamcheck,
+)
 
 import spark_jobs
 from dedupe_store.records import Position
@@ -320,3 +326,19 @@ def test_the_spark_replay_audit_reports_what_keo_audit_reports(
             spark_audit.main(replay, session=spark)
     assert usage.value.code == 2
     assert "is not JSON lines: --dedupe replay compares rows" in capsys.readouterr().err
+
+
+def test_format_keo_registers_on_spark_4_and_is_refused_before_saying_what_to_use(
+    spark: Any,
+) -> None:
+    # WHEN the keo data source is registered on the session's Spark
+    if SPARK_VERSION >= (4, 0):
+        # THEN on Spark 4 it is there
+        spark_jobs.register(spark)
+        return
+    # THEN on Spark 3.5 it is refused, naming the Spark it needs and what to use instead
+    with pytest.raises(spark_jobs.SparkVersionError) as refused:
+        spark_jobs.register(spark)
+    assert refused.value.running == spark.version
+    assert "needs Spark 4.0 or later" in str(refused.value)
+    assert "spark_jobs.read_records" in str(refused.value)

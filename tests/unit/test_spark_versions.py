@@ -87,3 +87,40 @@ def test_what_a_spark_35_user_imports_needs_nothing_of_spark_4() -> None:
     )
     # THEN every import succeeds
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_a_job_this_spark_cannot_run_exits_3_saying_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN the relay job's start on a Spark 3.5 session (no Spark is started here)
+    from spark_jobs import job_runner, relay
+
+    stopped: list[bool] = []
+
+    class Context:
+        def setLogLevel(self, level: str) -> None:  # noqa: N802 - Spark's name
+            assert level
+
+    class Spark35:
+        version = "3.5.6-amzn-2"
+        sparkContext = Context()  # noqa: N815 - Spark's name
+
+        def stop(self) -> None:
+            stopped.append(True)
+
+    def job_session(master: str | None, app_name: str) -> Spark35:
+        assert (master, app_name) == (None, "keo-relay")
+        return Spark35()
+
+    monkeypatch.setattr(job_runner, "job_session", job_session)
+    # WHEN `python -m spark_jobs.relay` runs
+    code = relay.main(
+        ["--source", "a", "--target", "b", "--checkpoint", "ckpt", "--query-name", "q"]
+    )
+    # THEN it exits 3 (configuration), says on stderr what it needs and what to use, and
+    # stops its session
+    assert code == job_runner.ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith('keo-relay: format("keo") (the keo data source) needs Spark 4.0')
+    assert "this session runs Spark 3.5.6-amzn-2" in err
+    assert stopped == [True]
