@@ -469,7 +469,13 @@ def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
             "kinesis_endpoint_url": started.kinesis,
             "dynamodb_endpoint_url": started.dynamodb,
         }
-    return {**endpoints, "region": os.environ.get("KEO_REGION", emulators.REGION)}
+    # the writers' own cost, as before the pacing: emulators keep no quota, and a paced writer
+    # would measure the quota (1,000 records a second a shard), not itself
+    return {
+        **endpoints,
+        "region": os.environ.get("KEO_REGION", emulators.REGION),
+        "put_rate_limit_percent": "0",
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

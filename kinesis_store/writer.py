@@ -14,7 +14,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from kinesis_store.errors import PutFencedError, StreamNotFoundError
+from kinesis_store.errors import PutFencedError, StreamError, StreamNotFoundError
 from kinesis_store.put_lease import sending_under
 from kinesis_store.results import (
     RecordResult,
@@ -24,6 +24,8 @@ from kinesis_store.results import (
     classify_transport_failure,
     not_written,
 )
+from kinesis_store.shards import OpenShards
+from kinesis_store.write_pacing import WritePacer, shard_loads
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
 
@@ -46,14 +48,45 @@ _TRANSPORT_ERRORS = tuple(error for error, _ in _TRANSPORT_FAILURES)
 class KinesisWriter:
     """PutRecords for one stream, classifying every record's result."""
 
-    def __init__(self, client: Any, stream: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        stream: str,
+        *,
+        pacer: WritePacer | None = None,
+        shards: OpenShards | None = None,
+    ) -> None:
+        """With a ``pacer`` (and the stream's ``shards``, to know where each record goes),
+        each request waits until the shards it puts on have room (:mod:`kinesis_store.write_pacing`)."""
+        if (pacer is None) != (shards is None):
+            raise ValueError("a write pacer needs the stream's shards, and only it does")
         self._client = client
         self.stream = stream
+        self._pacer = pacer
+        self._shards = shards
 
     @property
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
+
+    def _pace(self, entries: list[dict[str, Any]]) -> None:
+        """Wait for room on the request's shards. Pacing is a courtesy, never a condition of
+        the put: a shard map that cannot be read (a role without ListShards, the stream
+        unavailable) turns it off for this writer, said once; the put goes on."""
+        if self._pacer is None or self._shards is None:
+            return
+        try:
+            shards = self._shards.current()
+        except StreamError as exc:
+            if isinstance(exc, StreamNotFoundError):
+                raise
+            log.warning(
+                "puts not paced: the shard map cannot be read stream=%s error=%s", self.stream, exc
+            )
+            self._pacer = None
+            return
+        self._pacer.before_request(shard_loads(entries, shards))
 
     def put_entries(
         self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
@@ -66,6 +99,7 @@ class KinesisWriter:
         the signature fence, or the lease deadline); a request it refuses is not sent:
         NOT_WRITTEN, retriable.
         """
+        self._pace(entries)
         try:
             with sending_under(lease_expires_at_ms):
                 response = self._client.put_records(StreamName=self.stream, Records=entries)

@@ -167,6 +167,22 @@ class ProducerSettings(LedgerSettings):
             "shard's 1 s throughput window; then the key is FAILED (not written, safe to resend)"
         ),
     )
+    put_rate_limit_percent: float = setting(
+        100.0,
+        ge=0,
+        le=1000,
+        description=(
+            "how much of each shard's write quota (1,000 records and 1 MiB a second) this "
+            "process's puts may take: each request waits until every shard it puts on has room "
+            "(the KPL's RateLimit); 0 turns the pacing off"
+        ),
+        why=(
+            "a writer alone on its shards reaches their quota without being throttled, where "
+            "one that sends as fast as it can is refused about as many records as it writes "
+            "and resends them; raise it when a shard's other writers are idle, lower it to "
+            "leave them room"
+        ),
+    )
     wait_initial_s: float = setting(
         0.1,
         gt=0,

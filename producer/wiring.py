@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import StreamInfo
+from kinesis_store.shards import OpenShards, Shard, StreamInfo
+from kinesis_store.write_pacing import WritePacer
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.clients import kinesis_client, kinesis_read_client
@@ -36,13 +37,40 @@ _said: set[str] = set()
 _said_lock = threading.Lock()
 
 
-def put_writer(settings: ProducerSettings, clock: Clock | None = None) -> KinesisWriter:
+def put_writer(
+    settings: ProducerSettings,
+    clock: Clock | None = None,
+    shard_map: Callable[[], list[Shard]] | None = None,
+) -> KinesisWriter:
     """The writer of the producer and the reconciler: a put client with SDK retries off and a
     check of each request's lease right before it leaves: the signature fence, or with
-    ``KEO_PUT_FENCE=off`` the lease deadline by ``clock`` (the system clock by default)."""
+    ``KEO_PUT_FENCE=off`` the lease deadline by ``clock`` (the system clock by default). With
+    ``shard_map`` (ListShards), each request keeps within ``KEO_PUT_RATE_LIMIT_PERCENT`` of its
+    shards' write quota, paced with every writer of this process to the stream."""
     client = kinesis_client(settings, for_put=True)
     fence_for(settings.lease_policy(), clock or SystemClock()).install(client)
-    return KinesisWriter(client, settings.stream)
+    percent = settings.put_rate_limit_percent
+    if shard_map is None or percent == 0:
+        return KinesisWriter(client, settings.stream)
+    return KinesisWriter(
+        client,
+        settings.stream,
+        pacer=_pacer_of(settings.stream, percent),
+        shards=OpenShards(shard_map),
+    )
+
+
+# One pacer a process and stream: the process's writers share each shard's quota.
+_PACERS: dict[tuple[str, float], WritePacer] = {}
+_PACERS_LOCK = threading.Lock()
+
+
+def _pacer_of(stream: str, percent: float) -> WritePacer:
+    with _PACERS_LOCK:
+        pacer = _PACERS.get((stream, percent))
+        if pacer is None:
+            pacer = _PACERS[(stream, percent)] = WritePacer(percent=percent)
+        return pacer
 
 
 def warn_if_unfenced(settings: ProducerSettings) -> bool:
@@ -181,7 +209,7 @@ def build_stack(
     return Stack(
         settings=settings,
         ledger=ledger,
-        writer=put_writer(settings, clock),
+        writer=put_writer(settings, clock, reader.shards),
         reader=reader,
         info=info,
         clock=clock,

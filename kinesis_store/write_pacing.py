@@ -1,0 +1,121 @@
+"""PutRecords within each shard's write quota: 1,000 records and 1 MiB (data and partition
+keys) a second per shard (PutRecords, Amazon Kinesis Data Streams API Reference: "Each shard
+can support writes up to 1,000 records per second, up to a maximum data write total of 1 MiB
+per second"), as the KPL's ``RateLimit`` keeps its own puts within a share of it.
+
+::
+
+    a request costing c(S) = max(r / records_per_s, b / bytes_per_s) on each shard S it holds
+      leaves at   max(now, T(S) + c(S) - burst for each S)
+      then        T(S) = max(T(S), leave) + c(S)
+
+Each shard is a token bucket kept as one time T (the generic cell rate algorithm): when it
+would have sent all that was reserved on it at the rate; a request leaves once, with it, no
+shard it holds is more than ``burst_s`` ahead of the time. A writer
+that keeps to it is never throttled by its own load (another writer of the shard, or a stale
+shard map, may still be: those records are resent as before). One pacer a process and stream:
+the writers of a process share it. Pure apart from the injected clock and sleep: no boto3 here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from kinesis_store.shards import Shard
+
+__all__ = [
+    "PUT_BYTES_PER_S",
+    "PUT_RECORDS_PER_S",
+    "WritePacer",
+    "shard_loads",
+]
+
+PUT_RECORDS_PER_S: Final = 1000
+PUT_BYTES_PER_S: Final = 1024 * 1024
+# how far ahead of the time a shard may be, a request on it counted: Kinesis takes a second of
+# its quota at once (AWS documents no burst; the quota mode's bucket holds one second); less,
+# so that requests the network delays unevenly still find room
+DEFAULT_BURST_S: Final = 0.8
+
+
+class WritePacer:
+    """When each shard can take more records from this process; thread-safe.
+
+    ``percent`` of the shard quota (KPL's ``RateLimit``; 100: all of it, for a writer alone
+    on its shards). :meth:`before_request` reserves a request's records on each shard they go
+    to and sleeps until all of them can take them (outside the lock: another request whose
+    shards are free is not held up)."""
+
+    def __init__(
+        self,
+        *,
+        percent: float = 100,
+        burst_s: float = DEFAULT_BURST_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if percent <= 0 or burst_s < 0:
+            raise ValueError(f"a pace needs a positive share and burst, got {percent}, {burst_s}")
+        self._records_per_s = PUT_RECORDS_PER_S * percent / 100
+        self._bytes_per_s = PUT_BYTES_PER_S * percent / 100
+        self._burst_s = burst_s
+        self._clock = clock
+        self._sleep = sleep
+        self._theoretical_s: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.waited_s = 0.0  # in all, for the metrics and the bench
+
+    def before_request(self, loads: Mapping[str, tuple[int, int]]) -> float:
+        """Wait until every shard of ``loads`` (shard id -> records, bytes) can take its part
+        of the request; the seconds waited."""
+        with self._lock:
+            now_s = self._clock()
+            costs = {
+                shard_id: max(records / self._records_per_s, size / self._bytes_per_s)
+                for shard_id, (records, size) in loads.items()
+            }
+            # it leaves once, with it, no shard of it is more than the burst ahead of the time
+            leave_s = max(
+                [
+                    now_s,
+                    *(
+                        self._theoretical_s.get(shard_id, now_s) + cost_s - self._burst_s
+                        for shard_id, cost_s in costs.items()
+                    ),
+                ]
+            )
+            for shard_id, cost_s in costs.items():
+                theoretical_s = max(self._theoretical_s.get(shard_id, leave_s), leave_s)
+                self._theoretical_s[shard_id] = theoretical_s + cost_s
+            wait_s = leave_s - now_s
+            self.waited_s += wait_s
+        if wait_s > 0:
+            self._sleep(wait_s)
+        return wait_s
+
+
+def shard_loads(
+    entries: Iterable[Mapping[str, Any]], shards: list[Shard]
+) -> dict[str, tuple[int, int]]:
+    """The records and bytes (data and partition key) a PutRecords request puts on each open
+    shard, by each entry's hash key (its ``ExplicitHashKey``, else the MD5 of its partition
+    key); an entry no shard covers (a map older than a reshard) counts on the first."""
+    records: dict[str, int] = defaultdict(int)
+    sizes: dict[str, int] = defaultdict(int)
+    for entry in entries:
+        key = str(entry["PartitionKey"])
+        explicit = entry.get("ExplicitHashKey")
+        hash_key = (
+            int(explicit)
+            if explicit
+            else int.from_bytes(hashlib.md5(key.encode(), usedforsecurity=False).digest(), "big")
+        )
+        shard = next((s for s in shards if s.covers(hash_key)), shards[0])
+        records[shard.shard_id] += 1
+        sizes[shard.shard_id] += len(entry["Data"]) + len(key.encode())
+    return {shard_id: (records[shard_id], sizes[shard_id]) for shard_id in records}

@@ -1,0 +1,134 @@
+"""The write pacer (kinesis_store.write_pacing) against AWS's write quota as the quota mode
+counts it (devstack.quotas): a writer alone on its shards reaches their quota and is never
+throttled. Time is simulated: the pacer's sleep moves the clock both read."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from devstack.quotas import KinesisQuotaState
+from kinesis_store.shards import Shard
+from kinesis_store.write_pacing import WritePacer, shard_loads
+
+TOP = 2**128 - 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def _shard(index: int, start: int, end: int) -> Shard:
+    return Shard(f"shardId-{index:012d}", start, end, None, None, "0", None)
+
+
+def _paced_run(
+    clock: Clock, pacer: WritePacer, requests: list[dict[str, tuple[int, int]]]
+) -> KinesisQuotaState:
+    """Each request through the pacer, then to the quota, each record of it counted."""
+    quota = KinesisQuotaState()
+    for loads in requests:
+        pacer.before_request(loads)
+        records = [
+            (shard, size // count) for shard, (count, size) in loads.items() for _ in range(count)
+        ]
+        quota.admit_records("PutRecords", "s", records, clock.now_s)
+    return quota
+
+
+def test_a_writer_alone_reaches_the_shard_quota_and_is_never_throttled() -> None:
+    # GIVEN a writer that has 20,000 records of 100 bytes for one shard, in requests of 500
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    # WHEN it sends them all, paced
+    quota = _paced_run(clock, pacer, [{"a": (500, 500 * 100)}] * 40)
+    # THEN the shard refused none, and it took no longer than the quota allows
+    assert quota.throttles["PutRecords"] == 0
+    assert quota.written[("s", "a")] == 20_000
+    rate = 20_000 / (clock.now_s + 0.5)  # the last request's own half second
+    assert rate >= 0.9 * 1000
+
+
+def test_the_byte_quota_binds_large_records() -> None:
+    # GIVEN records of 100 KiB: the 1 MiB a second binds before the 1,000 records
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    quota = _paced_run(clock, pacer, [{"a": (5, 5 * 100 * 1024)}] * 40)
+    assert quota.throttles["PutRecords"] == 0
+    assert clock.now_s >= (200 * 100 * 1024) / (1024 * 1024) - 1  # 19.5 s of quota, less the burst
+
+
+def test_a_busy_shard_holds_up_only_the_requests_that_put_on_it() -> None:
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    for _ in range(4):
+        pacer.before_request({"a": (500, 500)})
+    assert clock.now_s > 0
+    waited = clock.now_s
+    assert pacer.before_request({"b": (500, 500)}) == 0  # a shard with room: no wait
+    assert clock.now_s == waited
+
+
+def test_a_share_of_the_quota_is_kept_to() -> None:
+    clock = Clock()
+    pacer = WritePacer(percent=50, clock=clock, sleep=clock.sleep)
+    for _ in range(20):
+        pacer.before_request({"a": (500, 500)})
+    # 10,000 records at 500 a second, less the burst it may send at once
+    assert clock.now_s >= 10_000 / 500 - 0.8 - 1
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(1, 500), st.floats(0, 0.3)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_paced_requests_of_any_shape_are_never_throttled(
+    requests: list[tuple[str, int, float]],
+) -> None:
+    # GIVEN requests of any size to any of three shards, with idle gaps between them
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    quota = KinesisQuotaState()
+    for shard, count, gap in requests:
+        clock.sleep(gap)
+        pacer.before_request({shard: (count, count * 10)})
+        quota.admit_records("PutRecords", "s", [(shard, 10)] * count, clock.now_s)
+    # THEN the quota refused none of them
+    assert quota.throttles["PutRecords"] == 0
+
+
+def test_records_are_counted_on_the_shard_their_hash_key_falls_in() -> None:
+    half = 2**127
+    shards = [_shard(0, 0, half - 1), _shard(1, half, TOP)]
+    low_key = next(
+        f"k{i}"
+        for i in range(100)
+        if int.from_bytes(hashlib.md5(f"k{i}".encode(), usedforsecurity=False).digest()) < half
+    )
+    entries = [
+        {"PartitionKey": low_key, "Data": b"12345"},
+        {"PartitionKey": "any", "Data": b"1", "ExplicitHashKey": str(half + 1)},
+        {"PartitionKey": "any", "Data": b"12", "ExplicitHashKey": str(half + 2)},
+    ]
+    assert shard_loads(entries, shards) == {
+        "shardId-000000000000": (1, 5 + len(low_key)),
+        "shardId-000000000001": (2, 3 + 2 * len("any")),
+    }
+
+
+def test_a_pace_needs_a_positive_share() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        WritePacer(percent=0)
