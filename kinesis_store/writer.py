@@ -10,6 +10,8 @@ retries off: a retried PutRecords is exactly the duplicate this project exists t
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import botocore.exceptions
@@ -28,6 +30,10 @@ from kinesis_store.shards import OpenShards
 from kinesis_store.write_pacing import WritePacer, shard_loads
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
+
+# how long the pacer trusts its shard map: a reshard is followed within it (ListShards takes
+# 1,000 calls a second per stream: one a minute a writer is nothing)
+_SHARD_MAP_MAX_AGE_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +61,19 @@ class KinesisWriter:
         *,
         pacer: WritePacer | None = None,
         shards: OpenShards | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """With a ``pacer`` (and the stream's ``shards``, to know where each record goes),
-        each request waits until the shards it puts on have room (:mod:`kinesis_store.write_pacing`)."""
+        """With a ``pacer`` (and the stream's ``shards``, to know where each record goes, read
+        again each minute: a reshard is followed), each request waits until the shards it puts
+        on have room (:mod:`kinesis_store.write_pacing`)."""
         if (pacer is None) != (shards is None):
             raise ValueError("a write pacer needs the stream's shards, and only it does")
         self._client = client
         self.stream = stream
         self._pacer = pacer
         self._shards = shards
+        self._clock = clock
+        self._shards_read_s: float | None = None
 
     @property
     def client(self) -> Any:
@@ -76,6 +86,10 @@ class KinesisWriter:
         unavailable) turns it off for this writer, said once; the put goes on."""
         if self._pacer is None or self._shards is None:
             return
+        now_s = self._clock()
+        if self._shards_read_s is None or now_s - self._shards_read_s > _SHARD_MAP_MAX_AGE_S:
+            self._shards.forget()
+            self._shards_read_s = now_s
         try:
             shards = self._shards.current()
         except StreamError as exc:

@@ -53,7 +53,9 @@ def read_records(spark: Any, options: Mapping[str, Any] | None = None, **more: A
         frame = read_records(spark, stream="orders", starting_timestamp="2026-11-27T00:00:00Z")
     """
     raw = {**(options or {}), **more}
-    checked = ReadOptions.parse({name: _option_text(value) for name, value in raw.items()})
+    # an option given as None is left unset
+    texts = {name: _option_text(value) for name, value in raw.items() if value is not None}
+    checked = ReadOptions.parse(texts)
     shards = shards_of(checked)
     # one task per shard: the shard's index is the task's only input row
     tasks = max(len(shards), 1)

@@ -5,14 +5,18 @@ throttled. Time is simulated: the pacer's sleep moves the clock both read."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from devstack.quotas import KinesisQuotaState
-from kinesis_store.shards import Shard
+from kinesis_store.errors import StreamUnavailableError
+from kinesis_store.results import PutResultKind
+from kinesis_store.shards import OpenShards, Shard
 from kinesis_store.write_pacing import WritePacer, shard_loads
+from kinesis_store.writer import KinesisWriter
 
 TOP = 2**128 - 1
 
@@ -132,3 +136,55 @@ def test_records_are_counted_on_the_shard_their_hash_key_falls_in() -> None:
 def test_a_pace_needs_a_positive_share() -> None:
     with pytest.raises(ValueError, match="positive"):
         WritePacer(percent=0)
+
+
+class _Client:
+    """A PutRecords that writes every record, on shard 0."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def put_records(self, StreamName: str, Records: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803 - boto3's names
+        assert StreamName
+        self.requests += 1
+        written = {"ShardId": "shardId-000000000000", "SequenceNumber": "1"}
+        return {"FailedRecordCount": 0, "Records": [written for _ in Records]}
+
+
+def test_the_writer_reads_its_shard_map_again_each_minute() -> None:
+    # GIVEN a paced writer whose shard map is read through a counter
+    clock = Clock()
+    reads: list[float] = []
+
+    def listed() -> list[Shard]:
+        reads.append(clock.now_s)
+        return [_shard(0, 0, TOP)]
+
+    writer = KinesisWriter(
+        _Client(),
+        "s",
+        pacer=WritePacer(clock=clock, sleep=clock.sleep),
+        shards=OpenShards(listed),
+        clock=clock,
+    )
+    entries = [{"PartitionKey": "k", "Data": b"x"}]
+    # WHEN it puts now, within the minute, and after it
+    for at_s in (0.0, 30.0, 61.0):
+        clock.now_s = at_s
+        writer.put_entries(entries)
+    # THEN the map was read at the first put and again past the minute
+    assert reads == [0.0, 61.0]
+
+
+def test_a_shard_map_that_cannot_be_read_leaves_the_puts_unpaced_not_failed() -> None:
+    # GIVEN a paced writer whose role may not list shards
+    def refused() -> list[Shard]:
+        raise StreamUnavailableError("AccessDenied: kinesis:ListShards", stream="s")
+
+    client = _Client()
+    writer = KinesisWriter(client, "s", pacer=WritePacer(), shards=OpenShards(refused))
+    # WHEN it puts
+    results = writer.put_entries([{"PartitionKey": "k", "Data": b"x"}] * 3)
+    # THEN the records are written, unpaced
+    assert [r.kind for r in results] == [PutResultKind.WRITTEN] * 3
+    assert client.requests == 1
