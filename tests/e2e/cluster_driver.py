@@ -17,13 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spark_support import SHARDS
+from spark_support import SHARDS, streamcheck
 
+from devstack.fault_proxy import FaultRule, FaultSchedule
 from kinesis_store.provisioning import create_stream
 from producer.clients import kinesis_client
 from spark_jobs.options import setting_options
@@ -151,6 +153,40 @@ def stream_job(
         "read": None,
         "stream_read": None,
     }
+
+
+Rows = Counter[tuple[str, bytes]]  # (key, data), as a multiset
+
+
+def rows_of(events: Path) -> Rows:
+    """The rows of a JSON event file, as a multiset."""
+    lines = events.read_text(encoding="utf-8").splitlines()
+    return Counter((event["key"], event["data"].encode()) for event in map(json.loads, lines))
+
+
+def in_stream(kinesis: Any, stream: str) -> Rows:
+    """The stream's rows as a KCL consumer reads them, read with plain boto3."""
+    contents = streamcheck.read_stream(kinesis, stream)
+    return Counter((r.partition_key, r.data) for r in contents.records)
+
+
+def assert_each_row_once(found: Rows, expected: Rows) -> None:
+    extra, missing = found - expected, expected - found
+    assert found == expected, (
+        f"{extra.total()} rows too many, e.g. {list(extra)[:3]}; "
+        f"{missing.total()} missing, e.g. {list(missing)[:3]}"
+    )
+
+
+def throttled_ledger_writes(seed: int) -> FaultSchedule:
+    """The first two UpdateItems are throttled, then one in six."""
+    return FaultSchedule(
+        [
+            FaultRule("UpdateItem", "throttle", probability=1.0, limit=2),
+            FaultRule("UpdateItem", "throttle", probability=1 / 6),
+        ],
+        seed=seed,
+    )
 
 
 def steps(stdout: Path) -> dict[str, Any]:

@@ -43,7 +43,6 @@ log line, a run COMPLETE) under a deadline that only says how long it may take.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -104,17 +103,6 @@ def kinesis_faults() -> FaultSchedule:
     return FaultSchedule([*once, *then], seed=23)
 
 
-def ledger_faults() -> FaultSchedule:
-    """The first two UpdateItems are throttled, then one in six."""
-    return FaultSchedule(
-        [
-            FaultRule("UpdateItem", "throttle", probability=1.0, limit=2),
-            FaultRule("UpdateItem", "throttle", probability=1 / 6),
-        ],
-        seed=23,
-    )
-
-
 # --- what the scenario saw ---------------------------------------------------------------------
 
 
@@ -153,8 +141,7 @@ class Scenario:
         return found
 
     def in_stream(self) -> Counter[tuple[str, bytes]]:
-        contents = streamcheck.read_stream(self.kinesis, self.stack.settings.stream)
-        return Counter((r.partition_key, r.data) for r in contents.records)
+        return cluster_driver.in_stream(self.kinesis, self.stack.settings.stream)
 
     def found_of(self, batch: int) -> int:
         """How many of ``batch``'s rows the stream holds now."""
@@ -213,11 +200,6 @@ def _stopped_task(scenario: Scenario, prefix: str) -> int | None:
         if found is not None and found[1] == "T":
             return pid
     return None
-
-
-def _rows_of(events: Path) -> Counter[tuple[str, bytes]]:
-    lines = events.read_text(encoding="utf-8").splitlines()
-    return Counter((event["key"], event["data"].encode()) for event in map(json.loads, lines))
 
 
 def _task_failpoint(batch: int, step: str, action: str, nth: int = 1) -> dict[str, Any]:
@@ -376,11 +358,11 @@ def scenario(
 ) -> Iterator[Scenario]:
     work_dir = tmp_path_factory.mktemp("keo-replay-cluster")
     write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE)
-    rows = [_rows_of(work_dir / "in" / f"events-{f}.json") for f in range(FILES)]
+    rows = [cluster_driver.rows_of(work_dir / "in" / f"events-{f}.json") for f in range(FILES)]
     direct = cluster_driver.new_stream(emulators, spark_table, "replay-cluster", TIMING)
     with (
         FaultProxy(emulators.kinesis, kinesis_faults(), signature_window_s=WINDOW_S) as kinesis,
-        FaultProxy(emulators.dynamodb, ledger_faults()) as ledger,
+        FaultProxy(emulators.dynamodb, cluster_driver.throttled_ledger_writes(seed=23)) as ledger,
     ):
         run = Scenario(
             work_dir=work_dir,
@@ -580,11 +562,7 @@ def test_every_row_is_in_the_stream_exactly_once_under_the_faults(scenario: Scen
     found = scenario.in_stream()
     # THEN it holds every row of every batch, each once, and nothing else
     expected = sum(scenario.rows, Counter())
-    extra, missing = found - expected, expected - found
-    assert found == expected, (
-        f"{extra.total()} rows too many, e.g. {list(extra)[:3]}; "
-        f"{missing.total()} missing, e.g. {list(missing)[:3]}"
-    )
+    cluster_driver.assert_each_row_once(found, expected)
     for batch in range(FILES):
         assert scenario.run(batch).state is RunState.COMPLETE
 

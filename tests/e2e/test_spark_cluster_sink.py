@@ -23,7 +23,6 @@ through another. The stream is read back with plain boto3 as a KCL consumer read
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,16 +65,6 @@ def kinesis_faults() -> FaultSchedule:
     return FaultSchedule([*once, *then], seed=36)
 
 
-def ledger_faults() -> FaultSchedule:
-    return FaultSchedule(
-        [
-            FaultRule("UpdateItem", "throttle", probability=1.0, limit=2),
-            FaultRule("UpdateItem", "throttle", probability=1 / 6),
-        ],
-        seed=36,
-    )
-
-
 @dataclass
 class SinkRun:
     mode: str
@@ -93,8 +82,7 @@ class SinkRun:
     orphans: list[str] = field(default_factory=list)
 
     def in_stream(self) -> Counter[tuple[str, bytes]]:
-        contents = streamcheck.read_stream(self.kinesis, self.stack.settings.stream)
-        return Counter((r.partition_key, r.data) for r in contents.records)
+        return cluster_driver.in_stream(self.kinesis, self.stack.settings.stream)
 
     def counts(self, batch: int) -> dict[str, int] | None:
         """What the sink recorded of ``batch`` once it settled: the batch ledger's record in
@@ -105,11 +93,6 @@ class SinkRun:
             return dict(done.counts) if done is not None else None
         run = self.stack.ledger.get_run(stream, f"{QUERY}/{batch}")
         return dict(run.counts) if run is not None and run.state is RunState.COMPLETE else None
-
-
-def _rows_of(events: Path) -> Counter[tuple[str, bytes]]:
-    lines = events.read_text(encoding="utf-8").splitlines()
-    return Counter((event["key"], event["data"].encode()) for event in map(json.loads, lines))
 
 
 def _kill_in_the_commit(run: SinkRun, job: dict[str, Any]) -> None:
@@ -145,12 +128,12 @@ def sink_run(
     mode = request.param
     work_dir = tmp_path_factory.mktemp(f"keo-cluster-sink-{mode}")
     write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE)
-    rows = [_rows_of(work_dir / "in" / f"events-{f}.json") for f in range(FILES)]
+    rows = [cluster_driver.rows_of(work_dir / "in" / f"events-{f}.json") for f in range(FILES)]
     timing = {**FAST_LEASES, "KEO_DEDUPE": mode, "KEO_LEDGER_MAX_RETRY_ATTEMPTS": "8"}
     direct = cluster_driver.new_stream(emulators, spark_table, f"sink-{mode}", timing)
     with (
         FaultProxy(emulators.kinesis, kinesis_faults()) as kinesis,
-        FaultProxy(emulators.dynamodb, ledger_faults()) as ledger,
+        FaultProxy(emulators.dynamodb, cluster_driver.throttled_ledger_writes(seed=36)) as ledger,
     ):
         run = SinkRun(
             mode=mode,
@@ -229,11 +212,7 @@ def test_every_row_is_in_the_stream_once_as_a_kcl_consumer_reads_it(sink_run: Si
     found = run.in_stream()
     # THEN it holds every row of both batches, each once, and nothing else
     expected = sum(run.rows, Counter())
-    extra, missing = found - expected, expected - found
-    assert found == expected, (
-        f"{extra.total()} rows too many, e.g. {list(extra)[:3]}; "
-        f"{missing.total()} missing, e.g. {list(missing)[:3]}"
-    )
+    cluster_driver.assert_each_row_once(found, expected)
     if run.mode == "key":
         # AND the killed worker's keys, which its retry found in the stream under the killed
         # task's claim group, read as in flight until the reconciler settles that group: never
