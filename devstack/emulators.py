@@ -4,8 +4,8 @@
 asked (``dynamodb=DYNAMODB_LOCAL``: PartiQL, transactions, TTL); and kinesis-local
 (kinesis-mock, for UpdateShardCount and ChildShards) when asked. With ``quotas="aws"``,
 kinesalite answers behind ``kinesis-quotas`` (:mod:`devstack.quota_proxy`, a Python process:
-AWS's per-shard and control-plane quotas), and the stack's Kinesis endpoint is the proxy's. The Node emulators run
-through ``emulators/serve.js``, DynamoDB Local's jar through ``java`` and
+AWS's per-shard and control-plane quotas), and the stack's Kinesis endpoint is the proxy's.
+The Node emulators run through ``emulators/serve.js``, DynamoDB Local's jar through ``java`` and
 ``emulators/DynamoDBLocalOnLoopback.java``; both launchers bind every server to the loopback
 interface. Each runs detached in its own process group, so it outlives the command that
 started it; ``down`` stops them. Everything lives under one state directory (``.keo`` by
@@ -44,7 +44,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -390,14 +390,17 @@ def up(
                     requested[name],
                 )
         missing = [name for name in wanted if name not in running]
-        launcher = _Launcher.of(
-            _node_modules_dir(node_modules),
-            state_dir,
-            in_memory=in_memory,
-            dynamodb_local_jvm=dynamodb_local_jvm,
-        )
+
+        def launcher() -> _Launcher:  # only to start something: reusing needs no launcher
+            return _Launcher.of(
+                _node_modules_dir(node_modules),
+                state_dir,
+                in_memory=in_memory,
+                dynamodb_local_jvm=dynamodb_local_jvm,
+            )
+
         if missing:
-            running.update(_start(launcher, missing, requested, timeout_s))
+            running.update(_start(launcher(), missing, requested, timeout_s))
         if quotas == "aws":
             running.update(
                 _front_kinesalite(launcher, running, KINESALITE in missing, requested, timeout_s)
@@ -494,7 +497,7 @@ def _serve_js(node_modules: Path) -> Path:
 
 
 def _front_kinesalite(
-    launcher: _Launcher,
+    launcher: Callable[[], _Launcher],
     running: Mapping[str, _Record],
     kinesalite_restarted: bool,
     requested: Mapping[str, int],
@@ -508,7 +511,7 @@ def _front_kinesalite(
     if proxy is not None:
         _stop_pids({KINESIS_QUOTAS: proxy.pid}, stop_timeout_s=5)
     upstream = running[KINESALITE].endpoint
-    return _start(replace(launcher, upstream=upstream), [KINESIS_QUOTAS], requested, timeout_s)
+    return _start(replace(launcher(), upstream=upstream), [KINESIS_QUOTAS], requested, timeout_s)
 
 
 def _start(
