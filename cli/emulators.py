@@ -83,10 +83,10 @@ def up(
         str,
         typer.Option(
             "--quotas",
-            help="aws: Kinesis answers behind AWS's quotas (per shard: 1,000 records and 1 MiB "
-            "written a second, 5 GetRecords and 2 MiB read; GetShardIterator 5 a second; the "
-            "control plane's per account or stream), throttling as AWS does; none: kinesalite "
-            "as it is",
+            help="aws: Kinesis and DynamoDB answer behind AWS's quotas and throttle as AWS "
+            "does (a shard: 1,000 records and 1 MiB written, 5 GetRecords and 2 MiB read a "
+            "second; a partition key: 1,000 write and 3,000 read units a second); none: the "
+            "emulators as they are",
             envvar="KEO_QUOTAS",
         ),
     ] = "none",
@@ -140,7 +140,13 @@ def up(
         )
     else:
         typer.echo(f"kinesis        {endpoints.kinesis}")
-    typer.echo(f"dynamodb       {endpoints.dynamodb}  ({endpoints.dynamodb_emulator})")
+    if endpoints.dynamodb_emulator_endpoint is not None:
+        typer.echo(
+            f"dynamodb       {endpoints.dynamodb}  (AWS's quotas, in front of "
+            f"{endpoints.dynamodb_emulator} at {endpoints.dynamodb_emulator_endpoint})"
+        )
+    else:
+        typer.echo(f"dynamodb       {endpoints.dynamodb}  ({endpoints.dynamodb_emulator})")
     if endpoints.kinesis_local is not None:
         typer.echo(f"kinesis-local  {endpoints.kinesis_local}")
     typer.echo(f"\nsource {state_dir / emulators.ENV_FILE}")

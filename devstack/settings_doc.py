@@ -92,9 +92,11 @@ OTHER_VARIABLES: Final = (
         "KEO_QUOTAS",
         "`keo emulators up` (cli/emulators.py)",
         "`none`",
-        "`aws`: the local stack's Kinesis answers behind AWS's quotas (devstack/quota_proxy.py: "
-        "per shard, per account, per stream; throttles as AWS answers them), and "
-        "endpoints.env points KEO_KINESIS_ENDPOINT_URL at it; `none`: kinesalite as it is",
+        "`aws`: the local stack's Kinesis and DynamoDB answer behind AWS's quotas "
+        "(devstack/quota_proxy.py: per shard, per account, per stream; "
+        "devstack/dynamodb_quota_proxy.py: per partition key, per table; throttles as AWS "
+        "answers them), and endpoints.env points KEO_KINESIS_ENDPOINT_URL and "
+        "KEO_DYNAMODB_ENDPOINT_URL at them; `none`: the emulators as they are",
     ),
     OtherVariable(
         "KEO_DYNAMODB_LOCAL_JVM",

@@ -61,10 +61,29 @@ class StreamContents:
         return Counter(r.shard_id for r in self.records)
 
 
+class StepClock:
+    """A monotonic clock the test moves (a quota proxy's: every figure exact, whatever the
+    machine's speed)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
 def kinesis_client(endpoint: str, config: Any = None) -> Any:
     """A plain boto3 client (``config``: a botocore ``Config``, e.g. the SDK's retries off)."""
+    return aws_client("kinesis", endpoint, config)
+
+
+def aws_client(service: str, endpoint: str, config: Any = None) -> Any:
+    """A plain boto3 client of ``service`` on the emulator at ``endpoint``."""
     return boto3.session.Session().client(
-        "kinesis",
+        service,
         endpoint_url=endpoint,
         region_name=local_stack.REGION,
         aws_access_key_id=local_stack.DUMMY_ACCESS_KEY_ID,

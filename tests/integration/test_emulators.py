@@ -499,7 +499,7 @@ def test_a_client_that_hangs_up_mid_request_does_not_take_an_emulator_down(
         local_stack.down(tmp_path)
 
 
-def test_up_with_aws_quotas_puts_kinesalite_behind_the_quota_proxy(
+def test_up_with_aws_quotas_puts_each_emulator_behind_its_quota_proxy(
     tmp_path: Path, names: Any
 ) -> None:
     # GIVEN a stack of its own started with AWS's quotas, as `keo emulators up --quotas aws`
@@ -534,9 +534,20 @@ def test_up_with_aws_quotas_puts_kinesalite_behind_the_quota_proxy(
         refused = report["quotas"]["records_refused"]
         assert refused == {f"{names.stream}/shardId-000000000000": 2}
 
-        # AND `up` without quotas points the stack at kinesalite again, the proxy left running
+        # AND DynamoDB answers behind its own proxy, which counts per partition key
+        dynamodb_proxy = statuses[local_stack.DYNAMODB_QUOTAS]
+        assert set(listeners(dynamodb_proxy.port)) == {LOOPBACK_HEX}
+        assert f"export KEO_DYNAMODB_ENDPOINT_URL={dynamodb_proxy.endpoint}\n" in env_file
+        dynamodb = dynamodb_client(dynamodb_proxy.endpoint)
+        dynamodb.list_tables()
+        counted = httpx.get(f"{dynamodb_proxy.endpoint}/__keo/report", timeout=5).json()
+        assert counted["quotas"]["calls"] == {"ListTables": 1}
+
+        # AND `up` without quotas points the stack at the emulators again, the proxies left
+        # running
         plain = local_stack.up(tmp_path)
         assert (plain.kinesis, plain.quotas) == (kinesalite.endpoint, "none")
+        assert plain.dynamodb == statuses[local_stack.DYNALITE].endpoint
     finally:
         stopped = local_stack.down(tmp_path)
-    assert local_stack.KINESIS_QUOTAS in stopped
+    assert {local_stack.KINESIS_QUOTAS, local_stack.DYNAMODB_QUOTAS} <= set(stopped)

@@ -15,6 +15,7 @@ import pytest
 import streamcheck
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from streamcheck import StepClock
 
 from devstack.quota_proxy import KinesisQuotaProxy
 from devstack.quotas import MIB
@@ -25,26 +26,13 @@ pytestmark = pytest.mark.integration
 ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"})
 
 
-class Clock:
-    """The proxy's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
+@pytest.fixture
+def clock() -> StepClock:
+    return StepClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def proxy(emulators: Any, clock: Clock) -> Iterator[KinesisQuotaProxy]:
+def proxy(emulators: Any, clock: StepClock) -> Iterator[KinesisQuotaProxy]:
     with KinesisQuotaProxy(emulators.kinesis, monotonic=clock) as running:
         yield running
 
@@ -85,7 +73,7 @@ def _throttle_code(call: Any) -> str:
 
 
 def test_a_shard_takes_1000_records_a_second_and_refuses_the_rest_unwritten(
-    client: Any, direct: Any, names: Any, clock: Clock
+    client: Any, direct: Any, names: Any, clock: StepClock
 ) -> None:
     # GIVEN a stream of one shard
     stream = _stream(direct, names)
@@ -151,7 +139,7 @@ def test_put_record_over_the_quota_is_refused_whole(client: Any, direct: Any, na
 
 
 def test_get_records_takes_5_calls_a_second_per_shard(
-    client: Any, direct: Any, names: Any, clock: Clock
+    client: Any, direct: Any, names: Any, clock: StepClock
 ) -> None:
     # GIVEN a stream of one shard, read through the proxy
     stream = _stream(direct, names)
@@ -169,7 +157,7 @@ def test_get_records_takes_5_calls_a_second_per_shard(
 
 
 def test_a_read_past_2_mib_owes_the_shard_until_the_rate_pays_it_back(
-    client: Any, direct: Any, names: Any, clock: Clock
+    client: Any, direct: Any, names: Any, clock: StepClock
 ) -> None:
     # GIVEN a shard holding 3 records of 1,000,000 bytes (put a second apart: 1 MiB/s)
     stream = _stream(direct, names)
@@ -194,7 +182,7 @@ def test_a_read_past_2_mib_owes_the_shard_until_the_rate_pays_it_back(
 
 
 def test_get_shard_iterator_takes_5_calls_a_second_per_shard(
-    client: Any, direct: Any, names: Any, clock: Clock
+    client: Any, direct: Any, names: Any, clock: StepClock
 ) -> None:
     stream = _stream(direct, names, shards=2)
 
