@@ -1,6 +1,9 @@
 """A randomized soak: a seeded mix of every fault, then the audit.
 
-Both emulators sit behind fault proxies with seeded schedules: PutRecords responses lost after
+Both emulators sit behind the quota mode's proxies, with AWS's quotas scaled down so that they
+bind at this size (a shard's records a second, a key's write units, the table's units: the
+producers are throttled as AWS throttles them, and resend), and seeded fault schedules in front
+of the quotas: PutRecords responses lost after
 the write, 5xx before and after the write, whole-request and per-record throttling; DynamoDB
 claims and marks throttled, failing before the write, or losing their response after it (one
 claim a key on dynalite, 25 to a ``BatchExecuteStatement`` on DynamoDB Local, where the
@@ -32,7 +35,11 @@ from splits import Splitter
 
 from dedupe_store.states import GroupState
 from devstack import emulators as local_stack
-from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
+from devstack.dynamodb_quotas import DynamoDbQuotas
+from devstack.fault_proxy import FaultRule, FaultSchedule
+from devstack.quota_proxy import KinesisQuotaProxy
+from devstack.quotas import KinesisQuotas
 from kinesis_store.provisioning import create_stream
 from producer.clients import kinesis_client
 from producer.outcomes import OutcomeStatus
@@ -63,6 +70,18 @@ TIMING: dict[str, Any] = {
     "wait_max_s": 1.0,
     "ledger_max_retry_attempts": 3,
 }
+
+
+# AWS's quotas scaled down to what this soak offers, so that they bind: a shard takes 40
+# records a second, and the producers' pacer (one for the process) keeps to 60, one and a half
+# times it (a pacer set above the account's quota: the shard throttles, records are resent); a
+# key's item 2 write units a second (a claim and its mark; a retry waits); the table 150 write
+# and 150 read units a second
+SHARD_QUOTAS = KinesisQuotas(shard_write_records_per_s=40)
+PACED_ABOVE_SHARD_QUOTAS = {"put_rate_limit_percent": 6.0}
+TABLE_QUOTAS = DynamoDbQuotas(
+    key_write_units_per_s=2, table_write_units_per_s=150, table_read_units_per_s=150
+)
 
 
 def _kinesis_faults(seed: int) -> FaultSchedule:
@@ -106,13 +125,19 @@ def dynamodb(emulators: local_stack.Endpoints, request: pytest.FixtureRequest) -
 @pytest.fixture
 def proxies(
     emulators: local_stack.Endpoints, dynamodb: str, request: pytest.FixtureRequest
-) -> Iterator[tuple[FaultProxy, FaultProxy]]:
+) -> Iterator[tuple[KinesisQuotaProxy, DynamoDbQuotaProxy]]:
+    """The quota mode's proxies, with the seed's faults in front of the quotas."""
     seed: int = request.node.callspec.params["seed"]
     with (
-        FaultProxy(
-            emulators.kinesis, _kinesis_faults(seed), signature_window_s=SIGNATURE_WINDOW_S
+        KinesisQuotaProxy(
+            emulators.kinesis,
+            SHARD_QUOTAS,
+            schedule=_kinesis_faults(seed),
+            signature_window_s=SIGNATURE_WINDOW_S,
         ) as kinesis,
-        FaultProxy(dynamodb, _dynamodb_faults(seed)) as dynamodb_proxy,
+        DynamoDbQuotaProxy(
+            dynamodb, TABLE_QUOTAS, schedule=_dynamodb_faults(seed)
+        ) as dynamodb_proxy,
     ):
         yield kinesis, dynamodb_proxy
 
@@ -134,7 +159,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
     shape: str,
     emulators: local_stack.Endpoints,
     dynamodb: str,
-    proxies: tuple[FaultProxy, FaultProxy],
+    proxies: tuple[KinesisQuotaProxy, DynamoDbQuotaProxy],
     names: Names,
 ) -> None:
     kinesis_proxy, dynamodb_proxy = proxies
@@ -153,6 +178,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
         update={
             "kinesis_endpoint_url": kinesis_proxy.endpoint,
             "dynamodb_endpoint_url": dynamodb_proxy.endpoint,
+            **PACED_ABOVE_SHARD_QUOTAS,
         }
     )
     rng = random.Random(seed)
@@ -186,6 +212,12 @@ def test_soak_every_fault_then_every_key_exactly_once(
         racer.join()
     assert splitter.stale_puts == (SPLITS_FORCED if aggregate else 0), f"seed={seed}"
     injected = dict(kinesis_proxy.schedule.injected) | dict(dynamodb_proxy.schedule.injected)
+    throttled = {
+        "kinesis": dict(kinesis_proxy.state.throttles),
+        "dynamodb": dict(dynamodb_proxy.state.throttles),
+    }
+    print(f"seed={seed} shape={shape}: faults {injected}, quota throttles {throttled}")
+    assert any(throttled.values()), f"seed={seed}: the quotas never bound"
 
     # AND THEN, faults over: the reconciler settles stale claims, undelivered keys are resent
     settle = build_stack(direct)
@@ -204,7 +236,7 @@ def test_soak_every_fault_then_every_key_exactly_once(
 
     # THEN every key is in the stream exactly once, where the ledger says
     contents = streamcheck.read_stream(streamcheck.kinesis_client(emulators.kinesis), direct.stream)
-    assert not contents.duplicates(), f"seed={seed}: duplicates; faults injected {injected}"
+    assert not contents.duplicates(), f"seed={seed}: duplicates; faults {injected}, {throttled}"
     streamcheck.assert_exactly_once(contents, keys, settle.ledger)
     streamcheck.assert_only(contents, keys)
     assert sum(injected.values()) > 0, f"seed={seed}: no fault was injected"
