@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 # the docs page's sections this command rewrites: (begin, end) markers
 PRODUCER_SECTION: Final = ("<!-- bench:begin (written by keo bench) -->", "<!-- bench:end -->")
+QUOTA_SECTION: Final = (
+    "<!-- quota-bench:begin (written by keo bench) -->",
+    "<!-- quota-bench:end -->",
+)
 SPARK_SECTION: Final = (
     "<!-- spark-bench:begin (written by keo bench) -->",
     "<!-- spark-bench:end -->",
@@ -101,6 +105,18 @@ def bench(
     output: Annotated[
         Path | None, typer.Option(help="JSON results (default bench/results/<date>.json)")
     ] = None,
+    quotas: Annotated[
+        bool,
+        typer.Option(
+            "--quotas/--no-quotas",
+            help="then each writer (keo send in both modes, plain put_records) behind the "
+            "quota mode's proxies, offered 1.5 times its shards' write quota: its share of the "
+            "quota, throttles, delays, and what it lost or doubled (default)",
+        ),
+    ] = True,
+    quota_seconds: Annotated[
+        float, typer.Option(min=4.0, help="how long each writer is offered rows at 1.5x its quota")
+    ] = 10.0,
     spark: Annotated[
         bool,
         typer.Option(
@@ -159,6 +175,9 @@ def bench(
     GetRecords loop, and the relay copies it exactly once next to at least
     once. Writes bench/results/spark-writers-<date>.json and the Spark table
     in docs/performance.md.
+
+    Before Spark, unless --no-quotas, each writer against AWS's write quota
+    (devstack/quota_bench.py): bench/results/quotas-<date>.json and its table.
     """
     from devstack.bench import run
     from devstack.emulators import DYNAMODB_EMULATORS
@@ -196,6 +215,8 @@ def bench(
     _rewrite_section(docs, PRODUCER_SECTION, table)
     typer.echo(table)
     typer.echo(f"keo bench: results in {target}", err=True)
+    if quotas:
+        _bench_quotas(settings, quota_seconds, docs)
     if spark_bench is None:
         return
     with exit_on_errors():
@@ -211,6 +232,19 @@ def bench(
     _rewrite_section(docs, SPARK_SECTION, spark_table)
     typer.echo(spark_table)
     typer.echo(f"keo bench: Spark results in {spark_target}", err=True)
+
+
+def _bench_quotas(settings: ProducerSettings, seconds: float, docs: Path) -> None:
+    from devstack import quota_bench
+
+    with exit_on_errors():
+        figures = quota_bench.measure_writers(settings, seconds=seconds, say=_say)
+    target = Path("bench/results") / f"quotas-{time.strftime('%Y-%m-%d')}.json"
+    target.write_text(json.dumps(quota_bench.as_json(figures), indent=2) + "\n", encoding="utf-8")
+    table = quota_bench.render_writers(figures)
+    _rewrite_section(docs, QUOTA_SECTION, table)
+    typer.echo(table)
+    typer.echo(f"keo bench: writers against the write quota in {target}", err=True)
 
 
 def _say(text: str) -> None:

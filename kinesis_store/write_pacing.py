@@ -33,6 +33,7 @@ __all__ = [
     "PUT_RECORDS_PER_S",
     "WritePacer",
     "shard_loads",
+    "split_to_fit",
 ]
 
 PUT_RECORDS_PER_S: Final = 1000
@@ -98,24 +99,58 @@ class WritePacer:
             self._sleep(wait_s)
         return wait_s
 
+    def fits(self, records: int, size: int) -> bool:
+        """Whether ``records`` records of ``size`` bytes on one shard fit in one request: no
+        more than the burst of the shard's quota. A request holding more is refused in part
+        by Kinesis however long it waits (the shard takes a second of its quota at once: 500
+        records of 2 KB are a second of bytes), so the writer splits it
+        (:func:`split_to_fit`)."""
+        return max(records / self._records_per_s, size / self._bytes_per_s) <= self._burst_s
+
+
+def _entry_load(entry: Mapping[str, Any], shards: list[Shard]) -> tuple[str, int]:
+    """The open shard an entry goes to, by its hash key (its ``ExplicitHashKey``, else the MD5
+    of its partition key; the first shard when none covers it: a map older than a reshard), and
+    the bytes it counts there (data and partition key)."""
+    key = str(entry["PartitionKey"])
+    explicit = entry.get("ExplicitHashKey")
+    hash_key = (
+        int(explicit)
+        if explicit
+        else int.from_bytes(hashlib.md5(key.encode(), usedforsecurity=False).digest(), "big")
+    )
+    shard = next((s for s in shards if s.covers(hash_key)), shards[0])
+    return shard.shard_id, len(entry["Data"]) + len(key.encode())
+
 
 def shard_loads(
     entries: Iterable[Mapping[str, Any]], shards: list[Shard]
 ) -> dict[str, tuple[int, int]]:
     """The records and bytes (data and partition key) a PutRecords request puts on each open
-    shard, by each entry's hash key (its ``ExplicitHashKey``, else the MD5 of its partition
-    key); an entry no shard covers (a map older than a reshard) counts on the first."""
+    shard (:func:`_entry_load`)."""
     records: dict[str, int] = defaultdict(int)
     sizes: dict[str, int] = defaultdict(int)
     for entry in entries:
-        key = str(entry["PartitionKey"])
-        explicit = entry.get("ExplicitHashKey")
-        hash_key = (
-            int(explicit)
-            if explicit
-            else int.from_bytes(hashlib.md5(key.encode(), usedforsecurity=False).digest(), "big")
-        )
-        shard = next((s for s in shards if s.covers(hash_key)), shards[0])
-        records[shard.shard_id] += 1
-        sizes[shard.shard_id] += len(entry["Data"]) + len(key.encode())
+        shard_id, size = _entry_load(entry, shards)
+        records[shard_id] += 1
+        sizes[shard_id] += size
     return {shard_id: (records[shard_id], sizes[shard_id]) for shard_id in records}
+
+
+def split_to_fit(
+    entries: list[dict[str, Any]], shards: list[Shard], pacer: WritePacer
+) -> list[list[dict[str, Any]]]:
+    """``entries`` in order, in as few requests as keep each shard's part of each within
+    :meth:`WritePacer.fits` (an entry too large alone goes alone)."""
+    requests: list[list[dict[str, Any]]] = [[]]
+    loads: dict[str, tuple[int, int]] = {}
+    for entry in entries:
+        shard_id, size = _entry_load(entry, shards)
+        records, total = loads.get(shard_id, (0, 0))
+        if requests[-1] and not pacer.fits(records + 1, total + size):
+            requests.append([])
+            loads = {}
+            records, total = 0, 0
+        requests[-1].append(entry)
+        loads[shard_id] = (records + 1, total + size)
+    return requests

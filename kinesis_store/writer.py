@@ -26,8 +26,8 @@ from kinesis_store.results import (
     classify_transport_failure,
     not_written,
 )
-from kinesis_store.shards import OpenShards
-from kinesis_store.write_pacing import WritePacer, shard_loads
+from kinesis_store.shards import OpenShards, Shard
+from kinesis_store.write_pacing import WritePacer, shard_loads, split_to_fit
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
 
@@ -80,12 +80,17 @@ class KinesisWriter:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
 
-    def _pace(self, entries: list[dict[str, Any]]) -> None:
-        """Wait for room on the request's shards. Pacing is a courtesy, never a condition of
-        the put: a shard map that cannot be read (a role without ListShards, the stream
-        unavailable) turns it off for this writer, said once; the put goes on."""
+    def _paced_requests(
+        self, entries: list[dict[str, Any]]
+    ) -> tuple[list[list[dict[str, Any]]], list[Shard]]:
+        """The requests ``entries`` go in: one, or with a pacer as many as keep each shard's
+        part of each within what it takes at once (:func:`split_to_fit`); and the shard map
+        they were split by (none: not paced). Pacing is a
+        courtesy, never a condition of the put: a shard map that cannot be read (a role
+        without ListShards, the stream unavailable) turns it off for this writer, said once;
+        the put goes on."""
         if self._pacer is None or self._shards is None:
-            return
+            return [entries], []
         now_s = self._clock()
         if self._shards_read_s is None or now_s - self._shards_read_s > _SHARD_MAP_MAX_AGE_S:
             self._shards.forget()
@@ -99,21 +104,33 @@ class KinesisWriter:
                 "puts not paced: the shard map cannot be read stream=%s error=%s", self.stream, exc
             )
             self._pacer = None
-            return
-        self._pacer.before_request(shard_loads(entries, shards))
+            return [entries], []
+        return split_to_fit(entries, shards, self._pacer), shards
 
     def put_entries(
         self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
     ) -> list[RecordResult]:
-        """One PutRecords call; one classified result per entry, in request order. Every
-        failure is a result (written, not written, ambiguous), except a missing stream.
+        """PutRecords of ``entries``: one call, or when paced as many as keep each shard's part
+        of each within what the shard takes at once, in order; one classified result per entry,
+        in request order. Every failure is a result (written, not written, ambiguous), except
+        a missing stream.
 
         ``lease_expires_at_ms``: the end of the lease the entries are put under (the earliest
         of their groups'), for the before-send check the client has (:mod:`producer.fence`:
         the signature fence, or the lease deadline); a request it refuses is not sent:
         NOT_WRITTEN, retriable.
         """
-        self._pace(entries)
+        requests, shards = self._paced_requests(entries)
+        results: list[RecordResult] = []
+        for request in requests:
+            if self._pacer is not None and shards:
+                self._pacer.before_request(shard_loads(request, shards))
+            results += self._put(request, lease_expires_at_ms)
+        return results
+
+    def _put(
+        self, entries: list[dict[str, Any]], lease_expires_at_ms: int | None
+    ) -> list[RecordResult]:
         try:
             with sending_under(lease_expires_at_ms):
                 response = self._client.put_records(StreamName=self.stream, Records=entries)

@@ -52,6 +52,7 @@ def test_keo_bench_writes_every_figure_and_the_docs_table(
     tiny += ["--recovery-rows", "400", "--recovery-lease-s", "4"]
     tiny += ["--resend-messages", "100"]
     tiny.append("--no-spark")  # the Spark part has its own test, on the session's Spark
+    tiny.append("--no-quotas")  # so has the quota table: test_quota_bench.py
     done = subprocess.run(
         [KEO, "bench", *tiny, "--output", str(output), "--docs", str(docs)],
         env=env,

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devstack.quotas import KinesisQuotaState
+from devstack.quotas import KinesisQuotas, KinesisQuotaState
 from kinesis_store.errors import StreamUnavailableError
 from kinesis_store.results import PutResultKind
 from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import WritePacer, shard_loads
+from kinesis_store.write_pacing import WritePacer, shard_loads, split_to_fit
 from kinesis_store.writer import KinesisWriter
 
 TOP = 2**128 - 1
@@ -188,3 +188,65 @@ def test_a_shard_map_that_cannot_be_read_leaves_the_puts_unpaced_not_failed() ->
     # THEN the records are written, unpaced
     assert [r.kind for r in results] == [PutResultKind.WRITTEN] * 3
     assert client.requests == 1
+
+
+def test_a_request_larger_than_a_shard_takes_at_once_is_split_in_order() -> None:
+    # GIVEN a pace of 394 records a second (a shard's quota scaled to a slow writer): its burst
+    # of 0.8 s holds 315 records
+    pacer = WritePacer(percent=39.4)
+    shards = [_shard(0, 0, TOP)]
+    entries = [{"PartitionKey": f"k{i}", "Data": b"x"} for i in range(500)]
+    # WHEN 500 records for the one shard are split to fit
+    requests = split_to_fit(entries, shards, pacer)
+    # THEN two requests, in order, the first as large as fits
+    assert [len(r) for r in requests] == [315, 185]
+    assert [e for r in requests for e in r] == entries
+    # AND bytes count as records do: 500 records of 2 KB are more than 0.8 s of 1 MiB
+    large = [{"PartitionKey": "k", "Data": b"x" * 2047} for _ in range(500)]
+    assert [len(r) for r in split_to_fit(large, shards, WritePacer())] == [409, 91]
+    # AND a record larger than the burst alone goes alone
+    huge = [{"PartitionKey": "k", "Data": b"x" * 1_000_000}] * 2
+    assert [len(r) for r in split_to_fit(huge, shards, WritePacer())] == [1, 1]
+
+
+class _QuotaClient:
+    """A PutRecords answered by a shard quota of 394 records a second, at the clock's time."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.quota = KinesisQuotaState(KinesisQuotas(shard_write_records_per_s=394))
+        self.requests: list[int] = []
+
+    def put_records(self, StreamName: str, Records: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803 - boto3's names
+        self.requests.append(len(Records))
+        shard = "shardId-000000000000"
+        decided = self.quota.admit_records(
+            "PutRecords", StreamName, [(shard, 1)] * len(Records), self.clock.now_s
+        )
+        answers = [
+            {"ShardId": shard, "SequenceNumber": "1"}
+            if d.admitted
+            else {"ErrorCode": d.code, "ErrorMessage": d.message}
+            for d in decided
+        ]
+        return {"FailedRecordCount": sum(not d.admitted for d in decided), "Records": answers}
+
+
+def test_a_paced_writer_puts_a_request_larger_than_the_burst_unthrottled() -> None:
+    # GIVEN a writer paced to a shard quota of 394 records a second, and that quota
+    clock = Clock()
+    client = _QuotaClient(clock)
+    writer = KinesisWriter(
+        client,
+        "s",
+        pacer=WritePacer(percent=39.4, clock=clock, sleep=clock.sleep),
+        shards=OpenShards(lambda: [_shard(0, 0, TOP)]),
+        clock=clock,
+    )
+    # WHEN it puts 500 records, twice
+    entries = [{"PartitionKey": f"k{i}", "Data": b"x"} for i in range(500)]
+    results = writer.put_entries(entries) + writer.put_entries(entries)
+    # THEN every record is written, in requests the shard takes whole
+    assert [r.kind for r in results] == [PutResultKind.WRITTEN] * 1000
+    assert client.quota.throttles["PutRecords"] == 0
+    assert all(n <= 315 for n in client.requests)

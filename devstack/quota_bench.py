@@ -1,0 +1,506 @@
+"""The writers against AWS's write quota (issue 37): each one's share of its shards' quota.
+
+Each writer writes into a stream of its own behind the quota mode's proxies (the stack's
+emulators behind ``python -m devstack.quota_proxy`` and ``python -m
+devstack.dynamodb_quota_proxy``, processes of their own), offered 1.5 times its shards' write
+quota, and is measured by what the proxy admitted::
+
+    calibrate   the writer alone on one shard, the quota out of reach: the rows a second it
+                can offer on this machine (R)
+    size        shards = R / (1.5 x 1,000), at least one; a writer that cannot offer 1.5
+                shards' worth (key mode on two cores) gets one shard whose quota is scaled down
+                to R / 1.5, its pacer set to match (KEO_PUT_RATE_LIMIT_PERCENT)
+    measure     rows offered at 1.5 x the quota (keo send: on its stdin, as a live feed), for
+                ``seconds``; the proxy's count of records written, sampled; the stream read
+                back from the emulator (every key once?)
+
+    share of quota     records written a second, between 10% and 90% of the rows written
+                       (and 2 s after the first: a shard's bucket starts a second full), over
+                       the shards' quota (records/s binds: rows of ``record_bytes``)
+    throttles / 1,000  records the proxy refused per thousand written
+    delay p50 / p99    from a row's offer to its acknowledgement (keo send: its outcome line);
+                       the offer outruns the quota by half, so a backlog grows: these grow with
+                       ``seconds``, and compare writers only at one size
+    lost / doubled     keys offered and not in the stream / records of a key beyond its first
+
+The anchor is plain ``put_records`` with botocore's default retries (they retry a throttled
+request, not a throttled record of a 200 answer): what it loses. Readers are not measured yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Final
+
+import httpx
+
+from devstack.bench import CLI_COMMAND, settings_env
+from devstack.fault_proxy import REPORT_PATH
+from kinesis_store.provisioning import create_stream
+from kinesis_store.reader import KinesisReader
+from producer.clients import kinesis_client
+from producer.settings import ProducerSettings
+from producer.wiring import ledger_from
+
+__all__ = ["WriterFigures", "measure_writers", "render_writers"]
+
+AWS_SHARD_RECORDS_PER_S: Final = 1000
+OFFERED_OVER_QUOTA: Final = 1.5
+_UNREACHABLE: Final = 1e9  # a quota out of any writer's reach: calibration
+_CALIBRATION_ROWS: Final = 3000
+_MAX_SHARDS: Final = 8
+_SAMPLE_EVERY_S: Final = 0.05
+_SETTLED_S: Final = 2.0
+_FEED_EVERY_S: Final = 0.01
+_CHUNK: Final = 500  # keo send --chunk-size: a live feed's rows reach the producer in chunks
+_PROXY_UP: Final = re.compile(r"up endpoint=(http://\S+)")
+_PROXY_START_S: Final = 30.0
+_WRITER_TIMEOUT_S: Final = 600.0
+
+
+@dataclass(frozen=True)
+class WriterFigures:
+    """One writer measured against its shards' write quota."""
+
+    writer: str
+    shards: int
+    quota_records_per_s: float  # per shard
+    scaled: bool  # the quota scaled down to what the writer can offer here
+    offered_rows_per_s: float
+    rows: int
+    written_records_per_s: float
+    share_of_quota: float
+    throttled: int
+    throttles_per_1000: float
+    delay_p50_ms: float
+    delay_p99_ms: float
+    lost: int
+    doubled: int
+
+
+# --- the proxies ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _proxy(module: str, upstream: str, figures: Mapping[str, float]) -> Iterator[str]:
+    """``python -m <module> --upstream <upstream>`` with ``figures``; yields its endpoint."""
+    flags = [f"--{name.replace('_', '-')}={value:g}" for name, value in figures.items()]
+    process = subprocess.Popen(  # noqa: S603 - this interpreter, our module
+        [sys.executable, "-m", module, "--upstream", upstream, *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield _endpoint_of(process)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _endpoint_of(process: subprocess.Popen[str]) -> str:
+    if process.stderr is None:
+        raise RuntimeError("the quota proxy's stderr is not a pipe")
+    said: list[str] = []
+    deadline = time.monotonic() + _PROXY_START_S
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        found = _PROXY_UP.search(line)
+        if found:
+            # its log goes on: drained, so that a full pipe never blocks the proxy
+            threading.Thread(target=process.stderr.read, daemon=True).start()
+            return found.group(1)
+        said.append(line)
+    tail = "".join(said[-10:])
+    raise RuntimeError(f"quota proxy did not start (exit {process.poll()}): {tail}")
+
+
+def _written(kinesis_proxy: str, stream: str) -> tuple[int, int]:
+    """Records written and refused on ``stream``'s shards, as the proxy counted them."""
+    quotas = httpx.get(kinesis_proxy + REPORT_PATH, timeout=10).json()["quotas"]
+
+    def total(counter: Mapping[str, int]) -> int:
+        return sum(n for where, n in counter.items() if where.startswith(f"{stream}/"))
+
+    return total(quotas["records_written"]), total(quotas["records_refused"])
+
+
+class _Sampler:
+    """Polls the proxy's count of records written on a stream; the times it crossed 10% and
+    90% of all it wrote give the rate the writer held."""
+
+    def __init__(self, kinesis_proxy: str, stream: str) -> None:
+        self._proxy, self._stream = kinesis_proxy, stream
+        self._samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_SAMPLE_EVERY_S):
+            self._samples.append((time.monotonic(), _written(self._proxy, self._stream)[0]))
+
+    def rate(self, settled_s: float = _SETTLED_S) -> float:
+        """Records a second between the samples at 10% and 90% of what was written in all,
+        from ``settled_s`` after the first write on: a shard's bucket starts full, a second of
+        quota a writer may take at once (a short window would count it as rate)."""
+        total = self._samples[-1][1] if self._samples else 0
+        began = next((t for t, n in self._samples if n > 0), 0.0)
+        low = next(
+            (s for s in self._samples if s[1] >= 0.1 * total and s[0] >= began + settled_s), None
+        )
+        high = next((s for s in self._samples if s[1] >= 0.9 * total), None)
+        if low is None or high is None or high[0] <= low[0]:
+            return 0.0
+        return (high[1] - low[1]) / (high[0] - low[0])
+
+
+# --- the writers ---------------------------------------------------------------------------
+
+# a writer: (settings, rows, offered rows a second, pacing percent) -> offer and ack times
+Writer = Callable[
+    [ProducerSettings, list[tuple[str, str]], float, float],
+    tuple[dict[str, float], dict[str, float]],
+]
+
+
+def _feed(
+    rows: list[tuple[str, str]], per_s: float, put: Callable[[list[str]], None]
+) -> dict[str, float]:
+    """Hand ``rows`` to ``put`` at ``per_s`` rows a second (all at once when 0); returns each
+    key's arrival: the time it was due, whether or not ``put`` kept up."""
+    started = time.monotonic()
+    arrival = {key: started + (i / per_s if per_s > 0 else 0.0) for i, (key, _) in enumerate(rows)}
+    sent = 0
+    while sent < len(rows):
+        elapsed = time.monotonic() - started
+        due = len(rows) if per_s <= 0 else min(len(rows), int(elapsed * per_s) + 1)
+        if due > sent:
+            put([key for key, _ in rows[sent:due]])
+            sent = due
+        if sent < len(rows):
+            time.sleep(_FEED_EVERY_S)
+    return arrival
+
+
+def keo_send(mode: str) -> Writer:
+    """``keo send --input - --dedupe <mode>``, its stdin fed at the offered rate."""
+
+    def write(
+        settings: ProducerSettings, rows: list[tuple[str, str]], per_s: float, percent: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        env = {
+            **os.environ,
+            **settings_env(settings),
+            "KEO_PUT_RATE_LIMIT_PERCENT": f"{percent:g}",
+        }
+        args = ["--dedupe", mode] + (
+            ["--run-id", f"{settings.stream}-run"] if mode == "replay" else []
+        )
+        process = subprocess.Popen(  # noqa: S603 - this interpreter, fixed arguments
+            [
+                *CLI_COMMAND,
+                "send",
+                "--input",
+                "-",
+                "--no-progress",
+                "--chunk-size",
+                str(_CHUNK),
+                *args,
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        if process.stdin is None or process.stdout is None:
+            raise RuntimeError("keo send's stdin and stdout are not pipes")
+        acked: dict[str, float] = {}
+        reader = threading.Thread(target=_read_outcomes, args=(process.stdout, acked), daemon=True)
+        reader.start()
+        lines = {key: json.dumps({"key": key, "data": data}) + "\n" for key, data in rows}
+        stdin = process.stdin
+
+        def put(keys: list[str]) -> None:
+            stdin.write("".join(lines[key] for key in keys))
+            stdin.flush()
+
+        offered = _feed(rows, per_s, put)
+        stdin.close()
+        process.wait(timeout=_WRITER_TIMEOUT_S)
+        reader.join()
+        return offered, acked
+
+    return write
+
+
+def _read_outcomes(stdout: IO[str], acked: dict[str, float]) -> None:
+    for line in stdout:
+        outcome = json.loads(line)
+        if outcome.get("status") in {"SENT", "DUPLICATE"}:
+            acked[outcome["key"]] = time.monotonic()
+
+
+def plain_put_records(
+    settings: ProducerSettings, rows: list[tuple[str, str]], per_s: float, _percent: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A loop of ``put_records`` of up to 500 rows, as they arrive, with botocore's default
+    retries and nothing resent: a refused record is lost."""
+    import boto3
+
+    client = boto3.session.Session().client(
+        "kinesis",
+        endpoint_url=settings.kinesis_endpoint_url,
+        region_name=settings.resolved_region(),
+    )
+    data = dict(rows)
+    arrived: queue.Queue[str | None] = queue.Queue()
+    acked: dict[str, float] = {}
+
+    def drain() -> None:
+        done = False
+        while not done:
+            keys = [arrived.get()]
+            while len(keys) < 500 and not arrived.empty():
+                keys.append(arrived.get())
+            done = keys[-1] is None
+            batch = [k for k in keys if k is not None]
+            if not batch:
+                continue
+            answer = client.put_records(
+                StreamName=settings.stream,
+                Records=[{"PartitionKey": k, "Data": data[k].encode()} for k in batch],
+            )
+            now = time.monotonic()
+            acked.update(
+                (k, now)
+                for k, r in zip(batch, answer["Records"], strict=True)
+                if "ErrorCode" not in r
+            )
+
+    def arrive(keys: list[str]) -> None:
+        for key in keys:
+            arrived.put(key)
+
+    worker = threading.Thread(target=drain, daemon=True)
+    worker.start()
+    offered = _feed(rows, per_s, arrive)
+    arrived.put(None)
+    worker.join(timeout=_WRITER_TIMEOUT_S)
+    return offered, acked
+
+
+WRITERS: Final[Mapping[str, Writer]] = {
+    "keo send --dedupe replay": keo_send("replay"),
+    "keo send --dedupe key": keo_send("key"),
+    "plain put_records (botocore retries)": plain_put_records,
+}
+
+
+# --- the measure ---------------------------------------------------------------------------
+
+
+def _rows(prefix: str, count: int, size: int) -> list[tuple[str, str]]:
+    return [(f"{prefix}-{i:07d}", "x" * size) for i in range(count)]
+
+
+def _fresh(settings: ProducerSettings, name: str, shards: int) -> ProducerSettings:
+    fresh = settings.model_copy(update={"stream": f"{name}-stream", "table": f"{name}-ledger"})
+    create_stream(kinesis_client(fresh, for_put=False), fresh.stream, shards, timeout_s=60)
+    ledger_from(fresh).create_table()
+    return fresh
+
+
+def _read_back(settings: ProducerSettings) -> Counter[str]:
+    """Every key in the stream, read from the emulator itself, and how often."""
+    reader = KinesisReader(kinesis_client(settings, for_put=False), settings.stream)
+    return Counter(
+        record.partition_key
+        for shard in reader.shards()
+        for record in reader.read_all(shard.shard_id)
+    )
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def measure_writers(
+    settings: ProducerSettings,
+    *,
+    seconds: float = 10.0,
+    record_bytes: int = 100,
+    writers: Mapping[str, Writer] = WRITERS,
+    say: Callable[[str], None] = print,
+) -> list[WriterFigures]:
+    """Each of ``writers`` against its shards' write quota (module docstring); ``settings``
+    point at the stack's emulators (not at quota proxies)."""
+    kinesis, dynamodb = settings.kinesis_endpoint_url, settings.dynamodb_endpoint_url
+    if kinesis is None or dynamodb is None:
+        raise ValueError("the quota bench runs on the local stack: set both endpoints")
+    stamp = time.strftime("%H%M%S")
+    figures: list[WriterFigures] = []
+    with _proxy("devstack.dynamodb_quota_proxy", dynamodb, {}) as dynamodb_proxy:
+        for number, (name, writer) in enumerate(writers.items()):
+            label = f"quota-{stamp}-{number}"
+            behind = settings.model_copy(update={"dynamodb_endpoint_url": dynamodb_proxy})
+            offered_per_s = _calibrate(behind, kinesis, f"{label}-c", writer, record_bytes)
+            shards = max(
+                1,
+                min(
+                    _MAX_SHARDS, int(offered_per_s / (OFFERED_OVER_QUOTA * AWS_SHARD_RECORDS_PER_S))
+                ),
+            )
+            quota = min(AWS_SHARD_RECORDS_PER_S, round(offered_per_s / OFFERED_OVER_QUOTA / shards))
+            say(
+                f"quotas: {name}: offers {offered_per_s:.0f} rows/s here: {shards} shard(s) of {quota} records/s"
+            )
+            figures.append(
+                _measure(
+                    behind,
+                    kinesis,
+                    label,
+                    name,
+                    writer,
+                    shards=shards,
+                    quota=quota,
+                    seconds=seconds,
+                    record_bytes=record_bytes,
+                )
+            )
+            say(f"quotas: {name}: {figures[-1].share_of_quota:.2f} of the quota")
+    return figures
+
+
+def _calibrate(
+    settings: ProducerSettings, kinesis: str, label: str, writer: Writer, record_bytes: int
+) -> float:
+    """The rows a second ``writer`` writes on one shard with the quota out of reach."""
+    figures = {"shard_write_records_per_s": _UNREACHABLE, "shard_write_bytes_per_s": _UNREACHABLE}
+    with _proxy("devstack.quota_proxy", kinesis, figures) as kinesis_proxy:
+        target = _fresh(
+            settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}), label, 1
+        )
+        rows = _rows(label, _CALIBRATION_ROWS, record_bytes)
+        with _Sampler(kinesis_proxy, target.stream) as sampler:
+            writer(target, rows, 0.0, 0.0)
+    rate = sampler.rate(settled_s=0.0)  # the quota out of reach: no bucket to spend first
+    if rate <= 0:
+        raise RuntimeError(f"the writer wrote too little to be measured on {target.stream}")
+    return rate
+
+
+def _measure(
+    settings: ProducerSettings,
+    kinesis: str,
+    label: str,
+    name: str,
+    writer: Writer,
+    *,
+    shards: int,
+    quota: float,
+    seconds: float,
+    record_bytes: int,
+) -> WriterFigures:
+    offered_per_s = OFFERED_OVER_QUOTA * quota * shards
+    rows = _rows(label, int(offered_per_s * seconds), record_bytes)
+    percent = 100 * quota / AWS_SHARD_RECORDS_PER_S
+    with _proxy(
+        "devstack.quota_proxy", kinesis, {"shard_write_records_per_s": quota}
+    ) as kinesis_proxy:
+        target = _fresh(
+            settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}), label, shards
+        )
+        with _Sampler(kinesis_proxy, target.stream) as sampler:
+            offered, acked = writer(target, rows, offered_per_s, percent)
+        written, refused = _written(kinesis_proxy, target.stream)
+    found = _read_back(target.model_copy(update={"kinesis_endpoint_url": kinesis}))
+    delays = [(acked[k] - offered[k]) * 1000 for k in acked if k in offered]
+    rate = sampler.rate()
+    return WriterFigures(
+        writer=name,
+        shards=shards,
+        quota_records_per_s=quota,
+        scaled=quota < AWS_SHARD_RECORDS_PER_S,
+        offered_rows_per_s=round(offered_per_s, 1),
+        rows=len(rows),
+        written_records_per_s=round(rate, 1),
+        share_of_quota=round(rate / (quota * shards), 3),
+        throttled=refused,
+        throttles_per_1000=round(1000 * refused / max(written, 1), 1),
+        delay_p50_ms=round(statistics.median(delays), 1) if delays else 0.0,
+        delay_p99_ms=round(_percentile(delays, 0.99), 1),
+        lost=sum(1 for key, _ in rows if key not in found),
+        doubled=sum(n - 1 for n in found.values() if n > 1),
+    )
+
+
+def render_writers(figures: list[WriterFigures]) -> str:
+    """The markdown table of the writers against the write quota."""
+    lines = [
+        "| writer | shards x quota (records/s) | offered rows/s | written records/s "
+        "| share of quota | throttles / 1,000 | delay p50 / p99 ms | lost | doubled |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        quota = f"{f.shards} x {f.quota_records_per_s:g}" + (" (scaled)" if f.scaled else "")
+        lines.append(
+            f"| {f.writer} | {quota} | {f.offered_rows_per_s:g} | {f.written_records_per_s:g} "
+            f"| **{f.share_of_quota:.2f}** | {f.throttles_per_1000:g} "
+            f"| {f.delay_p50_ms:g} / {f.delay_p99_ms:g} | {f.lost} | {f.doubled} |"
+        )
+    return "\n".join(lines)
+
+
+def as_json(figures: list[WriterFigures]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in figures]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devstack.quota_bench [--seconds S]``: on the stack in ``$KEO_*``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack.quota_bench", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long rows are offered")
+    parser.add_argument("--out", help="JSON results file")
+    args = parser.parse_args(argv)
+    settings = ProducerSettings(stream="unused", table="unused")
+    figures = measure_writers(
+        settings, seconds=args.seconds, say=lambda text: print(text, file=sys.stderr)
+    )
+    print(render_writers(figures))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as out:
+            json.dump(as_json(figures), out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
