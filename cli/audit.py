@@ -26,6 +26,7 @@ from cli.progress import Progress
 from cli.stdout import write_json_line
 from dedupe_store.records import MAX_KEY_CHARS
 from kinesis_store.kpl import UserRecord
+from kinesis_store.read_pacing import process_read_pacer
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
 from producer.audit import LISTED_KEYS
@@ -301,7 +302,8 @@ class ReaderWithProgress(KinesisReader):
     def __init__(
         self, client: Any, stream: str, progress: Progress, then: str = "comparing with the ledger"
     ) -> None:
-        super().__init__(client, stream)
+        # every shard's reads within its limits, room left for another consumer of it
+        super().__init__(client, stream, pacer=process_read_pacer())
         self._progress = progress
         self._then = then  # what the audit does once every shard is read
         self._shards = 0

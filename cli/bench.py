@@ -238,10 +238,12 @@ def _bench_quotas(settings: ProducerSettings, seconds: float, docs: Path) -> Non
     from devstack import quota_bench
 
     with exit_on_errors():
-        figures = quota_bench.measure_writers(settings, seconds=seconds, say=_say)
+        writers = quota_bench.measure_writers(settings, seconds=seconds, say=_say)
+        readers = quota_bench.measure_readers(settings, say=_say)
     target = Path("bench/results") / f"quotas-{time.strftime('%Y-%m-%d')}.json"
-    target.write_text(json.dumps(quota_bench.as_json(figures), indent=2) + "\n", encoding="utf-8")
-    table = quota_bench.render_writers(figures)
+    results = quota_bench.as_json(writers, readers)
+    target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    table = quota_bench.render_writers(writers) + "\n\n" + quota_bench.render_readers(readers)
     _rewrite_section(docs, QUOTA_SECTION, table)
     typer.echo(table)
     typer.echo(f"keo bench: writers against the write quota in {target}", err=True)

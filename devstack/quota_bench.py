@@ -24,7 +24,12 @@ quota, and is measured by what the proxy admitted::
     lost / doubled     keys offered and not in the stream / records of a key beyond its first
 
 The anchor is plain ``put_records`` with botocore's default retries (they retry a throttled
-request, not a throttled record of a 200 answer): what it loses. Readers are not measured yet.
+request, not a throttled record of a 200 answer): what it loses.
+
+Readers (:func:`measure_readers`): each drains a one-shard backlog behind the quota proxy
+(AWS's 5 calls and 2 MiB a second) while another consumer polls the shard's tip once a second,
+as a KCL worker does: the reader's bytes a second (10% to 90%) over the 2 MiB the other left,
+and the calls the shard refused, the reader's and the other's.
 """
 
 from __future__ import annotations
@@ -48,13 +53,22 @@ import httpx
 
 from devstack.bench import CLI_COMMAND, settings_env
 from devstack.fault_proxy import REPORT_PATH
+from devstack.quotas import MIB
 from kinesis_store.provisioning import create_stream
+from kinesis_store.read_pacing import GET_RECORDS_BYTES_PER_S
 from kinesis_store.reader import KinesisReader
 from producer.clients import kinesis_client
 from producer.settings import ProducerSettings
 from producer.wiring import ledger_from
 
-__all__ = ["WriterFigures", "measure_writers", "render_writers"]
+__all__ = [
+    "ReaderFigures",
+    "WriterFigures",
+    "measure_readers",
+    "measure_writers",
+    "render_readers",
+    "render_writers",
+]
 
 AWS_SHARD_RECORDS_PER_S: Final = 1000
 OFFERED_OVER_QUOTA: Final = 1.5
@@ -129,22 +143,29 @@ def _endpoint_of(process: subprocess.Popen[str]) -> str:
     raise RuntimeError(f"quota proxy did not start (exit {process.poll()}): {tail}")
 
 
+def _counters(kinesis_proxy: str) -> dict[str, Any]:
+    """The quota proxy's counters (``GET /__keo/report``)."""
+    report: dict[str, Any] = httpx.get(kinesis_proxy + REPORT_PATH, timeout=10).json()["quotas"]
+    return report
+
+
+def _on(stream: str, counter: Mapping[str, int]) -> int:
+    """A counter by ``stream/shard`` summed over ``stream``'s shards."""
+    return sum(n for where, n in counter.items() if where.startswith(f"{stream}/"))
+
+
 def _written(kinesis_proxy: str, stream: str) -> tuple[int, int]:
     """Records written and refused on ``stream``'s shards, as the proxy counted them."""
-    quotas = httpx.get(kinesis_proxy + REPORT_PATH, timeout=10).json()["quotas"]
-
-    def total(counter: Mapping[str, int]) -> int:
-        return sum(n for where, n in counter.items() if where.startswith(f"{stream}/"))
-
-    return total(quotas["records_written"]), total(quotas["records_refused"])
+    quotas = _counters(kinesis_proxy)
+    return _on(stream, quotas["records_written"]), _on(stream, quotas["records_refused"])
 
 
 class _Sampler:
-    """Polls the proxy's count of records written on a stream; the times it crossed 10% and
-    90% of all it wrote give the rate the writer held."""
+    """Polls a count the proxy keeps (``count()``: records written on a stream, bytes read);
+    the times it crossed 10% and 90% of its last value give the rate held."""
 
-    def __init__(self, kinesis_proxy: str, stream: str) -> None:
-        self._proxy, self._stream = kinesis_proxy, stream
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
         self._samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -159,12 +180,12 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(_SAMPLE_EVERY_S):
-            self._samples.append((time.monotonic(), _written(self._proxy, self._stream)[0]))
+            self._samples.append((time.monotonic(), self._count()))
 
     def rate(self, settled_s: float = _SETTLED_S) -> float:
-        """Records a second between the samples at 10% and 90% of what was written in all,
-        from ``settled_s`` after the first write on: a shard's bucket starts full, a second of
-        quota a writer may take at once (a short window would count it as rate)."""
+        """Units a second between the samples at 10% and 90% of the last value, from
+        ``settled_s`` after the first on: a shard's bucket starts full, a second of quota a
+        client may take at once (a short window would count it as rate)."""
         total = self._samples[-1][1] if self._samples else 0
         began = next((t for t, n in self._samples if n > 0), 0.0)
         low = next(
@@ -174,6 +195,14 @@ class _Sampler:
         if low is None or high is None or high[0] <= low[0]:
             return 0.0
         return (high[1] - low[1]) / (high[0] - low[0])
+
+
+def _writing(kinesis_proxy: str, stream: str) -> _Sampler:
+    return _Sampler(lambda: _written(kinesis_proxy, stream)[0])
+
+
+def _reading(kinesis_proxy: str, stream: str) -> _Sampler:
+    return _Sampler(lambda: _on(stream, _counters(kinesis_proxy)["bytes_read"]))
 
 
 # --- the writers ---------------------------------------------------------------------------
@@ -407,7 +436,7 @@ def _calibrate(
             settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}), label, 1
         )
         rows = _rows(label, _CALIBRATION_ROWS, record_bytes)
-        with _Sampler(kinesis_proxy, target.stream) as sampler:
+        with _writing(kinesis_proxy, target.stream) as sampler:
             writer(target, rows, 0.0, 0.0)
     rate = sampler.rate(settled_s=0.0)  # the quota out of reach: no bucket to spend first
     if rate <= 0:
@@ -436,7 +465,7 @@ def _measure(
         target = _fresh(
             settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}), label, shards
         )
-        with _Sampler(kinesis_proxy, target.stream) as sampler:
+        with _writing(kinesis_proxy, target.stream) as sampler:
             offered, acked = writer(target, rows, offered_per_s, percent)
         written, refused = _written(kinesis_proxy, target.stream)
     found = _read_back(target.model_copy(update={"kinesis_endpoint_url": kinesis}))
@@ -460,6 +489,163 @@ def _measure(
     )
 
 
+# --- the readers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReaderFigures:
+    """One reader draining a shard's backlog beside another consumer of the shard."""
+
+    reader: str
+    backlog_mib: float
+    seconds: float
+    read_mib_per_s: float
+    other_mib_per_s: float
+    share_of_quota_left: float
+    throttled_calls: int  # GetRecords the shard refused, the reader's and the other's
+    other_calls: int
+    other_throttled: int
+
+
+class _TipConsumer:
+    """Another consumer of the shard, as a KCL worker at the tip is: a GetRecords a second
+    (``Limit`` 10,000), one attempt each; what it read and how often it was refused."""
+
+    def __init__(self, endpoint: str, settings: ProducerSettings, shard_id: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self._client = boto3.session.Session().client(
+            "kinesis",
+            endpoint_url=endpoint,
+            region_name=settings.resolved_region(),
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
+        )
+        self._stream, self._shard = settings.stream, shard_id
+        self.calls = self.throttled = self.bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _TipConsumer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from botocore.exceptions import ClientError
+
+        iterator = self._client.get_shard_iterator(
+            StreamName=self._stream, ShardId=self._shard, ShardIteratorType="LATEST"
+        )["ShardIterator"]
+        while not self._stop.wait(1.0):
+            self.calls += 1
+            try:
+                page = self._client.get_records(ShardIterator=iterator, Limit=10_000)
+            except ClientError:
+                self.throttled += 1
+                continue
+            iterator = page["NextShardIterator"]
+            self.bytes += sum(len(r["Data"]) + len(r["PartitionKey"]) for r in page["Records"])
+
+
+def _keo_audit(settings: ProducerSettings) -> None:
+    """``keo audit`` of the stream (it reads every shard to its tip; its findings do not
+    matter here)."""
+    subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
+        [*CLI_COMMAND, "audit", "--no-progress"],
+        env={**os.environ, **settings_env(settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+        timeout=_WRITER_TIMEOUT_S,
+    )
+
+
+READERS: Final[Mapping[str, Callable[[ProducerSettings], None]]] = {"keo audit": _keo_audit}
+
+
+def _fill(settings: ProducerSettings, records: int, record_bytes: int) -> None:
+    """``records`` records of ``record_bytes`` on the stream, straight into the emulator."""
+    client = kinesis_client(settings, for_put=False)
+    data = b"x" * (record_bytes - 8)
+    for start in range(0, records, 500):
+        entries = [
+            {"PartitionKey": f"{i:08d}", "Data": data}
+            for i in range(start, min(records, start + 500))
+        ]
+        client.put_records(StreamName=settings.stream, Records=entries)
+
+
+def measure_readers(
+    settings: ProducerSettings,
+    *,
+    backlog_mib: float = 24.0,
+    readers: Mapping[str, Callable[[ProducerSettings], None]] = READERS,
+    say: Callable[[str], None] = print,
+) -> list[ReaderFigures]:
+    """Each reader drains a one-shard backlog of ``backlog_mib`` MiB (records of 1 KiB) behind
+    the quota proxy (AWS's figures), while another consumer polls the shard's tip once a
+    second: its share of the read quota the other left, and the throttles of both."""
+    kinesis = settings.kinesis_endpoint_url
+    if kinesis is None or settings.dynamodb_endpoint_url is None:
+        raise ValueError("the quota bench runs on the local stack: set both endpoints")
+    stamp = time.strftime("%H%M%S")
+    figures: list[ReaderFigures] = []
+    for number, (name, read) in enumerate(readers.items()):
+        target = _fresh(settings, f"quota-{stamp}-r{number}", 1)
+        records = int(backlog_mib * 1024)
+        _fill(target, records, 1024)
+        say(f"quotas: {name}: draining {backlog_mib:g} MiB beside a consumer at the tip")
+        with _proxy("devstack.quota_proxy", kinesis, {}) as kinesis_proxy:
+            behind = target.model_copy(update={"kinesis_endpoint_url": kinesis_proxy})
+            shard = "shardId-000000000000"
+            started = time.monotonic()
+            with (
+                _TipConsumer(kinesis_proxy, behind, shard) as other,
+                _reading(kinesis_proxy, target.stream) as sampler,
+            ):
+                read(behind)
+            seconds = time.monotonic() - started
+            throttled = int(_counters(kinesis_proxy)["throttles"].get("GetRecords", 0))
+        other_per_s = other.bytes / seconds
+        rate = sampler.rate() - other_per_s
+        left = GET_RECORDS_BYTES_PER_S - other_per_s
+        figures.append(
+            ReaderFigures(
+                reader=name,
+                backlog_mib=backlog_mib,
+                seconds=round(seconds, 1),
+                read_mib_per_s=round(rate / MIB, 3),
+                other_mib_per_s=round(other_per_s / MIB, 3),
+                share_of_quota_left=round(rate / left, 3),
+                throttled_calls=throttled,
+                other_calls=other.calls,
+                other_throttled=other.throttled,
+            )
+        )
+        say(f"quotas: {name}: {figures[-1].share_of_quota_left:.2f} of the read quota left")
+    return figures
+
+
+def render_readers(figures: list[ReaderFigures]) -> str:
+    """The markdown table of the readers against the read quota."""
+    lines = [
+        "| reader | backlog MiB | read MiB/s | other consumer MiB/s | share of the quota left "
+        "| GetRecords refused | other consumer: calls, refused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {f.reader} | {f.backlog_mib:g} | {f.read_mib_per_s:g} | {f.other_mib_per_s:g} "
+        f"| **{f.share_of_quota_left:.2f}** | {f.throttled_calls} "
+        f"| {f.other_calls}, {f.other_throttled} |"
+        for f in figures
+    ]
+    return "\n".join(lines)
+
+
 def render_writers(figures: list[WriterFigures]) -> str:
     """The markdown table of the writers against the write quota."""
     lines = [
@@ -477,8 +663,10 @@ def render_writers(figures: list[WriterFigures]) -> str:
     return "\n".join(lines)
 
 
-def as_json(figures: list[WriterFigures]) -> list[dict[str, Any]]:
-    return [asdict(f) for f in figures]
+def as_json(
+    writers: list[WriterFigures], readers: list[ReaderFigures]
+) -> dict[str, list[dict[str, Any]]]:
+    return {"writers": [asdict(f) for f in writers], "readers": [asdict(f) for f in readers]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,15 +678,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="how long rows are offered")
     parser.add_argument("--out", help="JSON results file")
+    parser.add_argument(
+        "--only", choices=("writers", "readers"), help="measure only the writers or the readers"
+    )
     args = parser.parse_args(argv)
     settings = ProducerSettings(stream="unused", table="unused")
-    figures = measure_writers(
-        settings, seconds=args.seconds, say=lambda text: print(text, file=sys.stderr)
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr)
+
+    writers = (
+        measure_writers(settings, seconds=args.seconds, say=say) if args.only != "readers" else []
     )
-    print(render_writers(figures))
+    readers = measure_readers(settings, say=say) if args.only != "writers" else []
+    print(render_writers(writers))
+    print()
+    print(render_readers(readers))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as out:
-            json.dump(as_json(figures), out, indent=2)
+            json.dump(as_json(writers, readers), out, indent=2)
     return 0
 
 

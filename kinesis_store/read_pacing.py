@@ -7,10 +7,14 @@
       ├─ 5 calls/s  ──────────────────────────────>  t + 0.2 s
       └─ 2 MB/s     ──────────────────────────────>  t + B / 2 MiB   (a 10 MB page: 5 s)
 
-:class:`ReadPacer` keeps, per shard, when its next call may leave, for one process: the
-driver's planner and a Python worker's reads each pace their own calls; two processes reading
-one shard at once (the driver counting a bounded batch while a task reads the one before) may
-still be throttled, and :func:`throttle_backoff_s` spaces their retries apart.
+:class:`ReadPacer` keeps, per shard, when its next call may leave, for one process
+(:func:`process_read_pacer`): the driver's planner and a Python worker's reads each pace their
+own calls; two processes reading one shard at once (the driver counting a bounded batch while a
+task reads the one before) may still be throttled, and :func:`throttle_backoff_s` spaces their
+retries apart. By default it takes 4 calls and 1.8 MiB a second, leaving room for one other
+consumer of the shard (a KCL worker polls once a second), and sizes each page to one call's
+share of the bytes (:meth:`ReadPacer.page_limit`), so that no page leaves the shard in debt
+for the other consumer's next call.
 Pure apart from the injected clock and sleep: no boto3 here.
 """
 
@@ -25,12 +29,22 @@ from typing import Final
 __all__ = [
     "GET_RECORDS_BYTES_PER_S",
     "GET_RECORDS_CALLS_PER_S",
+    "SHARED_BYTES_PER_S",
+    "SHARED_CALLS_PER_S",
     "ReadPacer",
+    "process_read_pacer",
     "throttle_backoff_s",
 ]
 
 GET_RECORDS_CALLS_PER_S: Final = 5
 GET_RECORDS_BYTES_PER_S: Final = 2 * 1024 * 1024  # Kinesis's "2 MB", counted in MiB as it does
+# What a reader of ours takes by default: a shard's limits are shared by every consumer of it,
+# and another one (a KCL worker polls once a second) must find room. One call a second and a
+# tenth of the bytes are left to it.
+SHARED_CALLS_PER_S: Final = GET_RECORDS_CALLS_PER_S - 1
+SHARED_BYTES_PER_S: Final = 0.9 * GET_RECORDS_BYTES_PER_S
+# a record's size before a shard's first page says otherwise: pages are sized by it
+_FIRST_RECORD_BYTES: Final = 1024
 
 
 class ReadPacer:
@@ -45,8 +59,8 @@ class ReadPacer:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        calls_per_s: float = GET_RECORDS_CALLS_PER_S,
-        bytes_per_s: float = GET_RECORDS_BYTES_PER_S,
+        calls_per_s: float = SHARED_CALLS_PER_S,
+        bytes_per_s: float = SHARED_BYTES_PER_S,
     ) -> None:
         if calls_per_s <= 0 or bytes_per_s <= 0:
             raise ValueError(f"read limits must be positive, got {calls_per_s}, {bytes_per_s}")
@@ -55,6 +69,7 @@ class ReadPacer:
         self._call_interval_s = 1.0 / calls_per_s
         self._bytes_per_s = bytes_per_s
         self._next_s: dict[str, float] = {}
+        self._record_bytes: dict[str, float] = {}  # a shard's last page's bytes a record
         self._lock = threading.Lock()
 
     def before_call(self, shard_id: str) -> float:
@@ -67,11 +82,41 @@ class ReadPacer:
             self._sleep(at_s - now_s)
         return at_s
 
-    def after_call(self, shard_id: str, left_at_s: float, page_bytes: int) -> None:
-        """A page of ``page_bytes`` came back for the call that left at ``left_at_s``."""
+    def after_call(
+        self, shard_id: str, left_at_s: float, page_bytes: int, records: int = 0
+    ) -> None:
+        """A page of ``page_bytes`` (``records`` records) came back for the call that left at
+        ``left_at_s``."""
         by_bytes_s = left_at_s + page_bytes / self._bytes_per_s
         with self._lock:
             self._next_s[shard_id] = max(self._next_s.get(shard_id, by_bytes_s), by_bytes_s)
+            if records:
+                self._record_bytes[shard_id] = page_bytes / records
+
+    def page_limit(self, shard_id: str, wanted: int) -> int:
+        """How many records to ask of ``shard_id`` at most: no more than ``wanted``, and no
+        more than one call's share of the bytes (``bytes_per_s / calls_per_s``) by the size of
+        its last page's records. A page of 10 MB owes the shard 5 s of its 2 MB a second, and
+        every other consumer's read in those 5 s is refused; pages of a call's share never
+        leave the shard in debt past the next call."""
+        with self._lock:
+            record_bytes = self._record_bytes.get(shard_id, _FIRST_RECORD_BYTES)
+        share = self._bytes_per_s * self._call_interval_s
+        return max(1, min(wanted, int(share / max(record_bytes, 1.0))))
+
+
+_PROCESS_PACER: ReadPacer | None = None
+_PROCESS_PACER_LOCK = threading.Lock()
+
+
+def process_read_pacer() -> ReadPacer:
+    """The pacer of every reader of this process: a shard's limits are the stream's, whoever
+    reads it."""
+    global _PROCESS_PACER  # noqa: PLW0603 - one for the process, made on first use
+    with _PROCESS_PACER_LOCK:
+        if _PROCESS_PACER is None:
+            _PROCESS_PACER = ReadPacer()
+        return _PROCESS_PACER
 
 
 def throttle_backoff_s(

@@ -611,11 +611,13 @@ class KinesisReader:
         expired."""
         with self._counting:
             self.get_records_calls += 1
-        left_at_s = self._pacer.before_call(shard_id) if self._pacer is not None else 0.0
+        wanted = limit or self._page_limit
+        left_at_s = 0.0
+        if self._pacer is not None:
+            wanted = self._pacer.page_limit(shard_id, wanted)
+            left_at_s = self._pacer.before_call(shard_id)
         try:
-            page: dict[str, Any] = self._client.get_records(
-                ShardIterator=iterator, Limit=limit or self._page_limit
-            )
+            page: dict[str, Any] = self._client.get_records(ShardIterator=iterator, Limit=wanted)
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ExpiredIteratorException":
                 return None
@@ -626,7 +628,7 @@ class KinesisReader:
             ) from exc
         page_bytes = self.shard_reads(shard_id).add(page)
         if self._pacer is not None:
-            self._pacer.after_call(shard_id, left_at_s, page_bytes)
+            self._pacer.after_call(shard_id, left_at_s, page_bytes, len(page.get("Records", ())))
         return page
 
     def _resume(self, shard_id: str, last_sequence: str | None, start_ms: int | None) -> str:

@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kinesis_store.kpl import UserRecord
+from kinesis_store.read_pacing import process_read_pacer
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
 from producer.clients import kinesis_client, kinesis_read_client
@@ -78,6 +79,7 @@ def read_shard(options: ReadOptions, shard: Shard) -> Iterator[pa.RecordBatch]:
     reader = KinesisReader(
         kinesis_read_client(settings),
         settings.stream,
+        pacer=process_read_pacer(),
         on_malformed=malformed_aggregate_policy(
             options.fail_on_malformed_aggregate, settings.stream
         ),

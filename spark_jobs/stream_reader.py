@@ -17,8 +17,8 @@ format and the plan are :mod:`spark_jobs.stream_offsets`. Spark pickles this rea
 executors with its ``read``: it holds options only, and builds its clients where it runs.
 
 Every GetRecords of a process (the driver's planner, a Python worker's tasks) goes through
-one :class:`kinesis_store.read_pacing.ReadPacer`: at most 5 calls and 2 MB a second per
-shard from it. A task gives Spark its rows as Arrow record batches
+one :class:`kinesis_store.read_pacing.ReadPacer`: at most 4 calls and 1.8 MiB a second per
+shard from it, room left for another consumer of the shard. A task gives Spark its rows as Arrow record batches
 (:func:`spark_jobs.read_rows.arrow_batches_of`), not tuples Spark would convert one value at a
 time. With ``metrics_port``, each task counts the range it read
 (:meth:`spark_jobs.driver_metrics.MetricsEndpoint.record_read`): rows and bytes by shard, and
@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 
 from dedupe_store.clock import SystemClock
 from kinesis_store.kpl import UserRecord
-from kinesis_store.read_pacing import ReadPacer
+from kinesis_store.read_pacing import process_read_pacer
 from kinesis_store.reader import KinesisReader
 from producer.clients import kinesis_read_client
 from spark_jobs.driver_metrics import STREAM_READ_QUERY, PlannedLag, ShardRead
@@ -63,8 +63,6 @@ __all__ = ["KeoSimpleStreamReader", "KeoStreamReader", "ShardRangePartition"]
 
 # ReadMaxRows for "no bound in all": only max_records_per_shard_per_trigger was given
 _NO_TOTAL = 2**63 - 1
-# One per process, for its life: the shards' read limits are the stream's, whoever reads
-_PACER = ReadPacer()
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return KinesisReader(
             kinesis_read_client(settings),
             settings.stream,
-            pacer=_PACER,
+            pacer=process_read_pacer(),
             on_malformed=malformed_aggregate_policy(
                 self.options.fail_on_malformed_aggregate, settings.stream
             ),

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from devstack import emulators as local_stack
-from devstack.quota_bench import keo_send, measure_writers, plain_put_records, render_writers
+from devstack.quota_bench import (
+    keo_send,
+    measure_readers,
+    measure_writers,
+    plain_put_records,
+    render_readers,
+    render_writers,
+)
 from producer.settings import ProducerSettings
 
 pytestmark = pytest.mark.integration
@@ -37,3 +44,16 @@ def test_each_writer_is_measured_against_its_shards_write_quota(
     table = render_writers(list(figures.values()))
     assert table.count("\n") == 3
     assert any("of the quota" in line for line in said)
+
+
+def test_a_reader_drains_a_backlog_beside_another_consumer_refusing_it_nothing(
+    emulators: local_stack.Endpoints, keo_env: Any
+) -> None:
+    settings = ProducerSettings(stream="unused", table="unused")
+    (audit,) = measure_readers(settings, backlog_mib=8, say=lambda _: None)
+    assert audit.reader == "keo audit"
+    assert audit.read_mib_per_s > 0
+    # within the shard's limits together: the consumer at the tip was never refused
+    assert audit.other_calls > 0
+    assert audit.other_throttled == 0
+    assert render_readers([audit]).count("\n") == 2

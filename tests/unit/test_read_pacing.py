@@ -1,5 +1,7 @@
-"""GetRecords paced within a shard's 5 calls/s and 2 MB/s, and the jittered backoff of a
-throttled read: a manual clock that only the injected sleep moves. No sockets, no wall clock."""
+"""GetRecords paced within a shard's 5 calls/s and 2 MB/s, room left for another consumer of
+the shard (4 calls and 1.8 MiB a second are ours), pages sized to one call's share, and the
+jittered backoff of a throttled read: a manual clock that only the injected sleep moves. No
+sockets, no wall clock."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import botocore.exceptions
 import pytest
 
 from kinesis_store.positions import ShardStart
-from kinesis_store.read_pacing import GET_RECORDS_BYTES_PER_S, ReadPacer, throttle_backoff_s
+from kinesis_store.read_pacing import SHARED_BYTES_PER_S, ReadPacer, throttle_backoff_s
 from kinesis_store.reader import KinesisReader
 
 SHARD = "shardId-000000000000"
@@ -39,7 +41,7 @@ def calls_in_any_second(times: list[float]) -> int:
     return max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
 
 
-def test_calls_on_one_shard_leave_at_most_five_a_second() -> None:
+def test_calls_on_one_shard_leave_at_most_four_a_second_one_left_for_another_consumer() -> None:
     # GIVEN a pacer, and a reader calling GetRecords on one shard as fast as it can, each
     # answer empty
     time = Time()
@@ -50,12 +52,12 @@ def test_calls_on_one_shard_leave_at_most_five_a_second() -> None:
         at = pacer.before_call(SHARD)
         pacer.after_call(SHARD, at, page_bytes=0)
         left.append(time.now_s)
-    # THEN the calls left 0.2 s apart: never more than 5 in a second
-    assert calls_in_any_second(left) == 5
-    assert time.sleeps == pytest.approx([0.2] * 11)
+    # THEN the calls left 0.25 s apart: never more than 4 in a second
+    assert calls_in_any_second(left) == 4
+    assert time.sleeps == pytest.approx([0.25] * 11)
 
 
-def test_a_large_page_holds_the_next_call_until_its_bytes_fit_in_2_mb_a_second() -> None:
+def test_a_large_page_holds_the_next_call_until_its_bytes_fit_in_our_share() -> None:
     # GIVEN a call that brought back 5 MiB
     time = Time()
     pacer = time.pacer()
@@ -63,8 +65,8 @@ def test_a_large_page_holds_the_next_call_until_its_bytes_fit_in_2_mb_a_second()
     pacer.after_call(SHARD, at, page_bytes=5 * 1024 * 1024)
     # WHEN the next call is made
     pacer.before_call(SHARD)
-    # THEN it left 2.5 s after the first: 5 MiB at 2 MiB a second
-    assert time.now_s - at == pytest.approx(5 * 1024 * 1024 / GET_RECORDS_BYTES_PER_S)
+    # THEN it left 2.8 s after the first: 5 MiB at 1.8 MiB a second
+    assert time.now_s - at == pytest.approx(5 * 1024 * 1024 / SHARED_BYTES_PER_S)
 
 
 def test_time_spent_elsewhere_counts_and_shards_are_paced_apart() -> None:
@@ -78,6 +80,21 @@ def test_time_spent_elsewhere_counts_and_shards_are_paced_apart() -> None:
     pacer.before_call(SHARD)
     # THEN nobody waited
     assert time.sleeps == []
+
+
+def test_a_page_asks_for_no_more_than_one_calls_share_of_the_bytes() -> None:
+    # GIVEN our share of a shard: 1.8 MiB a second in 4 calls, 471,859 bytes a call
+    pacer = ReadPacer()
+    share = int(SHARED_BYTES_PER_S / 4)
+    # THEN before any page, records are taken to be of 1 KiB
+    assert pacer.page_limit(SHARD, 10_000) == share // 1024
+    # AND after a page of 100-byte records, pages hold as many of them as a share takes
+    pacer.after_call(SHARD, pacer.before_call(SHARD), page_bytes=100 * 50, records=50)
+    assert pacer.page_limit(SHARD, 10_000) == share // 100
+    # AND never more than asked, never none
+    assert pacer.page_limit(SHARD, 7) == 7
+    pacer.after_call(SHARD, 0.0, page_bytes=5 * 1024 * 1024, records=1)
+    assert pacer.page_limit(SHARD, 10_000) == 1
 
 
 def test_limits_must_be_positive() -> None:
@@ -157,11 +174,11 @@ def test_a_paced_reader_spaces_its_calls_and_counts_what_they_brought_back() -> 
     )
     # WHEN the shard is read after record 0 through record 4
     read = list(reader.read_range(SHARD, ShardStart.trim_horizon(), "4"))
-    # THEN every record came once, the calls left 0.2 s apart at least, the throttled one
+    # THEN every record came once, the calls left 0.25 s apart at least, the throttled one
     # was tried again after its backoff (0.4 s), and nothing waited twice for one call
     assert [r.sequence_number for r in read] == ["1", "2", "3", "4"]
     gaps = [b - a for a, b in zip(client.called_at, client.called_at[1:], strict=False)]
-    assert gaps == pytest.approx([0.2, 0.2, 0.4])
+    assert gaps == pytest.approx([0.25, 0.25, 0.4])
     # AND the reads of the shard are counted: records, bytes (data and key), the last lag
     reads = reader.shard_reads(SHARD)
     assert (reads.calls, reads.records, reads.millis_behind_latest) == (3, 4, 0)
