@@ -81,6 +81,24 @@ def demo(
         Path,
         typer.Option(help="where the local stack keeps its state and the demo its files"),
     ] = Path(".keo"),
+    quotas: Annotated[
+        str,
+        typer.Option(
+            "--quotas",
+            envvar="KEO_QUOTAS",
+            help="the local stack the demo starts: aws (default): Kinesis and DynamoDB behind "
+            "AWS's quotas, as on AWS; none: the emulators as they are",
+        ),
+    ] = "aws",
+    dynamodb_emulator: Annotated[
+        str,
+        typer.Option(
+            "--dynamodb-emulator",
+            envvar="KEO_DYNAMODB_EMULATOR",
+            help="the local stack's DynamoDB: dynamodb-local (default: Amazon's, the code path "
+            "AWS runs, claims 25 to a request) or dynalite (lighter; a claim a request)",
+        ),
+    ] = "dynamodb-local",
 ) -> None:
     """Send the same events three ways, under the same injected faults: through a plain
     at-least-once Kinesis sink, exactly once per key (dedupe=key) and exactly once per
@@ -118,9 +136,12 @@ def demo(
     audited against A: every record of A in B once, as a multiset of key and
     data, and nothing else. Exit 0 when it is.
 
-    The local stack (kinesalite, dynalite) is started under --state-dir, unless
-    KEO_KINESIS_ENDPOINT_URL and KEO_DYNAMODB_ENDPOINT_URL are set: then those
-    endpoints are used.
+    The local stack (kinesalite, DynamoDB Local) is started under --state-dir
+    behind AWS's quotas (--quotas aws: a shard's 1,000 records a second, a
+    partition key's 1,000 write units...), unless KEO_KINESIS_ENDPOINT_URL and
+    KEO_DYNAMODB_ENDPOINT_URL are set: then those endpoints are used. The table
+    shows each column's records a second a shard, against the shard's 1,000, and
+    the records the shards' quota refused (resent by the writers).
 
     Exit 0 when both exactly-once streams (dedupe=key, dedupe=replay) audit
     exactly once, else 1.
@@ -129,8 +150,16 @@ def demo(
 
     if relay and not spark:
         raise typer.BadParameter("the relay runs on Spark: drop --no-spark", param_hint="'--relay'")
+    from devstack import emulators
+
+    for value, choices, hint in (
+        (quotas, emulators.QUOTA_MODES, "'--quotas' / KEO_QUOTAS"),
+        (dynamodb_emulator, emulators.DYNAMODB_EMULATORS, "'--dynamodb-emulator'"),
+    ):
+        if value not in choices:
+            raise typer.BadParameter(f"{value!r}: one of {', '.join(choices)}", param_hint=hint)
     console = Console()
-    started_stack = _use_local_stack(console, state_dir)
+    started_stack = _use_local_stack(console, state_dir, quotas, dynamodb_emulator)
     settings = load_settings(table=DEMO_TABLE, **DEMO_LEASES)
     started = time.monotonic()
     workdir = (state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -143,17 +172,20 @@ def demo(
             results = run_demo(
                 settings, count=messages, lose_every=lose_every, say=console.print, workdir=workdir
             )
-    console.print(demo_table(results, relay=relay))
+    console.print(demo_table(results, relay=relay, refused=_refused_by_quota(settings)))
     console.print(f"demo finished in {time.monotonic() - started:.0f} s")
     _next_steps(console, results, settings, state_dir if started_stack else None, workdir)
     if not demo_passed(results):
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _use_local_stack(console: Console, state_dir: Path) -> bool:
+def _use_local_stack(console: Console, state_dir: Path, quotas: str, dynamodb: str) -> bool:
     """Endpoints into the environment; True when the local stack under ``state_dir`` is used."""
-    if use_local_stack(state_dir, "demo"):
-        console.print("[bold]started the local stack[/bold] (kinesalite, dynalite on 127.0.0.1)")
+    if use_local_stack(state_dir, "demo", dynamodb=dynamodb, quotas=quotas):
+        behind = ", behind AWS's quotas" if quotas == "aws" else ""
+        console.print(
+            f"[bold]started the local stack[/bold] (kinesalite, {dynamodb} on 127.0.0.1{behind})"
+        )
         return True
     console.print(
         "[bold]using the endpoints from the environment[/bold] "
@@ -205,6 +237,35 @@ def _run_spark(
         session.stop()
 
 
+def _refused_by_quota(settings: ProducerSettings) -> Mapping[str, int] | None:
+    """The records each stream's shards refused, when Kinesis is the quota mode's proxy (its
+    ``GET /__keo/report``); None otherwise."""
+    import httpx
+
+    from devstack.fault_proxy import REPORT_PATH
+
+    endpoint = settings.kinesis_endpoint_url
+    if endpoint is None:
+        return None
+    try:
+        report = httpx.get(endpoint.rstrip("/") + REPORT_PATH, timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    refused: dict[str, int] = {}
+    for where, count in report.get("quotas", {}).get("records_refused", {}).items():
+        stream = where.rsplit("/", 1)[0]
+        refused[stream] = refused.get(stream, 0) + int(count)
+    return refused if "quotas" in report else None
+
+
+def _per_shard_second(result: DemoResult) -> str:
+    """Records a second a shard read: against the shard's write quota of 1,000."""
+    shards = result.report.shards
+    if not shards or result.seconds <= 0:
+        return "-"
+    return f"{result.audit.records / result.seconds / shards:.0f}"
+
+
 def _reconciled(result: DemoResult) -> object:
     """What the reconciler found after the run (the Spark demo runs it): in key mode the
     stale claims it settled, in replay mode the runs OPEN past their leases (it has no rows to
@@ -244,7 +305,10 @@ _SECTIONS: Final[Sequence[Sequence[Row]]] = (
         ("billed write units", lambda r: r.bill.total_write_units),
         ("  per message", lambda r: _per_message(r.bill.total_write_units, r)),
     ),
-    (("seconds", lambda r: f"{r.seconds:.1f}"),),
+    (
+        ("seconds", lambda r: f"{r.seconds:.1f}"),
+        ("records/s/shard (of 1,000)", _per_shard_second),
+    ),
 )
 
 
@@ -258,10 +322,15 @@ _RELAY_ROWS: Final[Mapping[str, Row | None]] = {
 }
 
 
-def demo_table(results: Sequence[DemoResult], *, relay: bool = False) -> Table:
+def demo_table(
+    results: Sequence[DemoResult],
+    *,
+    relay: bool = False,
+    refused: Mapping[str, int] | None = None,
+) -> Table:
     """The results side by side: one column per writer; the audit, the bill, the time, then
     the faults injected and the verdict. ``relay``: the relay demo's one column, B audited
-    against A."""
+    against A. ``refused``: the records each stream's shard quota refused (the quota mode)."""
     from rich.table import Table
 
     title = "stream A relayed into B, under faults" if relay else "the same events, the same faults"
@@ -276,6 +345,11 @@ def demo_table(results: Sequence[DemoResult], *, relay: bool = False) -> Table:
                 continue
             label, value = shown
             table.add_row(label, *(str(value(r)) for r in results))
+        table.add_section()
+    if refused is not None:
+        table.add_row(
+            "shard quota refused", *(str(refused.get(r.stream, 0)) for r in results)
+        )
         table.add_section()
     labels = list(dict.fromkeys(label for r in results for label in r.faults))
     for label in labels:

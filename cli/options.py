@@ -140,13 +140,19 @@ def _caused_by_missing_credentials(exc: BaseException) -> bool:
 
 
 def use_local_stack(
-    state_dir: Path, command: str, *, dynamodb: str | None = None, for_bench: bool = False
+    state_dir: Path,
+    command: str,
+    *,
+    dynamodb: str | None = None,
+    for_bench: bool = False,
+    quotas: str = "none",
 ) -> bool:
     """Point ``KEO_*_ENDPOINT_URL`` at the embedded stack under ``state_dir``, starting what is
     not running, unless both endpoints are already set. True when the local stack is used.
     ``dynamodb`` names its DynamoDB emulator (``devstack.emulators.DYNAMODB_EMULATORS``;
     default dynalite); ``for_bench`` starts DynamoDB Local tuned for throughput
-    (``devstack.emulators.JvmProfile``)."""
+    (``devstack.emulators.JvmProfile``); ``quotas="aws"`` puts the stack behind AWS's quotas
+    (``devstack.emulators.QUOTA_MODES``)."""
     if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
         return False
     from devstack import emulators
@@ -158,6 +164,7 @@ def use_local_stack(
             dynamodb_local_jvm=emulators.JvmProfile.THROUGHPUT
             if for_bench
             else emulators.JvmProfile.STARTUP,
+            quotas=quotas,
         )
     except emulators.EmulatorError as exc:
         typer.echo(f"keo {command}: {exc}", err=True)
