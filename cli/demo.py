@@ -347,9 +347,7 @@ def demo_table(
             table.add_row(label, *(str(value(r)) for r in results))
         table.add_section()
     if refused is not None:
-        table.add_row(
-            "shard quota refused", *(str(refused.get(r.stream, 0)) for r in results)
-        )
+        table.add_row("shard quota refused", *(str(refused.get(r.stream, 0)) for r in results))
         table.add_section()
     labels = list(dict.fromkeys(label for r in results for label in r.faults))
     for label in labels:
