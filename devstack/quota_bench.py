@@ -341,11 +341,59 @@ def plain_put_records(
     return offered, acked
 
 
+def _spark_options(settings: ProducerSettings, mode: str, percent: float) -> dict[str, str]:
+    """``format("keo")`` options (every ``KEO_*`` setting in lower case) writing where
+    ``settings`` do, in ``mode``, paced to ``percent`` of a shard's quota."""
+    options = {
+        name.removeprefix("KEO_").lower(): value for name, value in settings_env(settings).items()
+    }
+    options |= {"dedupe": mode, "put_rate_limit_percent": f"{percent:g}"}
+    if mode == "replay":
+        options["run_id"] = f"{settings.stream}-run"
+    return options
+
+
+def spark_writer(spark: Any, mode: str, *, sink: bool = False) -> Writer:
+    """``df.write.format("keo")`` (or ``foreachBatch(ExactlyOnceSink)``, ``sink``) in ``mode``:
+    the rows as one DataFrame of two partitions, written at once (a batch offers all its rows
+    together: each row's delay is the write's)."""
+
+    def write(
+        settings: ProducerSettings, rows: list[tuple[str, str]], _per_s: float, percent: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        from spark_jobs import ExactlyOnceSink, register
+
+        register(spark)
+        frame = spark.createDataFrame(rows, "key string, data string").repartition(2)
+        options = _spark_options(settings, mode, percent)
+        started = time.monotonic()
+        if sink:  # a batch of a query: its run is the query's and the batch's, not run_id
+            env = {f"KEO_{name.upper()}": v for name, v in options.items() if name != "run_id"}
+            ExactlyOnceSink(env, query_id=f"{settings.stream}-query")(frame, 0)
+        else:
+            frame.write.format("keo").mode("append").options(**options).save()
+        ended = time.monotonic()
+        return dict.fromkeys((key for key, _ in rows), started), dict.fromkeys(
+            (key for key, _ in rows), ended
+        )
+
+    return write
+
+
 WRITERS: Final[Mapping[str, Writer]] = {
     "keo send --dedupe replay": keo_send("replay"),
     "keo send --dedupe key": keo_send("key"),
     "plain put_records (botocore retries)": plain_put_records,
 }
+
+
+def spark_writers(spark: Any) -> dict[str, Writer]:
+    """The Spark writers, on ``spark``'s session."""
+    return {
+        'format("keo") dedupe=replay': spark_writer(spark, "replay"),
+        'format("keo") dedupe=key': spark_writer(spark, "key"),
+        "foreachBatch(ExactlyOnceSink) dedupe=replay": spark_writer(spark, "replay", sink=True),
+    }
 
 
 # --- the measure ---------------------------------------------------------------------------
@@ -681,15 +729,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=("writers", "readers"), help="measure only the writers or the readers"
     )
+    parser.add_argument(
+        "--spark", action="store_true", help="the Spark writers too, in a local[2] session"
+    )
     args = parser.parse_args(argv)
     settings = ProducerSettings(stream="unused", table="unused")
 
     def say(text: str) -> None:
         print(text, file=sys.stderr)
 
-    writers = (
-        measure_writers(settings, seconds=args.seconds, say=say) if args.only != "readers" else []
-    )
+    writers: list[WriterFigures] = []
+    if args.only != "readers":
+        chosen = dict(WRITERS)
+        spark = None
+        if args.spark:
+            from spark_jobs.session import local_session
+
+            spark = local_session("keo-quota-bench")
+            chosen |= spark_writers(spark)
+        try:
+            writers = measure_writers(settings, seconds=args.seconds, writers=chosen, say=say)
+        finally:
+            if spark is not None:
+                spark.stop()
     readers = measure_readers(settings, say=say) if args.only != "writers" else []
     print(render_writers(writers))
     print()

@@ -12,9 +12,14 @@ per second"), as the KPL's ``RateLimit`` keeps its own puts within a share of it
 Each shard is a token bucket kept as one time T (the generic cell rate algorithm): when it
 would have sent all that was reserved on it at the rate; a request leaves once, with it, no
 shard it holds is more than ``burst_s`` ahead of the time. A writer
-that keeps to it is never throttled by its own load (another writer of the shard, or a stale
-shard map, may still be: those records are resent as before). One pacer a process and stream:
-the writers of a process share it. Pure apart from the injected clock and sleep: no boto3 here.
+that keeps to it is never throttled by its own load. Other writers of the shard (other
+processes, a Spark job's other tasks) take part of its quota: when the shard refuses a record
+of ours, this process's share of the shard's pace halves, and each request it takes whole
+grows it back a step (:meth:`WritePacer.answered`), so writers that share a shard settle on
+their parts of it without knowing of each other; the records refused are resent as before. A
+request that holds more than a shard takes at once is split (:func:`split_to_fit`). One pacer
+a process and stream: the writers of a process share it. Pure apart from the injected clock
+and sleep: no boto3 here.
 """
 
 from __future__ import annotations
@@ -32,12 +37,17 @@ __all__ = [
     "PUT_BYTES_PER_S",
     "PUT_RECORDS_PER_S",
     "WritePacer",
+    "entry_shard",
     "shard_loads",
     "split_to_fit",
 ]
 
 PUT_RECORDS_PER_S: Final = 1000
 PUT_BYTES_PER_S: Final = 1024 * 1024
+# a shard that refused records of ours: this process's share of the pace halves, down to this
+MIN_SHARE: Final = 1 / 64
+# a request a shard took whole: the share grows back by this much, up to all of it
+SHARE_STEP: Final = 0.05
 # how far ahead of the time a shard may be, a request on it counted: Kinesis takes a second of
 # its quota at once (AWS documents no burst; the quota mode's bucket holds one second); less,
 # so that requests the network delays unevenly still find room
@@ -68,6 +78,10 @@ class WritePacer:
         self._clock = clock
         self._sleep = sleep
         self._theoretical_s: dict[str, float] = {}
+        # each shard's share of the pace this process keeps: other writers of the shard (other
+        # processes, a Spark job's other tasks) take the rest; halved when the shard refused a
+        # record of ours, grown back a step a request it took whole
+        self._share: dict[str, float] = {}
         self._lock = threading.Lock()
         self.waited_s = 0.0  # in all, for the metrics and the bench
 
@@ -78,6 +92,7 @@ class WritePacer:
             now_s = self._clock()
             costs = {
                 shard_id: max(records / self._records_per_s, size / self._bytes_per_s)
+                / self._share.get(shard_id, 1.0)
                 for shard_id, (records, size) in loads.items()
             }
             # it leaves once, with it, no shard of it is more than the burst ahead of the time
@@ -99,6 +114,25 @@ class WritePacer:
             self._sleep(wait_s)
         return wait_s
 
+    def answered(self, refused: Iterable[str], taken: Iterable[str]) -> None:
+        """What the shards did with a request: ``refused`` some of its records (throttled:
+        another writer takes part of their quota), ``taken`` all of theirs. A refusing shard's
+        share of the pace is halved (at least ``MIN_SHARE``), a taking one's grown back by
+        ``SHARE_STEP`` (at most all): writers that share a shard settle on their parts of it
+        without knowing of each other, as TCP's congestion window does."""
+        with self._lock:
+            for shard_id in set(refused):
+                self._share[shard_id] = max(MIN_SHARE, self._share.get(shard_id, 1.0) / 2)
+            for shard_id in set(taken) - set(refused):
+                share = self._share.get(shard_id, 1.0)
+                if share < 1.0:
+                    self._share[shard_id] = min(1.0, share + SHARE_STEP)
+
+    def share(self, shard_id: str) -> float:
+        """The part of the pace this process keeps on ``shard_id`` now (1: all of it)."""
+        with self._lock:
+            return self._share.get(shard_id, 1.0)
+
     def fits(self, records: int, size: int) -> bool:
         """Whether ``records`` records of ``size`` bytes on one shard fit in one request: no
         more than the burst of the shard's quota. A request holding more is refused in part
@@ -106,6 +140,11 @@ class WritePacer:
         records of 2 KB are a second of bytes), so the writer splits it
         (:func:`split_to_fit`)."""
         return max(records / self._records_per_s, size / self._bytes_per_s) <= self._burst_s
+
+
+def entry_shard(entry: Mapping[str, Any], shards: list[Shard]) -> str:
+    """The open shard an entry goes to (:func:`_entry_load`)."""
+    return _entry_load(entry, shards)[0]
 
 
 def _entry_load(entry: Mapping[str, Any], shards: list[Shard]) -> tuple[str, int]:

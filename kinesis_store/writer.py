@@ -27,7 +27,7 @@ from kinesis_store.results import (
     not_written,
 )
 from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import WritePacer, shard_loads, split_to_fit
+from kinesis_store.write_pacing import WritePacer, entry_shard, shard_loads, split_to_fit
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
 
@@ -123,9 +123,18 @@ class KinesisWriter:
         requests, shards = self._paced_requests(entries)
         results: list[RecordResult] = []
         for request in requests:
-            if self._pacer is not None and shards:
-                self._pacer.before_request(shard_loads(request, shards))
-            results += self._put(request, lease_expires_at_ms)
+            pacer = self._pacer
+            if pacer is None or not shards:
+                results += self._put(request, lease_expires_at_ms)
+                continue
+            pacer.before_request(shard_loads(request, shards))
+            answered = self._put(request, lease_expires_at_ms)
+            on = [entry_shard(entry, shards) for entry in request]
+            pacer.answered(
+                refused=[s for s, r in zip(on, answered, strict=True) if _throttled(r)],
+                taken=on,
+            )
+            results += answered
         return results
 
     def _put(
@@ -173,6 +182,11 @@ class KinesisWriter:
             )
             return [result] * len(entries)
         return classify_response(response, len(entries))
+
+
+def _throttled(result: RecordResult) -> bool:
+    """Whether the shard refused the record for its write quota."""
+    return result.error_code == "ProvisionedThroughputExceededException"
 
 
 def transport_failure_of(exc: BaseException) -> TransportFailure:

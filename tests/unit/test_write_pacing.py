@@ -5,6 +5,7 @@ throttled. Time is simulated: the pacer's sleep moves the clock both read."""
 from __future__ import annotations
 
 import hashlib
+import heapq
 from typing import Any
 
 import pytest
@@ -250,3 +251,54 @@ def test_a_paced_writer_puts_a_request_larger_than_the_burst_unthrottled() -> No
     assert [r.kind for r in results] == [PutResultKind.WRITTEN] * 1000
     assert client.quota.throttles["PutRecords"] == 0
     assert all(n <= 315 for n in client.requests)
+
+
+def _two_writers_on_one_shard(*, adapting: bool, seconds: float = 60.0) -> tuple[float, float]:
+    """Two processes, each its own pacer at all of the quota, putting requests of 100 records
+    on one shard, a 20 ms round trip apart: the records written a second, and refused per
+    thousand written. An event queue by time runs them side by side."""
+    now = Clock()
+    quota = KinesisQuotaState()
+    pacers = [WritePacer(clock=now, sleep=lambda _: None) for _ in range(2)]
+    wakes = [(0.0, 0), (0.0, 1)]
+    written = refused = 0
+    while wakes:
+        at_s, writer = heapq.heappop(wakes)
+        if at_s > seconds:
+            break
+        now.now_s = at_s
+        pacer = pacers[writer]
+        now.now_s = at_s + pacer.before_request({"a": (100, 100 * 100)})
+        decided = quota.admit_records("PutRecords", "s", [("a", 100)] * 100, now.now_s)
+        refused_now = sum(1 for d in decided if not d.admitted)
+        if adapting:
+            pacer.answered(refused=["a"] if refused_now else [], taken=["a"])
+        written += 100 - refused_now
+        refused += refused_now
+        heapq.heappush(wakes, (now.now_s + 0.02, writer))
+    return written / seconds, 1000 * refused / written
+
+
+def test_writers_sharing_a_shard_settle_on_their_parts_of_its_quota() -> None:
+    # GIVEN two writers on one shard, each pacing to all of its quota
+    # WHEN they keep no share (each the whole pace), then when each adapts its share
+    alone_rate, alone_refused = _two_writers_on_one_shard(adapting=False)
+    rate, refused = _two_writers_on_one_shard(adapting=True)
+    # THEN without shares the shard refuses as much as it takes; with them it is still kept
+    # at its quota, and refuses a few records a thousand
+    assert alone_refused > 900
+    assert rate >= 0.95 * 1000
+    assert refused < 60
+    assert alone_rate >= 0.95 * 1000
+
+
+def test_a_shards_share_halves_on_a_refusal_and_grows_back_a_step_a_request() -> None:
+    pacer = WritePacer()
+    pacer.answered(refused=["a"], taken=["a", "b"])
+    assert (pacer.share("a"), pacer.share("b")) == (0.5, 1.0)
+    for _ in range(3):
+        pacer.answered(refused=[], taken=["a"])
+    assert pacer.share("a") == pytest.approx(0.65)
+    for _ in range(20):
+        pacer.answered(refused=["a"], taken=[])
+    assert pacer.share("a") == 1 / 64
