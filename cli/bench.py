@@ -109,9 +109,10 @@ def bench(
         bool,
         typer.Option(
             "--quotas/--no-quotas",
-            help="then each writer (keo send in both modes, plain put_records) behind the "
-            "quota mode's proxies, offered 1.5 times its shards' write quota: its share of the "
-            "quota, throttles, delays, and what it lost or doubled (default)",
+            help="then each writer (keo send in both modes, plain put_records, and with --spark "
+            "format('keo') and ExactlyOnceSink) behind the quota mode's proxies, offered 1.5 "
+            "times its shards' write quota: its share of the quota, throttles, delays, what it "
+            "lost or doubled; and keo audit draining a backlog beside another consumer (default)",
         ),
     ] = True,
     quota_seconds: Annotated[
@@ -216,7 +217,7 @@ def bench(
     typer.echo(table)
     typer.echo(f"keo bench: results in {target}", err=True)
     if quotas:
-        _bench_quotas(settings, quota_seconds, docs)
+        _bench_quotas(settings, quota_seconds, docs, spark=spark_bench is not None)
     if spark_bench is None:
         return
     with exit_on_errors():
@@ -234,12 +235,11 @@ def bench(
     typer.echo(f"keo bench: Spark results in {spark_target}", err=True)
 
 
-def _bench_quotas(settings: ProducerSettings, seconds: float, docs: Path) -> None:
+def _bench_quotas(settings: ProducerSettings, seconds: float, docs: Path, *, spark: bool) -> None:
     from devstack import quota_bench
 
     with exit_on_errors():
-        writers = quota_bench.measure_writers(settings, seconds=seconds, say=_say)
-        readers = quota_bench.measure_readers(settings, say=_say)
+        writers, readers = quota_bench.measure(settings, seconds=seconds, spark=spark, say=_say)
     target = Path("bench/results") / f"quotas-{time.strftime('%Y-%m-%d')}.json"
     results = quota_bench.as_json(writers, readers)
     target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -717,6 +717,36 @@ def as_json(
     return {"writers": [asdict(f) for f in writers], "readers": [asdict(f) for f in readers]}
 
 
+def measure(
+    settings: ProducerSettings,
+    *,
+    seconds: float = 10.0,
+    spark: bool = False,
+    writers: bool = True,
+    readers: bool = True,
+    say: Callable[[str], None] = print,
+) -> tuple[list[WriterFigures], list[ReaderFigures]]:
+    """The writers (with ``spark``, the Spark writers too, in a local[2] session of their own)
+    and the readers against the quotas."""
+    written: list[WriterFigures] = []
+    if writers:
+        chosen = dict(WRITERS)
+        session = None
+        if spark:
+            from spark_jobs.session import local_session
+
+            say("quotas: starting a local[2] Spark session for the Spark writers")
+            session = local_session("keo-quota-bench")
+            chosen |= spark_writers(session)
+        try:
+            written = measure_writers(settings, seconds=seconds, writers=chosen, say=say)
+        finally:
+            if session is not None:
+                session.stop()
+    read = measure_readers(settings, say=say) if readers else []
+    return written, read
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m devstack.quota_bench [--seconds S]``: on the stack in ``$KEO_*``."""
     import argparse
@@ -738,21 +768,14 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr)
 
-    writers: list[WriterFigures] = []
-    if args.only != "readers":
-        chosen = dict(WRITERS)
-        spark = None
-        if args.spark:
-            from spark_jobs.session import local_session
-
-            spark = local_session("keo-quota-bench")
-            chosen |= spark_writers(spark)
-        try:
-            writers = measure_writers(settings, seconds=args.seconds, writers=chosen, say=say)
-        finally:
-            if spark is not None:
-                spark.stop()
-    readers = measure_readers(settings, say=say) if args.only != "writers" else []
+    writers, readers = measure(
+        settings,
+        seconds=args.seconds,
+        spark=args.spark,
+        writers=args.only != "readers",
+        readers=args.only != "writers",
+        say=say,
+    )
     print(render_writers(writers))
     print()
     print(render_readers(readers))
