@@ -65,6 +65,19 @@ FAULTS = (
 )
 _SIGNED_AT_FORMAT = "%Y%m%dT%H%M%SZ"
 REPORT_PATH = "/__keo/report"  # GET: the proxy's counters, as JSON
+# headers a proxy does not forward: hop-by-hop (RFC 9110 7.6.1), and the length it sets again
+_NOT_FORWARDED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
 
 
 @dataclass
@@ -241,7 +254,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+        # a proxy forwards no hop-by-hop header (RFC 9110 7.6.1): a client's Connection: close
+        # is about its own connection, not the one to the upstream
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _NOT_FORWARDED}
         target = self.headers.get("X-Amz-Target", "")
         self.proxy.count(target)
         rule = self.proxy.schedule.pick(target)
@@ -346,6 +361,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/x-amz-json-1.1")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:  # asked by the client: say so, or it may send on a closed one
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 

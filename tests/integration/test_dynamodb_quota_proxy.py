@@ -9,6 +9,7 @@ retries are off: each call is one attempt.
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,3 +201,28 @@ def test_a_partition_key_takes_3000_read_units_a_second_billed_on_what_was_read(
         "key": '{"S": "hot"}',
         "throttled": 3,
     }
+
+
+def test_a_client_that_asks_to_close_its_connection_is_told_so_and_served_on_a_new_one(
+    emulators: Any,
+) -> None:
+    # GIVEN a kept-alive connection to the proxy (the metering proxy keeps one per thread)
+    with DynamoDbQuotaProxy(emulators.dynamodb) as proxy:
+        connection = http.client.HTTPConnection("127.0.0.1", int(proxy.endpoint.rsplit(":", 1)[1]))
+        headers = {
+            "X-Amz-Target": "DynamoDB_20120810.ListTables",
+            "Content-Type": "application/x-amz-json-1.0",
+            # the emulators look for a signature, not at it
+            "X-Amz-Date": "20260101T000000Z",
+            "Authorization": "AWS4-HMAC-SHA256 Credential=x/20260101/us-east-1/dynamodb/"
+            "aws4_request, SignedHeaders=host, Signature=0",
+        }
+        answers = []
+        # WHEN a request asks to close it, and the next one is sent
+        for extra in ({}, {"Connection": "close"}, {}):
+            connection.request("POST", "/", body=b"{}", headers={**headers, **extra})
+            answer = connection.getresponse()
+            answer.read()
+            answers.append((answer.status, answer.getheader("Connection")))
+    # THEN the proxy said it closes (so the client opens a new one), and each was answered
+    assert answers == [(200, None), (200, "close"), (200, None)]
