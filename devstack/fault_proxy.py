@@ -156,8 +156,7 @@ class FaultProxy:
         self.signatures_refused: Counter[str] = Counter()
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -234,6 +233,13 @@ class FaultProxy:
             return response.status, dict(response.getheaders()), response.read()
         finally:
             connection.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # the listen backlog: socketserver's 5 overflows when Spark's tasks open connections in a
+    # burst on a busy machine, and a connection dropped from a full queue is later reset
+    request_queue_size = 128
 
 
 class _Handler(BaseHTTPRequestHandler):
