@@ -46,8 +46,8 @@ def demo(
         typer.Option(
             min=10,
             max=200_000,
-            help="events in the sample data set (10,000 take about 3 min on 2 cores, about "
-            "1.5 min with --relay)",
+            help="events in the sample data set (10,000 take about 1.5 min on 2 cores, "
+            "as long with --relay)",
         ),
     ] = 10_000,
     spark: Annotated[

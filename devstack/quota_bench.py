@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Self
 
 import httpx
 
@@ -160,23 +160,33 @@ def _written(kinesis_proxy: str, stream: str) -> tuple[int, int]:
     return _on(stream, quotas["records_written"]), _on(stream, quotas["records_refused"])
 
 
-class _Sampler:
-    """Polls a count the proxy keeps (``count()``: records written on a stream, bytes read);
-    the times it crossed 10% and 90% of its last value give the rate held."""
+class _Background:
+    """``with`` it: its ``_run`` on a thread of its own until the block ends (``_stop``)."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
-        self._count = count
-        self._samples: list[tuple[float, int]] = []
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> _Sampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _Sampler(_Background):
+    """Polls a count the proxy keeps (``count()``: records written on a stream, bytes read);
+    the times it crossed 10% and 90% of its last value give the rate held."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        super().__init__()
+        self._count = count
+        self._samples: list[tuple[float, int]] = []
 
     def _run(self) -> None:
         while not self._stop.wait(_SAMPLE_EVERY_S):
@@ -555,7 +565,7 @@ class ReaderFigures:
     other_throttled: int
 
 
-class _TipConsumer:
+class _TipConsumer(_Background):
     """Another consumer of the shard, as a KCL worker at the tip is: a GetRecords a second
     (``Limit`` 10,000), one attempt each; what it read and how often it was refused."""
 
@@ -571,16 +581,7 @@ class _TipConsumer:
         )
         self._stream, self._shard = settings.stream, shard_id
         self.calls = self.throttled = self.bytes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> _TipConsumer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _run(self) -> None:
         from botocore.exceptions import ClientError

@@ -48,6 +48,8 @@ PUT_BYTES_PER_S: Final = 1024 * 1024
 MIN_SHARE: Final = 1 / 64
 # a request a shard took whole: the share grows back by this much, up to all of it
 SHARE_STEP: Final = 0.05
+# a shard's share halves once in this long at most: Kinesis counts its quota by the second
+_QUOTA_WINDOW_S: Final = 1.0
 # how far ahead of the time a shard may be, a request on it counted: Kinesis takes a second of
 # its quota at once (AWS documents no burst; the quota mode's bucket holds one second); less,
 # so that requests the network delays unevenly still find room
@@ -82,6 +84,7 @@ class WritePacer:
         # processes, a Spark job's other tasks) take the rest; halved when the shard refused a
         # record of ours, grown back a step a request it took whole
         self._share: dict[str, float] = {}
+        self._halved_at_s: dict[str, float] = {}
         self._lock = threading.Lock()
         self.waited_s = 0.0  # in all, for the metrics and the bench
 
@@ -117,11 +120,17 @@ class WritePacer:
     def answered(self, refused: Iterable[str], taken: Iterable[str]) -> None:
         """What the shards did with a request: ``refused`` some of its records (throttled:
         another writer takes part of their quota), ``taken`` all of theirs. A refusing shard's
-        share of the pace is halved (at least ``MIN_SHARE``), a taking one's grown back by
+        share of the pace is halved (at least ``MIN_SHARE``; once a second at most, as the
+        requests in flight together meet one refusal), a taking one's grown back by
         ``SHARE_STEP`` (at most all): writers that share a shard settle on their parts of it
         without knowing of each other, as TCP's congestion window does."""
         with self._lock:
+            now_s = self._clock()
             for shard_id in set(refused):
+                # once a second at most: the requests in flight together meet one refusal
+                if now_s - self._halved_at_s.get(shard_id, -_QUOTA_WINDOW_S) < _QUOTA_WINDOW_S:
+                    continue
+                self._halved_at_s[shard_id] = now_s
                 self._share[shard_id] = max(MIN_SHARE, self._share.get(shard_id, 1.0) / 2)
             for shard_id in set(taken) - set(refused):
                 share = self._share.get(shard_id, 1.0)

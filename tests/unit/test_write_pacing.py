@@ -292,13 +292,18 @@ def test_writers_sharing_a_shard_settle_on_their_parts_of_its_quota() -> None:
     assert alone_rate >= 0.95 * 1000
 
 
-def test_a_shards_share_halves_on_a_refusal_and_grows_back_a_step_a_request() -> None:
-    pacer = WritePacer()
+def test_a_shards_share_halves_on_a_refusal_once_a_second_and_grows_back_a_step_a_request() -> None:
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
     pacer.answered(refused=["a"], taken=["a", "b"])
     assert (pacer.share("a"), pacer.share("b")) == (0.5, 1.0)
+    # the other requests in flight with it meet the same refusal: no further halving
+    pacer.answered(refused=["a"], taken=["a"])
+    assert pacer.share("a") == 0.5
     for _ in range(3):
         pacer.answered(refused=[], taken=["a"])
     assert pacer.share("a") == pytest.approx(0.65)
     for _ in range(20):
+        clock.sleep(1.0)
         pacer.answered(refused=["a"], taken=[])
     assert pacer.share("a") == 1 / 64
