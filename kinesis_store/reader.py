@@ -510,6 +510,8 @@ class KinesisReader:
         last_seen: str | None = None
         while iterator is not None:
             size = limit() if limit is not None else self._page_limit
+            if self._pacer is not None:  # the size asked for: a page under it is not full
+                size = self._pacer.page_limit(shard_id, size)
             page = self._read_retrying()(self._get_page, shard_id, iterator, size)
             if page is None:
                 # iterators live 5 minutes: go on right after the last record seen
