@@ -183,3 +183,29 @@ def test_a_paced_reader_spaces_its_calls_and_counts_what_they_brought_back() -> 
     reads = reader.shard_reads(SHARD)
     assert (reads.calls, reads.records, reads.millis_behind_latest) == (3, 4, 0)
     assert reads.bytes == 3 * (7 + 3) + (93 + 3)
+
+
+def test_a_page_cut_to_the_pacers_share_is_full_not_the_tip() -> None:
+    # GIVEN a paced reader, whose first page is cut to one call's share of the bytes (records
+    # taken to be of 1 KiB: 460), and a shard answering that many, 0 ms behind the tip (records
+    # that arrived in the same millisecond), then the last one
+    time = Time()
+    cut = time.pacer().page_limit(SHARD, 10_000)
+    assert cut == 460
+    client = Pages(
+        time,
+        [
+            {
+                "Records": [record(i) for i in range(1, cut + 1)],
+                "NextShardIterator": "a",
+                "MillisBehindLatest": 0,
+            },
+            {"Records": [record(cut + 1)], "NextShardIterator": "b", "MillisBehindLatest": 0},
+        ],
+    )
+    reader = KinesisReader(client, "orders", sleep=time.sleep, pacer=time.pacer())
+    # WHEN the shard's tail after record 0 is looked for
+    last = reader.tail(SHARD, ShardStart.after("0"), now_ms=1_700_000_000_000, margin_ms=0)
+    # THEN the full page was not taken for the tip: the tail is the record after it
+    assert last is not None
+    assert last.sequence_number == str(cut + 1)
