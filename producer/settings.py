@@ -173,14 +173,16 @@ class ProducerSettings(LedgerSettings):
         le=1000,
         description=(
             "how much of each shard's write quota (1,000 records and 1 MiB a second) this "
-            "process's puts may take: each request waits until every shard it puts on has room "
-            "(the KPL's RateLimit); 0 turns the pacing off"
+            "process's puts may take at most: each request waits until every shard it puts on "
+            "has room (the KPL's RateLimit), and the share halves when a shard refuses records "
+            "of ours (other writers take part of it), growing back as requests are taken whole; "
+            "0 turns the pacing off"
         ),
         why=(
             "a writer alone on its shards reaches their quota without being throttled, where "
             "one that sends as fast as it can is refused about as many records as it writes "
-            "and resends them; raise it when a shard's other writers are idle, lower it to "
-            "leave them room"
+            "and resends them; writers sharing a shard (a Spark job's tasks) settle on their "
+            "parts of it; lower it to leave other writers room from the start"
         ),
     )
     wait_initial_s: float = setting(
