@@ -289,10 +289,6 @@ class ReplayAttempt:
         self._lease_lost = False
         self._finished = False
         self._unresolved = 0  # puts that may still land: the attempt must not finish
-        # an ambiguous put settled by a match found while it could still land: the record
-        # found may be a sibling's identical row and this put land after it, so the attempt
-        # does not say it finished (a replay then waits for its lease, and reads the put)
-        self._matched_in_flight = False
         self._written: set[Position] = set()  # where this attempt's records are, all calls
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
         self._sent_at_ms: dict[int, int] = {}  # per item of the call: when its request left
@@ -477,13 +473,10 @@ class ReplayAttempt:
         """Say the attempt finished when every put it made has a definite result: once every
         attempt of its execution has, a replay of the run waits for none of them (one write;
         best effort: one left unfinished costs a replay a wait, never a duplicate). Once: the
-        attempt sends nothing after. An attempt that settled an ambiguous put by a record found
-        while the put could still land does not say it: that record may be an identical row of
-        a sibling task, and the put land after it; a replay waits for the attempt's lease and
-        then reads both."""
+        attempt sends nothing after."""
         context = self._context
         self._report_possibly_others()
-        if self._finished or self._unresolved or self._matched_in_flight:
+        if self._finished or self._unresolved:
             return
         self._finished = True
         if self.step in (RecoveryStep.DONE, RecoveryStep.SUPERSEDED):
@@ -643,7 +636,6 @@ class ReplayAttempt:
                 )
                 written.add(position)
                 excluding.add(position)
-                self._matched_in_flight = self._matched_in_flight or not over
             if not left or over:
                 return left
             items = left
