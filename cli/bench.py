@@ -241,6 +241,7 @@ def _bench_quotas(settings: ProducerSettings, seconds: float, docs: Path, *, spa
     with exit_on_errors():
         writers, readers = quota_bench.measure(settings, seconds=seconds, spark=spark, say=_say)
     target = Path("bench/results") / f"quotas-{time.strftime('%Y-%m-%d')}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
     results = quota_bench.as_json(writers, readers)
     target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     table = quota_bench.render_writers(writers) + "\n\n" + quota_bench.render_readers(readers)

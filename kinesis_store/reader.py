@@ -616,7 +616,8 @@ class KinesisReader:
         wanted = limit or self._page_limit
         left_at_s = 0.0
         if self._pacer is not None:
-            wanted = self._pacer.page_limit(shard_id, wanted)
+            if limit is None:  # a size given was cut to the pacer's share by the caller
+                wanted = self._pacer.page_limit(shard_id, wanted)
             left_at_s = self._pacer.before_call(shard_id)
         try:
             page: dict[str, Any] = self._client.get_records(ShardIterator=iterator, Limit=wanted)
