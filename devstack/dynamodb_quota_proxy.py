@@ -35,6 +35,7 @@ from dedupe_store.billing import (
     Consistency,
     Item,
     attribute_value_size_bytes,
+    get_item_read_cost,
     item_size_bytes,
     query_read_cost,
     read_units,
@@ -277,15 +278,36 @@ class DynamoDbQuotaProxy(FaultProxy):
     ) -> Answer:
         table = str(request.get("TableName", ""))
         key = self._key_of(table, request["Key"], path, headers)
+        consistency = _consistency(request)
+        return self._metered_read(
+            operation,
+            path,
+            headers,
+            request,
+            key=key,
+            units_of=lambda page: get_item_read_cost(page.get("Item"), consistency).units,
+        )
+
+    def _metered_read(
+        self,
+        operation: str,
+        path: str,
+        headers: dict[str, str],
+        request: dict[str, Any],
+        *,
+        key: str | None,
+        units_of: Callable[[dict[str, Any]], float],
+    ) -> Answer:
+        """One read of ``key`` (None: at the table): admitted or refused, then billed
+        ``units_of`` its answer."""
+        table = str(request.get("TableName", ""))
         with self._quota_lock:
             decided = self.state.admit_read(operation, table, key, self._monotonic())
         if not decided.admitted:
             return _throttled(decided, table)
         status, answer_headers, answer = self._send(path, headers, request)
         if status == 200:
-            item: Item | None = json.loads(answer).get("Item")
-            size = item_size_bytes(item) if item is not None else 0
-            units = read_units(size, _consistency(request))
+            units = units_of(json.loads(answer))
             with self._quota_lock:
                 self.state.charge_read(table, key, units, self._monotonic())
         return status, answer_headers, answer
@@ -344,18 +366,15 @@ class DynamoDbQuotaProxy(FaultProxy):
     def _query(
         self, operation: str, path: str, headers: dict[str, str], request: dict[str, Any]
     ) -> Answer:
-        table = str(request.get("TableName", ""))
-        with self._quota_lock:
-            decided = self.state.admit_read(operation, table, None, self._monotonic())
-        if not decided.admitted:
-            return _throttled(decided, table)
-        status, answer_headers, answer = self._send(path, headers, request)
-        if status == 200:
-            items: list[Item] = json.loads(answer).get("Items") or []
-            cost = query_read_cost(items, _consistency(request))
-            with self._quota_lock:
-                self.state.charge_read(table, None, cost.units, self._monotonic())
-        return status, answer_headers, answer
+        consistency = _consistency(request)
+        return self._metered_read(
+            operation,
+            path,
+            headers,
+            request,
+            key=None,
+            units_of=lambda page: query_read_cost(page.get("Items") or [], consistency).units,
+        )
 
 
 def _refused_statement(decided: Admission, table: str) -> dict[str, Any]:
