@@ -19,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-from dedupe_store.records import MAX_KEY_CHARS, LedgerRecord, ReplayRun, RunExecution
+from dedupe_store.records import ANY_ROW, MAX_KEY_CHARS, LedgerRecord, ReplayRun, RunExecution
 from dedupe_store.states import LedgerState, RunState
 
 MAX_LOOKUP_KEYS = 100
@@ -310,6 +310,7 @@ _EXECUTION_EXAMPLE: dict[str, JsonValue] = {
     "lease_expired": True,
     "attempts": 8,
     "finished": True,
+    "late_rows": 0,
     "superseded": False,
 }
 
@@ -347,6 +348,14 @@ class RunExecutionState(BaseModel):
     finished: bool = Field(
         description="every attempt that registered finished with every put definite"
     )
+    late_rows: int | None = Field(
+        description=(
+            "rows whose ambiguous put an attempt settled by a record found before its lease "
+            "was over: that record may be a sibling task's identical copy, so the put may land "
+            "until the lease ends, and a replay that does not find one waits for it; null: "
+            "more than could be listed (every row waits)"
+        )
+    )
     superseded: bool = Field(
         description=(
             "a replay of the run recovered its rows: its lease can no longer be renewed and "
@@ -364,6 +373,7 @@ class RunExecutionState(BaseModel):
             lease_expired=execution.lease_expires_at_ms < now_ms,
             attempts=execution.attempts,
             finished=execution.finished,
+            late_rows=None if ANY_ROW in execution.late_rows else len(execution.late_rows),
             superseded=execution.superseded,
         )
 

@@ -273,9 +273,18 @@ class Ledger(LedgerReader, Protocol):
         dedupe TTL past that lease)."""
         ...
 
-    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
-        """The attempt puts nothing more and every put it made is definite: once every
-        attempt of its execution finished, a replay waits for none of them."""
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
+        """The attempt puts nothing more: once every attempt of its execution finished, a
+        replay waits for none of them. Every put it made is definite but those of
+        ``late_rows`` (:attr:`dedupe_store.records.RunExecution.late_rows`, added to its
+        execution's): a replay that does not find one of those rows waits for the lease."""
         ...
 
     def complete_run(

@@ -111,6 +111,9 @@ REGISTER_EXECUTION = (
 EXECUTION_EXTENDABLE = "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease < :lease"
 EXTEND_EXECUTION = "SET #xlease = :lease, #expires = :expires, #token = :token"
 FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
+# ... with the tags of rows whose put may land after it finished (a string set: a repeated
+# request adds the same tags again)
+FINISH_ATTEMPT_LATE = f"{FINISH_ATTEMPT}, #xlate :late"
 EXECUTION_EXISTS = "attribute_exists(#xopen)"
 # a task item "__keo__/task/...": the attempts of one task in one execution, a map each
 # ("attempt:<id>", #me), so that registering one never rewrites the others. Registration

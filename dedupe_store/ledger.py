@@ -98,6 +98,7 @@ from dedupe_store.records import (
     RunExecution,
     RunRecord,
     RunRegistration,
+    late_rows_of,
 )
 from dedupe_store.states import (
     GroupState,
@@ -899,15 +900,28 @@ class DynamoDBLedger:
             return RenewalRefused.EXECUTION_SUPERSEDED
         return execution.lease_expires_at_ms  # extended as far or further by another
 
-    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
-        """Take the attempt's tag off its execution's open sum (one write): once every attempt
-        of the execution has, a replay waits for none of them."""
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
+        """Take the attempt's tag off its execution's open sum, and add ``late_rows`` to the
+        execution's (one write): once every attempt of the execution has, a replay waits for
+        none of them, but for rows it does not find among those late rows."""
+        values: dict[str, Any] = {":minus_tag": x.n(-attempt.tag)}
+        update = x.FINISH_ATTEMPT
+        if late_rows:
+            values[":late"] = {"SS": sorted(late_rows_of(late_rows))}
+            update = x.FINISH_ATTEMPT_LATE
         self._update(
             replay_run_pk(stream, run),
             None,
-            x.FINISH_ATTEMPT,
+            update,
             x.EXECUTION_EXISTS,
-            {":minus_tag": x.n(-attempt.tag)},
+            values,
             names=_execution_names(attempt.execution_id),
         )
 
@@ -1512,7 +1526,7 @@ def _group_of(item: Mapping[str, Any]) -> Group:
 
 _ATTEMPT_PREFIX = "attempt:"
 _EXECUTION_PREFIX = "exec:"
-_EXECUTION_FIELDS = ("started", "lease", "superseded", "attempts", "open")
+_EXECUTION_FIELDS = ("started", "lease", "superseded", "attempts", "open", "late")
 
 
 def _attempt_name(attempt_id: str) -> str:
@@ -1571,6 +1585,7 @@ def _executions_of(item: Mapping[str, Any]) -> tuple[RunExecution, ...]:
             superseded=bool(f.get("superseded", {}).get("BOOL", False)),
             attempts=int(f["attempts"]["N"]),
             open_tags=int(f["open"]["N"]),
+            late_rows=frozenset(f.get("late", {}).get("SS", ())),
         )
         for execution_id, f in fields.items()
     ]

@@ -278,6 +278,24 @@ class RunAttempt:
         return int.from_bytes(digest, "big") >> 4
 
 
+# An execution's late rows, when an attempt has more than LATE_ROWS_MAX to list: every row.
+ANY_ROW = "*"
+LATE_ROWS_MAX = 1_000
+
+
+def row_tag(key: str, data_digest: bytes) -> str:
+    """A row's short tag on a run's item: 16 hex digits of a BLAKE2b digest of its key and
+    its data's digest (a tag two rows share costs a replay a wait, never a duplicate)."""
+    digest = hashlib.blake2b(key.encode() + b"\0" + data_digest, digest_size=8)
+    return digest.hexdigest()
+
+
+def late_rows_of(tags: frozenset[str]) -> frozenset[str]:
+    """What an attempt records of ``tags`` on its execution: the tags, or every row when
+    there are more than :data:`LATE_ROWS_MAX` (the run's item stays small)."""
+    return tags if len(tags) <= LATE_ROWS_MAX else frozenset({ANY_ROW})
+
+
 @dataclass(frozen=True, slots=True)
 class RunExecution:
     """One execution of a run: a driver run of a Spark query or batch write (every task
@@ -289,7 +307,11 @@ class RunExecution:
     supersedes the execution). ``attempts``: registrations counted. ``open_tags``: the sum of
     the tags of its attempts not finished: 0 when every attempt that registered finished with
     every put definite. A repeated request can only leave it off zero (a replay then waits
-    for the lease, never sends a row twice)."""
+    for the lease, never sends a row twice). ``late_rows``: the :func:`row tags <row_tag>` of
+    rows whose ambiguous put an attempt settled by a record found before that put's lease was
+    over; the record may have been another writer's identical copy (a sibling task's), so the
+    put may still land after the execution finished, until its lease ends (:data:`ANY_ROW`:
+    too many to list, every row)."""
 
     execution_id: str
     started_at_ms: int
@@ -297,6 +319,7 @@ class RunExecution:
     superseded: bool = False
     attempts: int = 0
     open_tags: int = 0
+    late_rows: frozenset[str] = frozenset()
 
     @property
     def finished(self) -> bool:
@@ -304,8 +327,9 @@ class RunExecution:
         return self.open_tags == 0
 
     def puts_ended_before(self, now_ms: int) -> bool:
-        """No attempt of it can put at ``now_ms``: all finished, or its lease ended before."""
-        return self.finished or self.lease_expires_at_ms < now_ms
+        """No put of it can land at ``now_ms``: all its attempts finished with none left to
+        land late, or its lease ended before."""
+        return (self.finished and not self.late_rows) or self.lease_expires_at_ms < now_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
            └─ RECOVER, WAIT: supersede the earlier executions and my task's earlier attempts
               (their leases stop growing), then
               per call, EarlierPuts.match(rows): a row found is DUPLICATE (not sent again);
-              rows not found while an earlier lease runs: wait for it, read again, then send
+              rows not found while an earlier lease runs (or a late row of a finished
+              execution, until its lease ends): wait for it, read again, then send
          send(messages) ── puts: full requests, SDK retries off, the fence against the attempt's
          │                 lease (renewed when short: one write), per-record errors resent
          │                 ├─ written ───── SENT at its position
@@ -30,9 +31,12 @@ go through the put loop key mode uses (:mod:`producer.put_loop`), under the atte
          │                 │                sent again; else IN_FLIGHT
          │                 └─ not written ─ FAILED (the lease lost, or not retriable)
          finish() ──────── every put has a definite result: the attempt is finished (one
-                           write); once all of its execution's are, a replay waits for none.
-                           Rows matched beside another writer's identical record are
-                           counted (rows_matched_ambiguously) and warned of, once
+                           write); once all of its execution's are, a replay waits for none,
+                           but for a late row it does not find: a row whose ambiguous put was
+                           settled by a record found before its lease was over (that record
+                           may be a sibling's copy: the put may still land), listed on the
+                           execution. Rows matched beside another writer's identical record
+                           are counted (rows_matched_ambiguously) and warned of, once
     ReplayProducer.complete(run)                 one write: COMPLETE; a replay sends nothing
 
 Outcomes are key mode's: SENT, DUPLICATE (found from an earlier attempt, or the run is
@@ -75,13 +79,14 @@ from producer.replay_plan import (
     EarlierKind,
     RecoveryStep,
     earlier_of,
+    landing_late,
     past_trim_horizon,
     read_windows,
     recovery_step,
     still_running,
     to_supersede,
 )
-from producer.replay_readback import EarlierPuts, read_rows
+from producer.replay_readback import EarlierPuts, read_rows, row_tag_of
 from producer.retries import wait_full_jitter
 
 if TYPE_CHECKING:
@@ -293,11 +298,16 @@ class ReplayAttempt:
         self._given_up: list[tuple[PreparedMessage, RecordResult]] = []
         self._sent_at_ms: dict[int, int] = {}  # per item of the call: when its request left
         self._others_own = 0  # own read-back matches with another writer's copy beside them
+        # rows whose ambiguous put was settled by a record found before its lease was over:
+        # if that record was another writer's copy, the put may still land (row tags)
+        self._late_rows: set[str] = set()
         self._others_reported = False
         self._past_retention_accepted = False  # reads past the trim horizon, the risk taken
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._earlier: EarlierPuts | None = None
         self._earlier_end_ms = 0  # when the last earlier lease ends (they cannot grow now)
+        # finished earlier executions whose late rows may still land (until _earlier_end_ms)
+        self._landing_late: list[Earlier] = []
         self._outranked = registration.outranked
         # the attempts of my task that registered before me: the task item as my
         # registration wrote it (one that registers later recovers against me)
@@ -321,6 +331,7 @@ class ReplayAttempt:
             lease=context.lease,
         )
         running = still_running(earlier, now_ms, context.lease)
+        self._landing_late = landing_late(earlier, now_ms, context.lease)
         metrics.REPLAY_ATTEMPTS.labels(context.stream, self.step.value).inc()
         if self.step in (RecoveryStep.RECOVER, RecoveryStep.WAIT):
             metrics.REPLAY_RECOVERIES.labels(context.stream).inc()
@@ -334,7 +345,9 @@ class ReplayAttempt:
                 keep_alive=self._keep_lease,
                 before_read=lambda now_ms: self._check_retention(windows, now_ms),
             )
-            self._earlier_end_ms = max((e.lease_expires_at_ms for e in running), default=0)
+            self._earlier_end_ms = max(
+                (e.lease_expires_at_ms for e in [*running, *self._landing_late]), default=0
+            )
         log.info(
             "replay attempt stream=%s run=%s attempt=%s execution=%s task=%s task_attempt=%d "
             "step=%s earlier=%d running=%d",
@@ -482,7 +495,9 @@ class ReplayAttempt:
         if self.step in (RecoveryStep.DONE, RecoveryStep.SUPERSEDED):
             return
         try:
-            context.ledger.finish_attempt(context.stream, self.task.run, self.me)
+            context.ledger.finish_attempt(
+                context.stream, self.task.run, self.me, late_rows=frozenset(self._late_rows)
+            )
         except LedgerError as exc:
             log.warning(
                 "replay attempt lease left running stream=%s run=%s attempt=%s error=%s",
@@ -518,20 +533,30 @@ class ReplayAttempt:
     ) -> list[PreparedMessage]:
         """The items no earlier attempt put; the others are DUPLICATE at their position."""
         left = self._take_found(earlier, items, decided)
-        if left and not earlier.final:
-            # not found while an earlier put may still land: wait until none can, read again
+        # not found while an earlier put of them may still land: wait until none can, read
+        # again (every row while an earlier lease runs; else only a late-landing row's)
+        undecided = left if not earlier.final else [i for i in left if self._may_land_late(i)]
+        if undecided:
             reason = (
                 f"an earlier attempt of run {self.task.run!r} may still put this row until "
                 f"{self._earlier_end_ms + self._context.lease.skew_ms} (epoch ms): re-run"
             )
             if not self._wait_until_over(self._earlier_end_ms):
-                for item in left:
+                for item in undecided:
                     decided[item.index] = _unresolved(item, OutcomeStatus.IN_FLIGHT, reason)
-                self._unresolved += len(left)
-                return []
+                self._unresolved += len(undecided)
+                waiting = {item.index for item in undecided}
+                return [item for item in left if item.index not in waiting]
+            self._landing_late = []
             earlier.read_again()
             left = self._take_found(earlier, left, decided)
         return left
+
+    def _may_land_late(self, item: PreparedMessage) -> bool:
+        if not self._landing_late:
+            return False
+        tag = row_tag_of(item)
+        return any(e.may_land_late(tag) for e in self._landing_late)
 
     def _take_found(
         self, earlier: EarlierPuts, items: list[PreparedMessage], decided: dict[int, Outcome]
@@ -631,6 +656,8 @@ class ReplayAttempt:
                 if position is None:
                     left.append(item)
                     continue
+                if not over:  # found early: if it is another writer's, mine may still land
+                    self._late_rows.add(row_tag_of(item))
                 decided[item.index] = Outcome(
                     item.index, item.key, OutcomeStatus.SENT, position=position
                 )

@@ -16,6 +16,8 @@ order of a replay. ``tests/unit/test_replay_plan.py`` goes through every case.
     earlier ──────────── to_supersede:       the ids whose leases to fence before reading
                          still_running:      those that may still put (not finished, a lease
                                              not expired for all)
+                         landing_late:       finished ones whose late rows may still land (a
+                                             put settled by a record found early)
                          read_windows:       where their puts can be, merged, sorted
     a task attempt ───── recovery_step ─┬─ DONE       the run is COMPLETE: send nothing
                                         ├─ SUPERSEDED a replay superseded my execution, or
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
-from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
+from dedupe_store.records import ANY_ROW, ReplayRun, RunAttempt, RunExecution
 from producer.protocol import LeasePolicy
 
 _R = TypeVar("_R", bound=Hashable)  # a row's identity
@@ -70,6 +72,7 @@ __all__ = [
     "RecoveryStep",
     "can_finish_early",
     "earlier_of",
+    "landing_late",
     "match_since",
     "past_trim_horizon",
     "possibly_others",
@@ -101,6 +104,8 @@ class Earlier:
     lease_expires_at_ms: int
     superseded: bool
     finished: bool = False
+    # finished, but these rows' puts may land until the lease ends (RunExecution.late_rows)
+    late_rows: frozenset[str] = frozenset()
 
     @classmethod
     def of_execution(cls, execution: RunExecution) -> Earlier:
@@ -111,7 +116,18 @@ class Earlier:
             execution.lease_expires_at_ms,
             execution.superseded,
             execution.finished,
+            execution.late_rows,
         )
+
+    @property
+    def puts_landed(self) -> bool:
+        """Finished, with no put left that may land later: the stream holds all it put."""
+        return self.finished and not self.late_rows
+
+    def may_land_late(self, tag: str) -> bool:
+        """Whether a put of the row tagged ``tag`` (:func:`dedupe_store.records.row_tag`)
+        may land after this one finished."""
+        return tag in self.late_rows or ANY_ROW in self.late_rows
 
     @classmethod
     def of_attempt(cls, attempt: RunAttempt) -> Earlier:
@@ -170,20 +186,34 @@ def still_running(earlier: Sequence[Earlier], now_ms: int, lease: LeasePolicy) -
     ]
 
 
+def landing_late(earlier: Sequence[Earlier], now_ms: int, lease: LeasePolicy) -> list[Earlier]:
+    """The finished earlier ones with rows whose puts may still land (their ``late_rows``:
+    settled by a record that may have been another writer's copy), their leases not over for
+    every clock. A row of those not found cannot be decided until that lease is over; every
+    other row can."""
+    return [
+        e
+        for e in earlier
+        if e.finished
+        and e.late_rows
+        and not lease.expired_for_everyone(e.lease_expires_at_ms, now_ms)
+    ]
+
+
 def read_windows(
     earlier: Sequence[Earlier], lease: LeasePolicy, now_ms: int
 ) -> list[tuple[int, int]]:
     """Where the earlier puts can be: each ``[started_at - skew, end + skew]`` (both ends
     included, whole milliseconds), merged where they overlap or touch, sorted. ``end`` is the
-    lease's, or ``now_ms`` for a finished one whose lease runs on (its puts all landed before
-    the ledger said it finished, so before now).
+    lease's, or ``now_ms`` for a finished one whose lease runs on and whose puts all landed
+    before the ledger said it finished, so before now (:attr:`Earlier.puts_landed`).
 
     Windows that touch (the next starts at most one millisecond after the last ends) leave no
     millisecond between them, so they are one read: a shard is read once per merged window."""
     windows = sorted(
         lease.read_back_window(
             e.started_at_ms,
-            min(e.lease_expires_at_ms, now_ms) if e.finished else e.lease_expires_at_ms,
+            min(e.lease_expires_at_ms, now_ms) if e.puts_landed else e.lease_expires_at_ms,
         )
         for e in earlier
     )

@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dedupe_store.clock import Clock
-from dedupe_store.records import Position
+from dedupe_store.records import Position, row_tag
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard, kcl_view, lineage
 from producer import metrics
 from producer.protocol import PreparedMessage
 from producer.replay_plan import match_since, possibly_others
 
-__all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id"]
+__all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id", "row_tag_of"]
 
 RowId = tuple[str, bytes]  # the key, and a digest of the data
 
@@ -50,6 +50,11 @@ def row_id(key: str, data: bytes) -> RowId:
 
 def _id_of(item: PreparedMessage) -> RowId:
     return row_id(item.key, item.message.data)
+
+
+def row_tag_of(item: PreparedMessage) -> str:
+    """The row's tag on a run's item (:func:`dedupe_store.records.row_tag`)."""
+    return row_tag(*_id_of(item))
 
 
 @dataclass(slots=True)

@@ -16,6 +16,8 @@ from dedupe_store.contract import Ledger
 from dedupe_store.errors import InvalidStreamNameError, LedgerError
 from dedupe_store.inflight import bucket_share
 from dedupe_store.records import (
+    ANY_ROW,
+    LATE_ROWS_MAX,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -834,6 +836,28 @@ def test_an_execution_is_finished_once_every_attempt_of_it_is(ledger: Ledger) ->
     assert not half.executions[0].finished
     assert done.executions[0].finished
     assert done.leases_ended_before(T0_MS)
+
+
+def test_a_finished_attempts_late_rows_are_added_to_its_execution(ledger: Ledger) -> None:
+    # GIVEN two tasks of one execution, each with a row settled by a record found early
+    task0, task1 = attempt("a1"), attempt("a2", task="1")
+    ledger.register_attempt(STREAM, RUN, task0)
+    ledger.register_attempt(STREAM, RUN, task1)
+    # WHEN both finish, task0 with two late rows, task1 with more than an item should list
+    ledger.finish_attempt(STREAM, RUN, task0, late_rows=frozenset({"r1", "r2"}))
+    half = ledger.get_run(STREAM, RUN)
+    many = frozenset(f"r{i}" for i in range(LATE_ROWS_MAX + 1))
+    ledger.finish_attempt(STREAM, RUN, task1, late_rows=many)
+    done = ledger.get_run(STREAM, RUN)
+    # THEN the execution lists them, then every row: it is finished, but its puts have not
+    # ended until its lease has
+    assert half is not None
+    assert done is not None
+    assert half.executions[0].late_rows == {"r1", "r2"}
+    assert done.executions[0].late_rows == {"r1", "r2", ANY_ROW}
+    assert done.executions[0].finished
+    assert not done.leases_ended_before(T0_MS)
+    assert done.leases_ended_before(task0.lease_expires_at_ms + 1)
 
 
 def test_runs_are_per_stream_and_never_read_as_keys(ledger: Ledger) -> None:

@@ -12,7 +12,9 @@ process of its own: a process has one SparkContext, and the tests kill this one 
 
 In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, or with
 ``"sink": "foreach_batch"`` ``writeStream.foreachBatch(ExactlyOnceSink(...))``, which Spark
-3.5 runs too; available now, one file per micro-batch, two partitions each), then the batch
+3.5 runs too; available now, one file per micro-batch, two partitions each; with
+``"relay_from": S, "per_trigger": N`` in ``"stream"``, ``readStream.format("keo")`` of Kinesis
+stream S, N records a micro-batch, instead of the files: a relay), then the batch
 write of ``batch_rows``, then a read of the stream (``spark.read.format("keo")``, or
 ``spark_jobs.read_records``), then ``spark.readStream.format("keo")`` of a
 stream of its own across a split and a merge (:func:`run_stream_read`). ``KEO_FAILPOINTS``
@@ -206,14 +208,29 @@ def register(spark: Any, job: dict[str, Any], step: str) -> None:
     spark_jobs.register(spark, hooks=hooks_of(job, step))
 
 
+def _source(spark: Any, job: dict[str, Any]) -> Any:
+    """The streaming query's rows: one event file a micro-batch, or with ``relay_from`` the
+    records of that Kinesis stream, ``per_trigger`` a micro-batch (a relay); two partitions."""
+    stream = job["stream"]
+    if stream.get("relay_from"):
+        read = {
+            **job["options"],
+            "stream": stream["relay_from"],
+            "starting_position": "trim_horizon",
+            "max_records_per_trigger": str(stream["per_trigger"]),
+        }
+        events = spark.readStream.format("keo").options(**read).load().select("key", "data")
+    else:
+        events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1)
+        events = events.json(stream["source"])
+    return events.repartition(PARTITIONS)
+
+
 def run_stream(spark: Any, job: dict[str, Any]) -> None:
     stream = job["stream"]
-    events = (
-        spark.readStream.schema(EVENT_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(stream["source"])
-        .repartition(PARTITIONS)
-    )
+    register(spark, job, "stream")  # format("keo"): the relay's reader, the query's writer
+    events = _source(spark, job)
+    routing = {} if stream.get("relay_from") else {"routing_key_column": "routing_key"}
     if job.get("sink") == "foreach_batch":
         # the query's name keys its batches in the ledger, as format("keo")'s query_name does
         sink = ExactlyOnceSink(
@@ -224,10 +241,9 @@ def run_stream(spark: Any, job: dict[str, Any]) -> None:
         )
         writing = events.writeStream.foreachBatch(sink)
     else:
-        register(spark, job, "stream")
         writing = (
             events.writeStream.format("keo")
-            .options(**job["options"], routing_key_column="routing_key")
+            .options(**job["options"], **routing)
             .option("query_name", stream["query_name"])
         )
     query = (

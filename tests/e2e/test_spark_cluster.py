@@ -1,22 +1,28 @@
-"""``format("keo")`` on ``local-cluster[2,1,1024]``: two executor JVMs with Python workers of
-their own, the driver in a process of its own (cluster_job.py), killed with SIGKILL while it
-commits a streaming micro-batch, then restarted from the same checkpoint.
+"""``format("keo")`` on ``local-cluster[2,1,1024]`` under the quota mode: two executor JVMs
+with Python workers of their own, the driver in a process of its own (cluster_job.py), killed
+with SIGKILL while it commits a micro-batch of a relay, then restarted from the same
+checkpoint. Every Kinesis and DynamoDB call of the drivers and executors goes through the
+quota mode's proxies (AWS's quotas: a shard's 5 GetRecords a second, its 1,000 records a
+second, a key's write units), the test's own reads straight to the emulators.
 
 One scenario for the module, since every driver start launches a cluster (seconds each):
 
-1. the driver streams the first of two event files (one micro-batch, two partitions); the
-   executors put the rows; ``KEO_FAILPOINTS=batch_before_complete=stop`` freezes the driver's
-   commit before it records the batch; the test kills the driver (its Python process, its JVM,
-   which holds the standalone master and workers, and the frozen commit worker) with SIGKILL;
-2. a new driver restarts the query from the checkpoint (Spark replays batch 0, then runs
-   batch 1), writes a batch of other rows, and reads the stream back with ``format("keo")``;
-   then, on a stream of its own, it puts waves of plain and KPL-aggregated records and reads
-   them with ``readStream.format("keo")`` from one checkpoint: a wave and a run, shard 0 split,
-   a wave and a run, its children merged, a wave and a run.
+1. the driver relays a source stream of 120 records (``readStream.format("keo")``, 60 records
+   a micro-batch, two partitions) into the stream under test (``writeStream.format("keo")``,
+   key mode); the executors put the first batch's rows;
+   ``KEO_FAILPOINTS=batch_before_complete=stop`` freezes the driver's commit before it records
+   the batch; the test kills the driver (its Python process, its JVM, which holds the
+   standalone master and workers, and the frozen commit worker) with SIGKILL;
+2. a new driver restarts the relay from the checkpoint (Spark replays batch 0 from the offsets
+   it logged, then runs batch 1), writes a batch of other rows, and reads the stream back with
+   ``format("keo")``; then, on a stream of its own, it puts waves of plain and
+   KPL-aggregated records and reads them with ``readStream.format("keo")`` from one
+   checkpoint: a wave and a run, shard 0 split, a wave and a run, its children merged, a wave
+   and a run.
 
 The tests then check what each part left: every key once in the stream, the writes spread
-over both executors, the read, the streaming read across the reshards, and no process left
-behind by the killed driver.
+over both executors, the read, the streaming read across the reshards, the quotas kept, and no
+process left behind by the killed driver.
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ from spark_support import (
     events,
     streamcheck,
     visible_places,
-    write_event_files,
 )
 from stream_reads import RANGES, WAVES, place, wave_data
 
 from dedupe_store.records import BatchRecord
+from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
+from devstack.quota_proxy import KinesisQuotaProxy
+from kinesis_store.entries import put_entry
 from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
@@ -53,7 +61,7 @@ pytestmark = [
 ]
 
 QUERY = "cluster-orders"
-FILES, PER_FILE, BATCH_ROWS = 2, 60, 80
+BATCHES, PER_BATCH, BATCH_ROWS = 2, 60, 80
 
 
 # --- the scenario ----------------------------------------------------------------------------
@@ -67,6 +75,8 @@ class ClusterRun:
     stack: Stack
     kinesis: Any
     read_stream: str  # the streaming read's, resharded
+    kinesis_quotas: dict[str, Any] = field(default_factory=dict)  # the proxies' counters
+    dynamodb_quotas: dict[str, Any] = field(default_factory=dict)
     first_steps: dict[str, Any] = field(default_factory=dict)
     second_steps: dict[str, Any] = field(default_factory=dict)
     records_at_kill: int = -1
@@ -102,6 +112,17 @@ def _completed(stack: Stack, batch_id: int) -> BatchRecord | None:
     )
 
 
+def _relayed_rows(kinesis: Any, source: str) -> list[str]:
+    """The relay's source: ``BATCHES * PER_BATCH`` records put on stream ``source``; their keys."""
+    rows = events(BATCHES * PER_BATCH, prefix="cluster-relay")
+    for start in range(0, len(rows), 100):
+        answer = kinesis.put_records(
+            StreamName=source, Records=[put_entry(k, d.encode()) for k, d in rows[start:][:100]]
+        )
+        assert answer["FailedRecordCount"] == 0
+    return [key for key, _ in rows]
+
+
 @pytest.fixture(scope="module")
 def cluster_run(
     emulators: Any, spark_table: str, tmp_path_factory: pytest.TempPathFactory
@@ -109,42 +130,59 @@ def cluster_run(
     pytest.importorskip("pyspark.sql")
     work_dir = tmp_path_factory.mktemp("keo-cluster")
     settings = cluster_driver.new_stream(emulators, spark_table, "cluster", FAST_LEASES)
+    source = cluster_driver.new_stream(emulators, spark_table, "cluster-source", FAST_LEASES)
     resharded = cluster_driver.new_stream(emulators, spark_table, "cluster-reshard", FAST_LEASES)
+    kinesis = streamcheck.kinesis_client(emulators.kinesis)
     run = ClusterRun(
-        stream_keys=write_event_files(work_dir / "in", files=FILES, per_file=PER_FILE),
+        stream_keys=_relayed_rows(kinesis, source["KEO_STREAM"]),
         batch_keys=[key for key, _ in events(BATCH_ROWS, prefix="cluster-batch")],
         work_dir=work_dir,
         stack=build_stack(producer_settings(settings)),
-        kinesis=streamcheck.kinesis_client(emulators.kinesis),
+        kinesis=kinesis,
         read_stream=resharded["KEO_STREAM"],
     )
-    job = cluster_driver.stream_job(work_dir, settings, QUERY)
     drivers: list[subprocess.Popen[bytes]] = []
-    try:
-        drivers.append(
-            cluster_driver.start_driver(
-                job, work_dir / "first", KEO_FAILPOINTS="batch_before_complete=stop"
+    with (
+        KinesisQuotaProxy(emulators.kinesis) as kinesis_proxy,
+        DynamoDbQuotaProxy(emulators.dynamodb) as dynamodb_proxy,
+    ):
+        proxied = {
+            "KEO_KINESIS_ENDPOINT_URL": kinesis_proxy.endpoint,
+            "KEO_DYNAMODB_ENDPOINT_URL": dynamodb_proxy.endpoint,
+        }
+        job = cluster_driver.stream_job(work_dir, {**settings, **proxied}, QUERY)
+        job["stream"].update(relay_from=source["KEO_STREAM"], per_trigger=PER_BATCH)
+        try:
+            drivers.append(
+                cluster_driver.start_driver(
+                    job, work_dir / "first", KEO_FAILPOINTS="batch_before_complete=stop"
+                )
             )
-        )
-        _kill_the_driver_when_frozen(drivers[0], run)
-        run.first_steps = cluster_driver.steps(work_dir / "first.out")
-        left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
-        run.orphans = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
+            _kill_the_driver_when_frozen(drivers[0], run)
+            run.first_steps = cluster_driver.steps(work_dir / "first.out")
+            left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
+            run.orphans = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
 
-        batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
-        stream_read = {"settings": resharded, "checkpoint": str(work_dir / "read-checkpoint")}
-        job.update(run="second", batch_rows=batch_rows, read="format", stream_read=stream_read)
-        drivers.append(cluster_driver.start_driver(job, work_dir / "second"))
-        assert drivers[1].wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(work_dir / "second.err")
-        run.second_steps = cluster_driver.steps(work_dir / "second.out")
-        left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
-        run.left_by_restart = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
-        yield run
-    finally:
-        # whatever a failed run left
-        cluster_driver.kill(cluster_driver.under(work_dir))
-        for driver in drivers:
-            driver.wait()
+            batch_rows = [list(row) for row in events(BATCH_ROWS, prefix="cluster-batch")]
+            stream_read = {
+                "settings": {**resharded, **proxied},
+                "checkpoint": str(work_dir / "read-checkpoint"),
+            }
+            job.update(run="second", batch_rows=batch_rows, read="format", stream_read=stream_read)
+            drivers.append(cluster_driver.start_driver(job, work_dir / "second"))
+            second = drivers[1].wait(DRIVER_TIMEOUT_S)
+            assert second == 0, cluster_driver.tail(work_dir / "second.err")
+            run.second_steps = cluster_driver.steps(work_dir / "second.out")
+            left = cluster_driver.wait_gone(cluster_driver.under(work_dir), EXIT_TIMEOUT_S)
+            run.left_by_restart = [f"{pid} {cluster_driver.cmdline(pid)}" for pid in left]
+            run.kinesis_quotas = kinesis_proxy.state.snapshot()
+            run.dynamodb_quotas = dynamodb_proxy.state.snapshot()
+            yield run
+        finally:
+            # whatever a failed run left
+            cluster_driver.kill(cluster_driver.under(work_dir))
+            for driver in drivers:
+                driver.wait()
 
 
 # --- what it left ----------------------------------------------------------------------------
@@ -160,7 +198,7 @@ def test_a_driver_killed_in_its_commit_restarts_from_the_checkpoint_and_adds_not
     (frozen,) = run.frozen
     assert "python_streaming_sink_runner" in frozen  # the driver's worker for sink commits
     # at that point the executors had put batch 0, and the batch was not recorded
-    assert run.records_at_kill == PER_FILE
+    assert run.records_at_kill == PER_BATCH
     assert run.recorded_at_kill is None
 
     # WHEN a new driver restarted the query from the checkpoint
@@ -169,9 +207,9 @@ def test_a_driver_killed_in_its_commit_restarts_from_the_checkpoint_and_adds_not
     # THEN batch 0 was replayed, every row found delivered, and batch 1 sent its rows
     replayed, second = _completed(run.stack, 0), _completed(run.stack, 1)
     assert replayed is not None
-    assert (replayed.counts["sent"], replayed.counts["duplicates"]) == (0, PER_FILE)
+    assert (replayed.counts["sent"], replayed.counts["duplicates"]) == (0, PER_BATCH)
     assert second is not None
-    assert (second.counts["sent"], second.counts["duplicates"]) == (PER_FILE, 0)
+    assert (second.counts["sent"], second.counts["duplicates"]) == (PER_BATCH, 0)
     # AND, with the batch write after it, the stream holds every key once; the audit is clean
     assert run.second_steps["batch"]["rows"] == BATCH_ROWS
     assert_exactly_these(run.kinesis, run.stack, run.stream_keys + run.batch_keys)
@@ -237,6 +275,19 @@ def test_the_streaming_read_ran_on_both_executors(cluster_run: ClusterRun) -> No
     # WHEN the restarted driver ran them on a cluster of two one-core executors
     # THEN each executor read some of the rows
     assert cluster_run.second_steps["stream_read"]["executors"] == ["0", "1"]
+
+
+def test_every_call_of_the_cluster_went_through_the_quota_mode(cluster_run: ClusterRun) -> None:
+    # GIVEN the drivers and executors of the scenario pointed at the quota mode's proxies
+    kinesis, dynamodb = cluster_run.kinesis_quotas, cluster_run.dynamodb_quotas
+    # WHEN they relayed, wrote, read and streamed
+    # THEN each kind of call they make was admitted (or throttled) by a quota, and the
+    # throttles are said (how many depends on the machine's speed)
+    assert {"PutRecords", "GetRecords", "GetShardIterator"} <= set(kinesis["calls"])
+    assert set(dynamodb["calls"]) & {"UpdateItem", "BatchExecuteStatement"}
+    written = sum(kinesis["records_written"].values())
+    assert written >= 2 * PER_BATCH + BATCH_ROWS
+    print(f"quota throttles: kinesis {kinesis['throttles']}, dynamodb {dynamodb['throttles']}")
 
 
 def test_no_process_outlives_its_driver(cluster_run: ClusterRun) -> None:

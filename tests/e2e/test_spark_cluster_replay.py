@@ -7,10 +7,11 @@ One scenario for the module (a driver start launches a cluster: seconds each), t
 (cluster_job.py) on one streaming query, five event files, one micro-batch each, two
 partitions of 520 rows: a task puts its rows in two requests (500 rows, then 20), so a
 failpoint at its second request finds it in the middle of its puts. Every Kinesis call of the
-drivers and executors goes through a fault proxy (lost responses, 500s after the write,
-records throttled, and AWS's signature window), every ledger call through another (throttled
-``UpdateItem``: registrations, renewals, supersessions, commits); the signature fence is on,
-with a short window and lease.
+drivers and executors goes through the quota mode's proxy (AWS's quotas: a shard's 1,000
+records and 5 GetRecords a second), with faults in front of the quotas (lost responses, 500s
+after the write, records throttled, and AWS's signature window), every ledger call through
+DynamoDB's (a key's write units; throttled ``UpdateItem``: registrations, renewals,
+supersessions, commits); the signature fence is on, with a short window and lease.
 
 1. driver A puts batch 0; ``batch_before_complete=stop`` freezes its commit; the test kills
    it (its Python process, its JVM, the frozen commit worker);
@@ -61,7 +62,9 @@ from spark_support import FAST_LEASES, streamcheck, write_event_files
 
 from dedupe_store.records import ReplayRun, RunAttempt
 from dedupe_store.states import RunState
+from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
+from devstack.quota_proxy import KinesisQuotaProxy
 from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
@@ -361,8 +364,12 @@ def scenario(
     rows = [cluster_driver.rows_of(work_dir / "in" / f"events-{f}.json") for f in range(FILES)]
     direct = cluster_driver.new_stream(emulators, spark_table, "replay-cluster", TIMING)
     with (
-        FaultProxy(emulators.kinesis, kinesis_faults(), signature_window_s=WINDOW_S) as kinesis,
-        FaultProxy(emulators.dynamodb, cluster_driver.throttled_ledger_writes(seed=23)) as ledger,
+        KinesisQuotaProxy(
+            emulators.kinesis, schedule=kinesis_faults(), signature_window_s=WINDOW_S
+        ) as kinesis,
+        DynamoDbQuotaProxy(
+            emulators.dynamodb, schedule=cluster_driver.throttled_ledger_writes(seed=23)
+        ) as ledger,
     ):
         run = Scenario(
             work_dir=work_dir,

@@ -67,6 +67,7 @@ from dedupe_store.records import (
     RunExecution,
     RunRecord,
     RunRegistration,
+    late_rows_of,
 )
 from dedupe_store.states import (
     GroupState,
@@ -533,17 +534,30 @@ class InMemoryLedger:
         )
         return extended
 
-    def finish_attempt(self, stream: str, run: str, attempt: RunAttempt) -> None:
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
         with self._lock:
             self._read_fault("finish_attempt")
-            self._finish_locked(check_stream_name(stream), run, attempt)
+            self._finish_locked(check_stream_name(stream), run, attempt, late_rows)
 
-    def _finish_locked(self, stream: str, run: str, attempt: RunAttempt) -> None:
+    def _finish_locked(
+        self, stream: str, run: str, attempt: RunAttempt, late_rows: frozenset[str] = frozenset()
+    ) -> None:
         current = self._replay_runs.get((stream, run))
         execution = current.execution(attempt.execution_id) if current is not None else None
         if current is None or execution is None:
             return
-        finished = dataclasses.replace(execution, open_tags=execution.open_tags - attempt.tag)
+        finished = dataclasses.replace(
+            execution,
+            open_tags=execution.open_tags - attempt.tag,
+            late_rows=execution.late_rows | late_rows_of(late_rows),
+        )
         self._replay_runs[(stream, run)] = dataclasses.replace(
             current,
             executions=tuple(finished if e is execution else e for e in current.executions),

@@ -695,7 +695,7 @@ def test_a_committed_run_reports_its_executions_counts_and_commit_time(
     ledger.finish_attempt(stream, "orders-to-kinesis/42", retry)
     replay = register(ledger, stream, "orders-to-kinesis/42", "r3-a0", execution="exec-2")
     ledger.supersede_executions(stream, "orders-to-kinesis/42", ["exec-1"])
-    ledger.finish_attempt(stream, "orders-to-kinesis/42", replay)
+    ledger.finish_attempt(stream, "orders-to-kinesis/42", replay, late_rows=frozenset({"r"}))
     committed_ms = CLOCK.now_ms()
     ledger.complete_run(
         stream, "orders-to-kinesis/42", counts={"rows": 3, "sent": 2}, now_ms=committed_ms
@@ -727,9 +727,10 @@ def test_a_committed_run_reports_its_executions_counts_and_commit_time(
         "lease_expired": False,
         "attempts": 2,
         "finished": False,  # its first attempt never said it finished (superseded)
+        "late_rows": 0,
         "superseded": True,
     }
-    assert body["executions"][1]["finished"] is True
+    assert (body["executions"][1]["finished"], body["executions"][1]["late_rows"]) == (True, 1)
 
 
 def _rfc3339(epoch_ms: int) -> str:

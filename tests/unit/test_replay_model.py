@@ -25,7 +25,6 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-import pytest
 from fakes.kinesis import FakeKinesisClient, PutFault
 from fakes.ledger import InMemoryLedger
 from fakes.replay import replay_producer_over
@@ -199,15 +198,12 @@ def test_replays_under_faults_deliver_exactly_the_last_inputs_rows(
         assert all(found[row] == 1 for row, n in multiset(rows).items() if n == 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a replay can add a copy of an identical row whose put landed late (the "
-    "attempt took a sibling task's identical record for its own and said it finished)",
-)
 def test_a_late_put_of_an_identical_row_beside_a_siblings_copy_is_not_sent_again() -> None:
     # k0 in two tasks of one execution: one task's put of it times out and lands late, its
     # read-back takes the sibling's k0 for its own; a replay in two tasks must not miss the
-    # late one (found by the search above; the stream ends with three k0 where two belong)
+    # late one (found by the search above; the stream ended with three k0 where two belong):
+    # the attempt records k0 as a late row on its execution, and the replay that does not
+    # find a second k0 waits for that execution's lease before it sends one
     plan = [
         Execution(
             extra_rows=1,

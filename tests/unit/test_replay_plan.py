@@ -5,6 +5,7 @@ Identity is the row, ``(key, data)``, counted as a multiset (DESIGN.md "Replay m
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from itertools import pairwise
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
+from dedupe_store.records import ANY_ROW, ReplayRun, RunAttempt, RunExecution
 from dedupe_store.states import RunState
 from producer.protocol import LeasePolicy
 from producer.replay_plan import (
@@ -21,6 +22,7 @@ from producer.replay_plan import (
     RecoveryStep,
     can_finish_early,
     earlier_of,
+    landing_late,
     match_since,
     past_trim_horizon,
     possibly_others,
@@ -297,6 +299,39 @@ def test_a_finished_executions_window_ends_now_not_at_its_lease(lease: LeasePoli
     assert read_windows([found], lease, now_ms=T0_MS + 1_000) == [
         (T0_MS - SKEW_MS, T0_MS + 1_000 + SKEW_MS)
     ]
+
+
+def test_a_finished_execution_with_late_rows_is_read_to_its_lease(lease: LeasePolicy) -> None:
+    # GIVEN a finished execution one of whose puts was settled by a record found early
+    found = dataclasses.replace(
+        earlier(finished=True, lease_expires_at_ms=LEASE_END_MS), late_rows=frozenset({"r1"})
+    )
+    # WHEN its window is computed a second after it started
+    # THEN it runs to its lease's end: that put may land until then
+    assert read_windows([found], lease, now_ms=T0_MS + 1_000) == [
+        (T0_MS - SKEW_MS, LEASE_END_MS + SKEW_MS)
+    ]
+
+
+# --- landing_late -------------------------------------------------------------------------
+
+
+def test_late_rows_may_land_until_the_lease_is_over_for_everyone(lease: LeasePolicy) -> None:
+    # GIVEN finished executions: one with a late row, one listing every row, one with none,
+    # and a running one with a late row
+    late = dataclasses.replace(earlier(finished=True), late_rows=frozenset({"r1"}))
+    every = dataclasses.replace(earlier(finished=True), late_rows=frozenset({ANY_ROW}))
+    clean = earlier(finished=True)
+    running = dataclasses.replace(earlier(), late_rows=frozenset({"r1"}))
+    # WHEN a replay asks which may still land, during their leases and after
+    during = landing_late([late, every, clean, running], T0_MS + 1_000, lease)
+    after = landing_late([late, every], LEASE_END_MS + SKEW_MS, lease)
+    # THEN the finished ones with late rows, until their leases are over; only their rows
+    assert during == [late, every]
+    assert after == []
+    assert (late.may_land_late("r1"), late.may_land_late("r2")) == (True, False)
+    assert every.may_land_late("r2")
+    assert (late.puts_landed, clean.puts_landed) == (False, True)
 
 
 # --- rows_left_to_send --------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
 from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
+from producer.hooks import Step
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
 from producer.replay import ReplayProducer, ReplayTask
@@ -599,6 +600,53 @@ def test_an_ambiguous_put_found_beside_another_writers_identical_row_is_counted(
         assert statuses(attempt.send([row, Message("u", b"unique")])) == {"SENT": 2}
         assert attempt.rows_matched_ambiguously == 1
     assert in_stream(kinesis) == {("k", b"same"): 2, ("u", b"unique"): 1}
+
+
+class SiblingPutsAfterMyPut:
+    """Hooks for task 0: right after its first PutRecords, sibling task 1 of its execution
+    puts ``rows`` (before task 0 reads its ambiguous put back)."""
+
+    def __init__(self, producer: ReplayProducer, rows: list[Message]) -> None:
+        self._producer, self._rows = producer, rows
+
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
+        if step is Step.AFTER_PUT and self._rows:
+            rows, self._rows = self._rows, []
+            with self._producer.attempt(ReplayTask(RUN, "exec-1", task="1")) as sibling:
+                assert statuses(sibling.send(rows)) == {"SENT": 1}
+
+
+def test_a_late_put_settled_by_a_siblings_identical_record_is_waited_for_only_by_its_row(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN task 0 whose put of row r times out and lands later, and its sibling task 1 that
+    puts r just after: task 0 reads back, takes the sibling's copy for its own (SENT), and
+    finishes with r listed as a late row WHEN a replay carries row u (never put), then both
+    r THEN u is sent with no wait; the second r is not found at once, so the replay waits
+    for the execution's lease, finds the late copy, and sends nothing more: r twice, u once
+    (it used to send r a third time)."""
+    row, unique = Message("k", b"same"), Message("u", b"unique")
+    sibling = producer_over(ledger, kinesis, clock)
+    kinesis.script(PutFault.LATE)
+    first = replay_producer_over(
+        ledger, kinesis, clock, LEASE, hooks=SiblingPutsAfterMyPut(sibling, [row])
+    )
+    with first.attempt(ReplayTask(RUN, "exec-1", task="0")) as task0:
+        assert statuses(task0.send([row])) == {"SENT": 1}
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.executions[0].finished
+    assert len(run.executions[0].late_rows) == 1
+    assert in_stream(kinesis) == {("k", b"same"): 1}  # task 0's put has not landed yet
+
+    started_ms = clock.now_ms()
+    with producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay:
+        assert statuses(replay.send([unique])) == {"SENT": 1}
+        assert clock.now_ms() == started_ms
+        assert statuses(replay.send([row, row])) == {"DUPLICATE": 2}
+    kinesis.land_all()
+    assert in_stream(kinesis) == {("k", b"same"): 2, ("u", b"unique"): 1}
+    assert LEASE.expired_for_everyone(task0.me.lease_expires_at_ms, clock.now_ms())
 
 
 def test_a_recovery_that_waits_past_the_trim_horizon_fails_before_reading_again(
