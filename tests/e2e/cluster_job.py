@@ -228,7 +228,10 @@ def _source(spark: Any, job: dict[str, Any]) -> Any:
 
 def run_stream(spark: Any, job: dict[str, Any]) -> None:
     stream = job["stream"]
-    register(spark, job, "stream")  # format("keo"): the relay's reader, the query's writer
+    if stream.get("relay_from") or job.get("sink") != "foreach_batch":
+        # format("keo"), the relay's reader or the query's writer (Spark 4's: the sink runs
+        # on Spark 3.5 too)
+        register(spark, job, "stream")
     events = _source(spark, job)
     routing = {} if stream.get("relay_from") else {"routing_key_column": "routing_key"}
     if job.get("sink") == "foreach_batch":
