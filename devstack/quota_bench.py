@@ -295,6 +295,35 @@ def keo_send(mode: str) -> Writer:
     return write
 
 
+def keo_sends(mode: str, processes: int) -> Writer:
+    """``processes`` of :func:`keo_send` at once on the same shards, each offered its share
+    of the rows (every ``processes``-th) at its share of the rate, paced as one would be: each
+    finds the others by the shard's refusals."""
+    one = keo_send(mode)
+
+    def write(
+        settings: ProducerSettings, rows: list[tuple[str, str]], per_s: float, percent: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        answers: list[tuple[dict[str, float], dict[str, float]]] = []
+
+        def run(part: int) -> None:
+            answers.append(one(settings, rows[part::processes], per_s / processes, percent))
+
+        threads = [threading.Thread(target=run, args=(part,)) for part in range(processes)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        offered: dict[str, float] = {}
+        acked: dict[str, float] = {}
+        for their_offer, their_acks in answers:
+            offered |= their_offer
+            acked |= their_acks
+        return offered, acked
+
+    return write
+
+
 def _read_outcomes(stdout: IO[str], acked: dict[str, float]) -> None:
     for line in stdout:
         outcome = json.loads(line)
@@ -393,6 +422,7 @@ def spark_writer(spark: Any, mode: str, *, sink: bool = False) -> Writer:
 WRITERS: Final[Mapping[str, Writer]] = {
     "keo send --dedupe replay": keo_send("replay"),
     "keo send --dedupe key": keo_send("key"),
+    "keo send --dedupe key, 2 processes a shard": keo_sends("key", 2),
     "plain put_records (botocore retries)": plain_put_records,
 }
 
@@ -725,10 +755,11 @@ def measure(
     spark: bool = False,
     writers: bool = True,
     readers: bool = True,
+    named: str = "",
     say: Callable[[str], None] = print,
 ) -> tuple[list[WriterFigures], list[ReaderFigures]]:
-    """The writers (with ``spark``, the Spark writers too, in a local[2] session of their own)
-    and the readers against the quotas."""
+    """The writers (with ``spark``, the Spark writers too, in a local[2] session of their own;
+    with ``named``, only those whose name holds it) and the readers against the quotas."""
     written: list[WriterFigures] = []
     if writers:
         chosen = dict(WRITERS)
@@ -739,6 +770,7 @@ def measure(
             say("quotas: starting a local[2] Spark session for the Spark writers")
             session = local_session("keo-quota-bench")
             chosen |= spark_writers(session)
+        chosen = {name: writer for name, writer in chosen.items() if named in name}
         try:
             written = measure_writers(settings, seconds=seconds, writers=chosen, say=say)
         finally:
@@ -763,6 +795,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spark", action="store_true", help="the Spark writers too, in a local[2] session"
     )
+    parser.add_argument(
+        "--writer",
+        default="",
+        metavar="TEXT",
+        help="only the writers whose name holds TEXT (e.g. 'dedupe=key', 'keo send')",
+    )
     args = parser.parse_args(argv)
     settings = ProducerSettings(stream="unused", table="unused")
 
@@ -775,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
         spark=args.spark,
         writers=args.only != "readers",
         readers=args.only != "writers",
+        named=args.writer,
         say=say,
     )
     print(render_writers(writers))

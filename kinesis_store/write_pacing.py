@@ -13,10 +13,12 @@ Each shard is a token bucket kept as one time T (the generic cell rate algorithm
 would have sent all that was reserved on it at the rate; a request leaves once, with it, no
 shard it holds is more than ``burst_s`` ahead of the time. A writer
 that keeps to it is never throttled by its own load. Other writers of the shard (other
-processes, a Spark job's other tasks) take part of its quota: when the shard refuses a record
-of ours, this process's share of the shard's pace halves, and each request it takes whole
-grows it back a step (:meth:`WritePacer.answered`), so writers that share a shard settle on
-their parts of it without knowing of each other; the records refused are resent as before. A
+processes, a Spark job's other tasks) take part of its quota: when the shard refuses records
+of ours, this process's share of the shard's pace shrinks by twice the part refused (at most
+by half, once for the requests paced together), and while the shard takes every record it
+grows by half of itself a second
+(:meth:`WritePacer.answered`), so writers that share a shard settle on their parts of it
+without knowing of each other, however many they are; the records refused are resent. A
 request that holds more than a shard takes at once is split (:func:`split_to_fit`). One pacer
 a process and stream: the writers of a process share it. Pure apart from the injected clock
 and sleep: no boto3 here.
@@ -44,12 +46,22 @@ __all__ = [
 
 PUT_RECORDS_PER_S: Final = 1000
 PUT_BYTES_PER_S: Final = 1024 * 1024
-# a shard that refused records of ours: this process's share of the pace halves, down to this
-MIN_SHARE: Final = 1 / 64
-# a request a shard took whole: the share grows back by this much, up to all of it
-SHARE_STEP: Final = 0.05
-# a shard's share halves once in this long at most: Kinesis counts its quota by the second
-_QUOTA_WINDOW_S: Final = 1.0
+# a shard that refused records of ours: this process's share of the pace shrinks, down to this
+# (a shard written by a thousand tasks at once gives each a thousandth)
+MIN_SHARE: Final = 1 / 1024
+# while a shard takes every record of ours, the share grows by this part of itself a second,
+# up to all of it: a multiple, so that the writers of a shard together grow by half a second
+# however many they are (a step each would grow a thousand writers a thousand steps)
+SHARE_GROWTH_PER_S: Final = 0.5
+# a refusal shrinks the share by this many times the part of our records refused, at most by
+# half: the writers that overshoot together shed the excess and a margin, so that the shard's
+# bucket fills again before they reach it
+SHRINK_PER_REFUSED: Final = 2.0
+# how often a request waiting for its shards looks at them again
+_REPLAN_S: Final = 0.1
+# the longest growth counted at once: a share grows at most twice as large an answer (a
+# request paced at a small share waits seconds for its turn; a shard written after a pause)
+_GROWTH_STEP_MAX_S: Final = 2.0
 # how far ahead of the time a shard may be, a request on it counted: Kinesis takes a second of
 # its quota at once (AWS documents no burst; the quota mode's bucket holds one second); less,
 # so that requests the network delays unevenly still find room
@@ -84,71 +96,95 @@ class WritePacer:
         # processes, a Spark job's other tasks) take the rest; halved when the shard refused a
         # record of ours, grown back a step a request it took whole
         self._share: dict[str, float] = {}
-        self._halved_at_s: dict[str, float] = {}
+        self._grown_at_s: dict[str, float] = {}
         self._lock = threading.Lock()
         self.waited_s = 0.0  # in all, for the metrics and the bench
 
     def before_request(self, loads: Mapping[str, tuple[int, int]]) -> float:
         """Wait until every shard of ``loads`` (shard id -> records, bytes) can take its part
-        of the request; the seconds waited."""
-        with self._lock:
-            now_s = self._clock()
-            costs = {
-                shard_id: max(records / self._records_per_s, size / self._bytes_per_s)
-                / self._share.get(shard_id, 1.0)
-                for shard_id, (records, size) in loads.items()
-            }
-            # it leaves once, with it, no shard of it is more than the burst ahead of the time
-            leave_s = max(
-                [
-                    now_s,
-                    *(
-                        self._theoretical_s.get(shard_id, now_s) + cost_s - self._burst_s
-                        for shard_id, cost_s in costs.items()
-                    ),
-                ]
-            )
-            for shard_id, cost_s in costs.items():
-                theoretical_s = max(self._theoretical_s.get(shard_id, leave_s), leave_s)
-                self._theoretical_s[shard_id] = theoretical_s + cost_s
-            wait_s = leave_s - now_s
-            self.waited_s += wait_s
-        if wait_s > 0:
-            self._sleep(wait_s)
-        return wait_s
+        of the request at the shares the shards have then; the seconds waited. A request
+        reserves its shards' time only as it leaves: one that waits looks again every
+        ``_REPLAN_S`` (the shares grow while it waits; a reservation made at a small share
+        would hold the shard back after the share grew)."""
+        waited_s = 0.0
+        started_s: float | None = None
+        while True:
+            with self._lock:
+                now_s = self._clock()
+                # a shard with nothing reserved is idle from when the request came
+                idle_s = started_s = now_s if started_s is None else started_s
+                costs = {
+                    shard_id: max(records / self._records_per_s, size / self._bytes_per_s)
+                    / self._share.get(shard_id, 1.0)
+                    for shard_id, (records, size) in loads.items()
+                }
+                # it leaves once, with it, no shard of it is more than the burst ahead of the time
+                leave_s = max(
+                    [
+                        now_s,
+                        *(
+                            self._theoretical_s.get(shard_id, idle_s) + cost_s - self._burst_s
+                            for shard_id, cost_s in costs.items()
+                        ),
+                    ]
+                )
+                if leave_s <= now_s:
+                    for shard_id, cost_s in costs.items():
+                        theoretical_s = max(self._theoretical_s.get(shard_id, now_s), now_s)
+                        self._theoretical_s[shard_id] = theoretical_s + cost_s
+                    self.waited_s += waited_s
+                    return waited_s
+            pause_s = min(leave_s - now_s, _REPLAN_S)
+            self._sleep(pause_s)
+            waited_s += pause_s
 
-    def answered(self, refused: Iterable[str], taken: Iterable[str]) -> None:
-        """What the shards did with a request: ``refused`` some of its records (throttled:
-        another writer takes part of their quota), ``taken`` all of theirs. A refusing shard's
-        share of the pace is halved (at least ``MIN_SHARE``; once a second at most, as the
-        requests in flight together meet one refusal), a taking one's grown back by
-        ``SHARE_STEP`` (at most all): writers that share a shard settle on their parts of it
-        without knowing of each other, as TCP's congestion window does."""
+    def answered(
+        self,
+        sent: Mapping[str, int],
+        refused: Mapping[str, int],
+        paced_with: Mapping[str, float] | None = None,
+    ) -> None:
+        """What the shards did with a request: ``sent`` records to each shard, of which the
+        shard ``refused`` some (throttled: other writers take part of its quota), the request
+        paced with the shares ``paced_with`` (:meth:`share` as it was reserved; now's when not
+        given). A refusing shard's share becomes the one the request was paced with, shrunk
+        by ``SHRINK_PER_REFUSED`` times the part refused, at most by half (at least
+        ``MIN_SHARE``), if that is less than it is now: the requests in flight together, paced
+        with one share, meet one refusal and shrink it once. A shard that took them all grows
+        by ``SHARE_GROWTH_PER_S`` of itself a second since it last grew (at most all). Writers
+        that share a shard settle on their parts of it without knowing of each other, as
+        TCP's congestion windows do, and together grow by the same part a second however many
+        they are."""
         with self._lock:
             now_s = self._clock()
-            for shard_id in set(refused):
-                # once a second at most: the requests in flight together meet one refusal
-                if now_s - self._halved_at_s.get(shard_id, -_QUOTA_WINDOW_S) < _QUOTA_WINDOW_S:
-                    continue
-                self._halved_at_s[shard_id] = now_s
-                self._share[shard_id] = max(MIN_SHARE, self._share.get(shard_id, 1.0) / 2)
-            for shard_id in set(taken) - set(refused):
+            for shard_id, count in sent.items():
                 share = self._share.get(shard_id, 1.0)
-                if share < 1.0:
-                    self._share[shard_id] = min(1.0, share + SHARE_STEP)
+                grown_at_s = self._grown_at_s.get(shard_id, now_s)
+                self._grown_at_s[shard_id] = now_s
+                part_refused = min(1.0, refused.get(shard_id, 0) / max(count, 1))
+                if part_refused:
+                    paced = (paced_with or {}).get(shard_id, share)
+                    shrink = max(0.5, 1 - SHRINK_PER_REFUSED * part_refused)
+                    self._share[shard_id] = max(MIN_SHARE, min(share, paced * shrink))
+                elif share < 1.0:
+                    grown_s = min(_GROWTH_STEP_MAX_S, now_s - grown_at_s)
+                    self._share[shard_id] = min(1.0, share * (1 + SHARE_GROWTH_PER_S * grown_s))
 
     def share(self, shard_id: str) -> float:
         """The part of the pace this process keeps on ``shard_id`` now (1: all of it)."""
         with self._lock:
             return self._share.get(shard_id, 1.0)
 
-    def fits(self, records: int, size: int) -> bool:
+    def fits(self, records: int, size: int, shard_id: str | None = None) -> bool:
         """Whether ``records`` records of ``size`` bytes on one shard fit in one request: no
-        more than the burst of the shard's quota. A request holding more is refused in part
-        by Kinesis however long it waits (the shard takes a second of its quota at once: 500
-        records of 2 KB are a second of bytes), so the writer splits it
-        (:func:`split_to_fit`)."""
-        return max(records / self._records_per_s, size / self._bytes_per_s) <= self._burst_s
+        more than the burst of this process's pace on the shard (its share of it, when
+        ``shard_id`` is given). A request holding more is refused in part by Kinesis however
+        long it waits (the shard takes a second of its quota at once: 500 records of 2 KB are
+        a second of bytes), or, when other writers take the rest of the shard, lands on a
+        bucket they emptied; so the writer splits it (:func:`split_to_fit`)."""
+        share = self.share(shard_id) if shard_id is not None else 1.0
+        cost_s = max(records / self._records_per_s, size / self._bytes_per_s) / share
+        return cost_s <= self._burst_s
 
 
 def entry_shard(entry: Mapping[str, Any], shards: list[Shard]) -> str:
@@ -195,7 +231,7 @@ def split_to_fit(
     for entry in entries:
         shard_id, size = _entry_load(entry, shards)
         records, total = loads.get(shard_id, (0, 0))
-        if requests[-1] and not pacer.fits(records + 1, total + size):
+        if requests[-1] and not pacer.fits(records + 1, total + size, shard_id):
             requests.append([])
             loads = {}
             records, total = 0, 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -127,12 +128,15 @@ class KinesisWriter:
             if pacer is None or not shards:
                 results += self._put(request, lease_expires_at_ms)
                 continue
-            pacer.before_request(shard_loads(request, shards))
+            loads = shard_loads(request, shards)
+            paced_with = {shard_id: pacer.share(shard_id) for shard_id in loads}
+            pacer.before_request(loads)
             answered = self._put(request, lease_expires_at_ms)
             on = [entry_shard(entry, shards) for entry in request]
             pacer.answered(
-                refused=[s for s, r in zip(on, answered, strict=True) if _throttled(r)],
-                taken=on,
+                sent=Counter(on),
+                refused=Counter(s for s, r in zip(on, answered, strict=True) if _throttled(r)),
+                paced_with=paced_with,
             )
             results += answered
         return results

@@ -174,9 +174,9 @@ class ProducerSettings(LedgerSettings):
         description=(
             "how much of each shard's write quota (1,000 records and 1 MiB a second) this "
             "process's puts may take at most: each request waits until every shard it puts on "
-            "has room (the KPL's RateLimit), and the share halves when a shard refuses records "
-            "of ours (other writers take part of it), growing back as requests are taken whole; "
-            "0 turns the pacing off"
+            "has room (the KPL's RateLimit); the share shrinks by twice the part of a request "
+            "a shard refused (other writers take part of it; at most by half) and grows by "
+            "half of itself a second while the shard takes every record; 0 turns the pacing off"
         ),
         why=(
             "a writer alone on its shards reaches their quota without being throttled, where "
