@@ -11,14 +11,14 @@ per second"), as the KPL's ``RateLimit`` keeps its own puts within a share of it
 
 Each shard is a token bucket kept as one time T (the generic cell rate algorithm): when it
 would have sent all that was reserved on it at the rate; a request leaves once, with it, no
-shard it holds is more than ``burst_s`` ahead of the time. A writer
+shard it holds is more than ``burst_s`` ahead of the time, and reserves its part then. A writer
 that keeps to it is never throttled by its own load. Other writers of the shard (other
 processes, a Spark job's other tasks) take part of its quota: when the shard refuses records
 of ours, this process's share of the shard's pace shrinks by twice the part refused (at most
 by half, once for the requests paced together), and while the shard takes every record it
-grows by half of itself a second
-(:meth:`WritePacer.answered`), so writers that share a shard settle on their parts of it
-without knowing of each other, however many they are; the records refused are resent. A
+grows by half of itself a second (:meth:`WritePacer.answered`), so writers that share a shard
+settle on their parts of it without knowing of each other, however many they are; the records
+refused are resent. A
 request that holds more than a shard takes at once is split (:func:`split_to_fit`). One pacer
 a process and stream: the writers of a process share it. Pure apart from the injected clock
 and sleep: no boto3 here.
@@ -93,8 +93,8 @@ class WritePacer:
         self._sleep = sleep
         self._theoretical_s: dict[str, float] = {}
         # each shard's share of the pace this process keeps: other writers of the shard (other
-        # processes, a Spark job's other tasks) take the rest; halved when the shard refused a
-        # record of ours, grown back a step a request it took whole
+        # processes, a Spark job's other tasks) take the rest; shrunk when the shard refused
+        # records of ours, grown by time while it takes them all (answered)
         self._share: dict[str, float] = {}
         self._grown_at_s: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -111,8 +111,8 @@ class WritePacer:
         while True:
             with self._lock:
                 now_s = self._clock()
-                # a shard with nothing reserved is idle from when the request came
-                idle_s = started_s = now_s if started_s is None else started_s
+                if started_s is None:
+                    started_s = now_s  # a shard with nothing reserved is idle from then
                 costs = {
                     shard_id: max(records / self._records_per_s, size / self._bytes_per_s)
                     / self._share.get(shard_id, 1.0)
@@ -123,7 +123,7 @@ class WritePacer:
                     [
                         now_s,
                         *(
-                            self._theoretical_s.get(shard_id, idle_s) + cost_s - self._burst_s
+                            self._theoretical_s.get(shard_id, started_s) + cost_s - self._burst_s
                             for shard_id, cost_s in costs.items()
                         ),
                     ]
