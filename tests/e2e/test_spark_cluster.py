@@ -117,7 +117,8 @@ def _relayed_rows(kinesis: Any, source: str) -> list[str]:
     rows = events(BATCHES * PER_BATCH, prefix="cluster-relay")
     for start in range(0, len(rows), 100):
         answer = kinesis.put_records(
-            StreamName=source, Records=[put_entry(k, d.encode()) for k, d in rows[start:][:100]]
+            StreamName=source,
+            Records=[put_entry(k, d.encode()) for k, d in rows[start : start + 100]],
         )
         assert answer["FailedRecordCount"] == 0
     return [key for key, _ in rows]
