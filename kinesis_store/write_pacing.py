@@ -39,7 +39,8 @@ __all__ = [
     "PUT_BYTES_PER_S",
     "PUT_RECORDS_PER_S",
     "WritePacer",
-    "entry_shard",
+    "loads_of",
+    "placements",
     "shard_loads",
     "split_to_fit",
 ]
@@ -187,9 +188,11 @@ class WritePacer:
         return cost_s <= self._burst_s
 
 
-def entry_shard(entry: Mapping[str, Any], shards: list[Shard]) -> str:
-    """The open shard an entry goes to (:func:`_entry_load`)."""
-    return _entry_load(entry, shards)[0]
+def placements(entries: Iterable[Mapping[str, Any]], shards: list[Shard]) -> list[tuple[str, int]]:
+    """Per entry, in order: the open shard it goes to and the bytes it counts there
+    (:func:`_entry_load`). A request's entries are placed once: its loads
+    (:func:`loads_of`) and what each shard did with its records come from the same list."""
+    return [_entry_load(entry, shards) for entry in entries]
 
 
 def _entry_load(entry: Mapping[str, Any], shards: list[Shard]) -> tuple[str, int]:
@@ -212,10 +215,14 @@ def shard_loads(
 ) -> dict[str, tuple[int, int]]:
     """The records and bytes (data and partition key) a PutRecords request puts on each open
     shard (:func:`_entry_load`)."""
+    return loads_of(placements(entries, shards))
+
+
+def loads_of(placed: Iterable[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    """The records and bytes on each shard of entries already placed (:func:`placements`)."""
     records: dict[str, int] = defaultdict(int)
     sizes: dict[str, int] = defaultdict(int)
-    for entry in entries:
-        shard_id, size = _entry_load(entry, shards)
+    for shard_id, size in placed:
         records[shard_id] += 1
         sizes[shard_id] += size
     return {shard_id: (records[shard_id], sizes[shard_id]) for shard_id in records}

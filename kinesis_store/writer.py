@@ -28,7 +28,7 @@ from kinesis_store.results import (
     not_written,
 )
 from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import WritePacer, entry_shard, shard_loads, split_to_fit
+from kinesis_store.write_pacing import WritePacer, loads_of, placements, split_to_fit
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
 
@@ -128,11 +128,12 @@ class KinesisWriter:
             if pacer is None or not shards:
                 results += self._put(request, lease_expires_at_ms)
                 continue
-            loads = shard_loads(request, shards)
+            placed = placements(request, shards)
+            loads = loads_of(placed)
             paced_with = {shard_id: pacer.share(shard_id) for shard_id in loads}
             pacer.before_request(loads)
             answered = self._put(request, lease_expires_at_ms)
-            on = [entry_shard(entry, shards) for entry in request]
+            on = [shard_id for shard_id, _ in placed]
             pacer.answered(
                 sent=Counter(on),
                 refused=Counter(s for s, r in zip(on, answered, strict=True) if _throttled(r)),
