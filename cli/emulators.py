@@ -42,11 +42,12 @@ def up(
         str,
         typer.Option(
             "--dynamodb-emulator",
-            help="the DynamoDB to start and point KEO_DYNAMODB_ENDPOINT_URL at: dynalite, or "
-            "dynamodb-local (Amazon's DynamoDB Local, on java: PartiQL, transactions, TTL)",
+            help="the DynamoDB to start and point KEO_DYNAMODB_ENDPOINT_URL at: dynamodb-local "
+            "(default: Amazon's DynamoDB Local, on Java 17: the code path AWS runs, PartiQL, "
+            "claims 25 to a request), or dynalite (Node: lighter, a claim a request)",
             envvar="KEO_DYNAMODB_EMULATOR",
         ),
-    ] = "dynalite",
+    ] = "dynamodb-local",
     dynamodb_local_jvm: Annotated[
         str,
         typer.Option(

@@ -150,7 +150,7 @@ def use_local_stack(
     """Point ``KEO_*_ENDPOINT_URL`` at the embedded stack under ``state_dir``, starting what is
     not running, unless both endpoints are already set. True when the local stack is used.
     ``dynamodb`` names its DynamoDB emulator (``devstack.emulators.DYNAMODB_EMULATORS``;
-    default dynalite); ``for_bench`` starts DynamoDB Local tuned for throughput
+    default DynamoDB Local, the code path AWS runs); ``for_bench`` starts DynamoDB Local tuned for throughput
     (``devstack.emulators.JvmProfile``); ``quotas="aws"`` puts the stack behind AWS's quotas
     (``devstack.emulators.QUOTA_MODES``)."""
     if os.environ.get("KEO_KINESIS_ENDPOINT_URL") and os.environ.get("KEO_DYNAMODB_ENDPOINT_URL"):
@@ -160,7 +160,7 @@ def use_local_stack(
     try:
         endpoints = emulators.up(
             state_dir,
-            dynamodb=dynamodb or emulators.DYNALITE,
+            dynamodb=dynamodb or emulators.DYNAMODB_LOCAL,
             dynamodb_local_jvm=emulators.JvmProfile.THROUGHPUT
             if for_bench
             else emulators.JvmProfile.STARTUP,

@@ -236,9 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dynamodb-emulator",
         choices=emulators.DYNAMODB_EMULATORS,
-        default=os.environ.get("KEO_DYNAMODB_EMULATOR", emulators.DYNALITE),
+        default=os.environ.get("KEO_DYNAMODB_EMULATOR", emulators.DYNAMODB_LOCAL),
         help="the local stack's DynamoDB, when the endpoints are not set (default "
-        "$KEO_DYNAMODB_EMULATOR, else dynalite; dynamodb-local runs PartiQL)",
+        "$KEO_DYNAMODB_EMULATOR, else dynamodb-local, which runs PartiQL; dynalite does not)",
     )
     parser.add_argument(
         "--warm-up", type=int, default=1, help="untimed rounds of both producers first (default 1)"

@@ -83,10 +83,11 @@ OTHER_VARIABLES: Final = (
     OtherVariable(
         "KEO_DYNAMODB_EMULATOR",
         "`keo emulators up` (cli/emulators.py); written to endpoints.env",
-        "`dynalite`",
-        "the DynamoDB `keo emulators up` starts and points KEO_DYNAMODB_ENDPOINT_URL at: "
-        "`dynalite`, or `dynamodb-local` (Amazon's DynamoDB Local on Java 17: PartiQL, "
-        "transactions, TTL); endpoints.env names the one it points at",
+        "`dynamodb-local`",
+        "the DynamoDB `keo emulators up` (and `keo bench`, `keo demo`) starts and points "
+        "KEO_DYNAMODB_ENDPOINT_URL at: `dynamodb-local` (Amazon's DynamoDB Local on Java 17, "
+        "the code path AWS runs: PartiQL, transactions, TTL), or `dynalite` (Node, lighter); "
+        "endpoints.env names the one it points at",
     ),
     OtherVariable(
         "KEO_QUOTAS",

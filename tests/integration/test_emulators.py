@@ -502,7 +502,8 @@ def test_a_client_that_hangs_up_mid_request_does_not_take_an_emulator_down(
 def test_up_with_aws_quotas_puts_each_emulator_behind_its_quota_proxy(
     tmp_path: Path, names: Any
 ) -> None:
-    # GIVEN a stack of its own started with AWS's quotas, as `keo emulators up --quotas aws`
+    # GIVEN a stack of its own started with AWS's quotas, as `keo emulators up --quotas aws`,
+    # on the stack's default DynamoDB (DynamoDB Local), as `make demo` runs
     result = CliRunner().invoke(
         emulators_cli, ["up", "--state-dir", str(tmp_path)], env={"KEO_QUOTAS": "aws"}
     )
@@ -534,7 +535,10 @@ def test_up_with_aws_quotas_puts_each_emulator_behind_its_quota_proxy(
         refused = report["quotas"]["records_refused"]
         assert refused == {f"{names.stream}/shardId-000000000000": 2}
 
-        # AND DynamoDB answers behind its own proxy, which counts per partition key
+        # AND DynamoDB Local answers behind its own proxy, which counts per partition key
+        dynamodb_local = statuses[local_stack.DYNAMODB_LOCAL]
+        in_front = f"(AWS's quotas, in front of dynamodb-local at {dynamodb_local.endpoint})"
+        assert in_front in result.output
         dynamodb_proxy = statuses[local_stack.DYNAMODB_QUOTAS]
         assert set(listeners(dynamodb_proxy.port)) == {LOOPBACK_HEX}
         assert f"export KEO_DYNAMODB_ENDPOINT_URL={dynamodb_proxy.endpoint}\n" in env_file
@@ -545,9 +549,9 @@ def test_up_with_aws_quotas_puts_each_emulator_behind_its_quota_proxy(
 
         # AND `up` without quotas points the stack at the emulators again, the proxies left
         # running
-        plain = local_stack.up(tmp_path)
+        plain = local_stack.up(tmp_path, dynamodb=local_stack.DYNAMODB_LOCAL)
         assert (plain.kinesis, plain.quotas) == (kinesalite.endpoint, "none")
-        assert plain.dynamodb == statuses[local_stack.DYNALITE].endpoint
+        assert plain.dynamodb == dynamodb_local.endpoint
     finally:
         stopped = local_stack.down(tmp_path)
     assert {local_stack.KINESIS_QUOTAS, local_stack.DYNAMODB_QUOTAS} <= set(stopped)
