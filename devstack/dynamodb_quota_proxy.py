@@ -10,7 +10,8 @@ one, with nothing written::
                              │    answered as UnprocessedItems (all refused: the 400)
                              ├─ BatchExecuteStatement: each INSERT on its own; a refused one
                              │    answered in its place with Error.Code
-                             │    ProvisionedThroughputExceeded (or ThrottlingError)
+                             │    ProvisionedThroughputExceeded (or ThrottlingError); on an
+                             │    emulator without PartiQL (dynalite), passed on as it is
                              ├─ GetItem, BatchGetItem (refused keys: UnprocessedKeys): per key,
                              │    and billed on the items answered
                              └─ Query, Scan: at the table, billed on the items answered
@@ -117,6 +118,7 @@ class DynamoDbQuotaProxy(FaultProxy):
         self._monotonic = monotonic
         self._quota_lock = threading.Lock()
         self._hash_keys: dict[str, str] = {}  # table -> its partition key's attribute
+        self._runs_partiql: bool | None = None  # the emulator's, learned at the first batch
 
     def __enter__(self) -> DynamoDbQuotaProxy:
         self.start()
@@ -244,6 +246,10 @@ class DynamoDbQuotaProxy(FaultProxy):
     def _statements(
         self, operation: str, path: str, headers: dict[str, str], request: dict[str, Any]
     ) -> Answer:
+        if not self._upstream_runs_partiql(path, headers):
+            # the emulator refuses the operation itself, as AWS never does: throttling its
+            # statements would hide that from the caller, which falls back to a claim a key
+            return self._send(path, headers, request)
         statements: list[dict[str, Any]] = request.get("Statements", [])
         decisions: list[tuple[Admission, str]] = []
         for statement in statements:
@@ -270,6 +276,16 @@ class DynamoDbQuotaProxy(FaultProxy):
             for decided, table in decisions
         ]
         return _ok({"Responses": responses})
+
+    def _upstream_runs_partiql(self, path: str, headers: dict[str, str]) -> bool:
+        """Whether the emulator runs BatchExecuteStatement, asked once with an empty batch
+        (which writes nothing: dynalite answers UnknownOperationException, DynamoDB Local a
+        ValidationException)."""
+        if self._runs_partiql is None:
+            status, _, answer = self._send(path, headers, {"Statements": []})
+            unknown = status == 400 and b"UnknownOperationException" in answer
+            self._runs_partiql = not unknown
+        return self._runs_partiql
 
     # --- reads --------------------------------------------------------------------------
 

@@ -153,6 +153,25 @@ def test_a_batch_execute_statement_answers_each_throttled_insert_in_its_place(
     assert sorted(i["pk"]["S"] for i in written) == ["small-1", "small-2"]
 
 
+def test_a_batch_execute_statement_on_dynalite_is_refused_as_dynalite_refuses_it(
+    emulators: Any, names: Any, clock: StepClock
+) -> None:
+    # GIVEN dynalite behind the proxy, its key quota spent (a batch would be throttled whole)
+    table = _create_table(emulators.dynamodb, names.table)
+    with _proxy(emulators.dynamodb, clock, key_write_units_per_s=1) as proxy:
+        client = _client(proxy.endpoint, ONE_ATTEMPT)
+        client.put_item(TableName=table, Item={"pk": {"S": "hot"}})
+        statement = {
+            "Statement": f"INSERT INTO \"{table}\" VALUE {{'pk': ?}}",
+            "Parameters": [{"S": "hot"}],
+        }
+        # WHEN a BatchExecuteStatement comes
+        refused = _refusal(lambda: client.batch_execute_statement(Statements=[statement]))
+    # THEN the answer is dynalite's own (no PartiQL there), not a throttle: the ledger learns
+    # to claim a key a call, as it does on dynalite alone
+    assert refused["Error"]["Code"] == "UnknownOperationException"
+
+
 def test_a_batch_write_answers_throttled_puts_as_unprocessed_and_all_throttled_as_an_error(
     dynamodb: str, table: str, clock: StepClock
 ) -> None:

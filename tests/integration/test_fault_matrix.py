@@ -3,12 +3,20 @@ its claim was taken over with the signature fence off (with it on:
 ``test_signature_fence.py``), a reshard while an aggregating producer holds a stale shard map,
 an aggregating producer crashed before its marks, and the same key twice in one batch. Each
 ends with the stream read back and audited.
+
+Each runs three times: on the emulators as they are, and under the quota mode (AWS's quotas,
+scaled down so that they bind: a shard's records a second, a key's and the table's DynamoDB
+units) once on dynalite (a claim a request) and once on DynamoDB Local (25 claims a request,
+the code path AWS runs). The producers write through the quota proxies; the tests read the
+stream straight from kinesalite, as a KCL consumer would.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import kcl_rule
@@ -19,7 +27,11 @@ import streamcheck
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.records import Position
 from devstack import emulators as local_stack
+from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
+from devstack.dynamodb_quotas import DynamoDbQuotas
 from devstack.failpoints import FailpointError, Failpoints
+from devstack.quota_proxy import KinesisQuotaProxy
+from devstack.quotas import KinesisQuotas
 from kinesis_store.provisioning import create_stream, wait_active
 from producer.audit import audit_stream
 from producer.clients import kinesis_client
@@ -41,18 +53,51 @@ FAST: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def settings(emulators: local_stack.Endpoints, names: Names) -> ProducerSettings:
-    settings = ProducerSettings(
+# The quota mode's figures scaled down to what these tests offer, so that they bind: a shard
+# takes 50 records a second and the producer's pacer keeps to 75 (one and a half times: the
+# shard throttles, records are resent); a key's item 2 write units a second, the table 200
+QUOTAS = KinesisQuotas(shard_write_records_per_s=50)
+PACED_ABOVE_QUOTAS = {"put_rate_limit_percent": 7.5}
+TABLE_QUOTAS = DynamoDbQuotas(
+    key_write_units_per_s=2, table_write_units_per_s=200, table_read_units_per_s=200
+)
+WORLDS = ["emulators", "quotas-dynalite", "quotas-dynamodb-local"]
+
+
+@pytest.fixture(params=WORLDS)
+def settings(
+    emulators: local_stack.Endpoints, names: Names, request: pytest.FixtureRequest
+) -> Iterator[ProducerSettings]:
+    """The producers' settings: straight on the emulators, or through the quota mode's
+    proxies (on dynalite or on DynamoDB Local), which must have seen their calls."""
+    dynamodb = emulators.dynamodb
+    if request.param == "quotas-dynamodb-local":
+        dynamodb = request.getfixturevalue("dynamodb_local_endpoint")
+    direct = ProducerSettings(
         stream=names.stream,
         table=names.table,
         kinesis_endpoint_url=emulators.kinesis,
-        dynamodb_endpoint_url=emulators.dynamodb,
+        dynamodb_endpoint_url=dynamodb,
         **FAST,
     )
-    create_stream(kinesis_client(settings, for_put=False), settings.stream, 2, timeout_s=30)
-    ledger_from(settings).create_table()
-    return settings
+    create_stream(kinesis_client(direct, for_put=False), direct.stream, 2, timeout_s=30)
+    ledger_from(direct).create_table()
+    if request.param == "emulators":
+        yield direct
+        return
+    with ExitStack() as proxies:
+        kinesis = proxies.enter_context(KinesisQuotaProxy(emulators.kinesis, QUOTAS))
+        ledger = proxies.enter_context(DynamoDbQuotaProxy(dynamodb, TABLE_QUOTAS))
+        yield direct.model_copy(
+            update={
+                "kinesis_endpoint_url": kinesis.endpoint,
+                "dynamodb_endpoint_url": ledger.endpoint,
+                **PACED_ABOVE_QUOTAS,
+            }
+        )
+        # the producers wrote through the quota mode
+        assert kinesis.state.calls["PutRecords"] > 0
+        assert ledger.state.calls
 
 
 @pytest.fixture
