@@ -6,7 +6,9 @@ devstack.dynamodb_quota_proxy``, processes of their own), offered 1.5 times its 
 quota, and is measured by what the proxy admitted::
 
     calibrate   the writer alone on one shard, the quota out of reach: the rows a second it
-                can offer on this machine (R)
+                can offer on this machine (R): a first look at once, then half as many seconds
+                as the measure, offered at that rate; then again on the shards that R asks for
+                (each shard costs requests of its own)
     size        shards = R / (1.5 x 1,000), at least one; a writer that cannot offer 1.5
                 shards' worth (key mode on two cores) gets one shard whose quota is scaled down
                 to R / 1.5, its pacer set to match (KEO_PUT_RATE_LIMIT_PERCENT)
@@ -29,7 +31,9 @@ request, not a throttled record of a 200 answer): what it loses.
 Readers (:func:`measure_readers`): each drains a one-shard backlog behind the quota proxy
 (AWS's 5 calls and 2 MiB a second) while another consumer polls the shard's tip once a second,
 as a KCL worker does: the reader's bytes a second (10% to 90%) over the 2 MiB the other left,
-and the calls the shard refused, the reader's and the other's.
+and the calls the shard refused, the reader's and the other's. ``keo audit``; with Spark,
+``spark.read.format("keo")``, ``read_records`` (Spark 3.5's batch reader) and
+``readStream.format("keo")`` (``availableNow``), each into Spark's ``noop`` sink.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -73,7 +78,8 @@ __all__ = [
 AWS_SHARD_RECORDS_PER_S: Final = 1000
 OFFERED_OVER_QUOTA: Final = 1.5
 _UNREACHABLE: Final = 1e9  # a quota out of any writer's reach: calibration
-_CALIBRATION_ROWS: Final = 3000
+_CALIBRATION_ROWS: Final = 3000  # the first look: the rows a second, roughly
+_CALIBRATION_SHARE: Final = 0.5  # the second: half the measure's seconds' rows, sustained
 _MAX_SHARDS: Final = 8
 _SAMPLE_EVERY_S: Final = 0.05
 _SETTLED_S: Final = 2.0
@@ -383,13 +389,18 @@ def plain_put_records(
 def _spark_options(settings: ProducerSettings, mode: str, percent: float) -> dict[str, str]:
     """``format("keo")`` options (every ``KEO_*`` setting in lower case) writing where
     ``settings`` do, in ``mode``, paced to ``percent`` of a shard's quota."""
-    options = {
-        name.removeprefix("KEO_").lower(): value for name, value in settings_env(settings).items()
-    }
+    options = _setting_options(settings)
     options |= {"dedupe": mode, "put_rate_limit_percent": f"{percent:g}"}
     if mode == "replay":
         options["run_id"] = f"{settings.stream}-run"
     return options
+
+
+def _setting_options(settings: ProducerSettings) -> dict[str, str]:
+    """``settings`` as ``format("keo")`` options (every ``KEO_*`` setting in lower case)."""
+    from spark_jobs.options import setting_options
+
+    return setting_options(settings_env(settings))
 
 
 def spark_writer(spark: Any, mode: str, *, sink: bool = False) -> Writer:
@@ -486,13 +497,21 @@ def measure_writers(
         for number, (name, writer) in enumerate(writers.items()):
             label = f"quota-{stamp}-{number}"
             behind = settings.model_copy(update={"dynamodb_endpoint_url": dynamodb_proxy})
-            offered_per_s = _calibrate(behind, kinesis, f"{label}-c", writer, record_bytes)
-            shards = max(
-                1,
-                min(
-                    _MAX_SHARDS, int(offered_per_s / (OFFERED_OVER_QUOTA * AWS_SHARD_RECORDS_PER_S))
-                ),
+            offered_per_s = _calibrate(
+                behind, kinesis, f"{label}-c", writer, record_bytes, seconds=seconds
             )
+            shards = _shards_for(offered_per_s)
+            if shards > 1:  # what it offers on that many shards: each costs requests of its own
+                offered_per_s = _calibrate(
+                    behind,
+                    kinesis,
+                    f"{label}-n",
+                    writer,
+                    record_bytes,
+                    seconds=seconds,
+                    shards=shards,
+                )
+                shards = _shards_for(offered_per_s)
             quota = min(AWS_SHARD_RECORDS_PER_S, round(offered_per_s / OFFERED_OVER_QUOTA / shards))
             say(
                 f"quotas: {name}: offers {offered_per_s:.0f} rows/s here: {shards} shard(s) of {quota} records/s"
@@ -514,21 +533,44 @@ def measure_writers(
     return figures
 
 
+def _shards_for(offered_per_s: float) -> int:
+    """The shards a writer offering ``offered_per_s`` rows a second offers 1.5 times the quota
+    of (at least one: below it, a shard scaled down)."""
+    fits = int(offered_per_s / (OFFERED_OVER_QUOTA * AWS_SHARD_RECORDS_PER_S))
+    return max(1, min(_MAX_SHARDS, fits))
+
+
 def _calibrate(
-    settings: ProducerSettings, kinesis: str, label: str, writer: Writer, record_bytes: int
+    settings: ProducerSettings,
+    kinesis: str,
+    label: str,
+    writer: Writer,
+    record_bytes: int,
+    *,
+    seconds: float,
+    shards: int = 1,
 ) -> float:
-    """The rows a second ``writer`` writes on one shard with the quota out of reach."""
+    """The rows a second ``writer`` sustains on ``shards`` shards with the quota out of reach:
+    a first look of ``_CALIBRATION_ROWS`` rows at once, then half of ``seconds``' worth of rows
+    offered at that rate, as the measure offers them (a short write misjudges: a Spark job's
+    fixed start, a process's warm-up; a live feed is not rows at once: a ``keo send`` fills
+    its claim groups only as fast as its rows come)."""
     figures = {"shard_write_records_per_s": _UNREACHABLE, "shard_write_bytes_per_s": _UNREACHABLE}
+    rate, rows, fed_per_s = 0.0, _CALIBRATION_ROWS, 0.0
     with _proxy("devstack.quota_proxy", kinesis, figures) as kinesis_proxy:
-        target = _fresh(
-            settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}), label, 1
-        )
-        rows = _rows(label, _CALIBRATION_ROWS, record_bytes)
-        with _writing(kinesis_proxy, target.stream) as sampler:
-            writer(target, rows, 0.0, 0.0)
-    rate = sampler.rate(settled_s=0.0)  # the quota out of reach: no bucket to spend first
-    if rate <= 0:
-        raise RuntimeError(f"the writer wrote too little to be measured on {target.stream}")
+        for look in ("a", "b"):
+            target = _fresh(
+                settings.model_copy(update={"kinesis_endpoint_url": kinesis_proxy}),
+                f"{label}{look}",
+                shards,
+            )
+            with _writing(kinesis_proxy, target.stream) as sampler:
+                writer(target, _rows(f"{label}{look}", rows, record_bytes), fed_per_s, 0.0)
+            rate = sampler.rate(settled_s=0.0)  # the quota out of reach: no bucket to spend
+            if rate <= 0:
+                raise RuntimeError(f"the writer wrote too little to be measured on {target.stream}")
+            rows = max(_CALIBRATION_ROWS, int(rate * seconds * _CALIBRATION_SHARE))
+            fed_per_s = rate
     return rate
 
 
@@ -643,7 +685,48 @@ def _keo_audit(settings: ProducerSettings) -> None:
     )
 
 
-READERS: Final[Mapping[str, Callable[[ProducerSettings], None]]] = {"keo audit": _keo_audit}
+Reader = Callable[[ProducerSettings], None]
+READERS: Final[Mapping[str, Reader]] = {"keo audit": _keo_audit}
+
+
+def spark_readers(spark: Any) -> dict[str, Reader]:
+    """The Spark readers, on ``spark``'s session: each reads the whole stream into Spark's
+    ``noop`` sink (every row made, none kept)."""
+
+    def batch(settings: ProducerSettings) -> None:
+        from spark_jobs import register
+
+        register(spark)
+        frame = spark.read.format("keo").options(**_setting_options(settings)).load()
+        frame.write.format("noop").mode("overwrite").save()
+
+    def records(settings: ProducerSettings) -> None:
+        from spark_jobs import read_records
+
+        frame = read_records(spark, _setting_options(settings))
+        frame.write.format("noop").mode("overwrite").save()
+
+    def streaming(settings: ProducerSettings) -> None:
+        from spark_jobs import register
+
+        register(spark)
+        source = spark.readStream.format("keo").options(**_setting_options(settings)).load()
+        with tempfile.TemporaryDirectory(prefix="keo-quota-bench-") as checkpoint:
+            query = (
+                source.writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"the streaming read failed: {query.exception()}")
+
+    return {
+        'spark.read.format("keo")': batch,
+        "read_records (Spark 3.5's batch reader)": records,
+        'readStream.format("keo") (availableNow)': streaming,
+    }
 
 
 def _fill(settings: ProducerSettings, records: int, record_bytes: int) -> None:
@@ -662,7 +745,7 @@ def measure_readers(
     settings: ProducerSettings,
     *,
     backlog_mib: float = 24.0,
-    readers: Mapping[str, Callable[[ProducerSettings], None]] = READERS,
+    readers: Mapping[str, Reader] = READERS,
     say: Callable[[str], None] = print,
 ) -> list[ReaderFigures]:
     """Each reader drains a one-shard backlog of ``backlog_mib`` MiB (records of 1 KiB) behind
@@ -758,25 +841,28 @@ def measure(
     named: str = "",
     say: Callable[[str], None] = print,
 ) -> tuple[list[WriterFigures], list[ReaderFigures]]:
-    """The writers (with ``spark``, the Spark writers too, in a local[2] session of their own;
-    with ``named``, only those whose name holds it) and the readers against the quotas."""
+    """The writers and the readers against the quotas (with ``spark``, the Spark ones too, in a
+    local[2] session of their own; with ``named``, only those whose name holds it)."""
     written: list[WriterFigures] = []
-    if writers:
-        chosen = dict(WRITERS)
-        session = None
-        if spark:
-            from spark_jobs.session import local_session
+    read: list[ReaderFigures] = []
+    session = None
+    if spark and (writers or readers):
+        from spark_jobs.session import local_session
 
-            say("quotas: starting a local[2] Spark session for the Spark writers")
-            session = local_session("keo-quota-bench")
-            chosen |= spark_writers(session)
-        chosen = {name: writer for name, writer in chosen.items() if named in name}
-        try:
-            written = measure_writers(settings, seconds=seconds, writers=chosen, say=say)
-        finally:
-            if session is not None:
-                session.stop()
-    read = measure_readers(settings, say=say) if readers else []
+        say("quotas: starting a local[2] Spark session for the Spark writers and readers")
+        session = local_session("keo-quota-bench")
+    try:
+        if writers:
+            chosen_writers = dict(WRITERS) | (spark_writers(session) if session else {})
+            chosen_writers = {n: w for n, w in chosen_writers.items() if named in n}
+            written = measure_writers(settings, seconds=seconds, writers=chosen_writers, say=say)
+        if readers:
+            chosen_readers = dict(READERS) | (spark_readers(session) if session else {})
+            chosen_readers = {n: r for n, r in chosen_readers.items() if named in n}
+            read = measure_readers(settings, readers=chosen_readers, say=say)
+    finally:
+        if session is not None:
+            session.stop()
     return written, read
 
 
@@ -793,13 +879,18 @@ def main(argv: list[str] | None = None) -> int:
         "--only", choices=("writers", "readers"), help="measure only the writers or the readers"
     )
     parser.add_argument(
-        "--spark", action="store_true", help="the Spark writers too, in a local[2] session"
+        "--spark",
+        action="store_true",
+        help="the Spark writers and readers too, in a local[2] session",
     )
     parser.add_argument(
+        "--named",
         "--writer",
+        dest="named",
         default="",
         metavar="TEXT",
-        help="only the writers whose name holds TEXT (e.g. 'dedupe=key', 'keo send')",
+        help="only the writers and readers whose name holds TEXT (e.g. 'dedupe=key', "
+        "'keo send', 'format')",
     )
     args = parser.parse_args(argv)
     settings = ProducerSettings(stream="unused", table="unused")
@@ -813,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         spark=args.spark,
         writers=args.only != "readers",
         readers=args.only != "writers",
-        named=args.writer,
+        named=args.named,
         say=say,
     )
     print(render_writers(writers))

@@ -63,10 +63,12 @@ class KinesisWriter:
         pacer: WritePacer | None = None,
         shards: OpenShards | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_paced: Callable[[float], None] | None = None,
     ) -> None:
         """With a ``pacer`` (and the stream's ``shards``, to know where each record goes, read
         again each minute: a reshard is followed), each request waits until the shards it puts
-        on have room (:mod:`kinesis_store.write_pacing`)."""
+        on have room (:mod:`kinesis_store.write_pacing`); ``on_paced`` is told the seconds
+        each request that waited waited (a metric)."""
         if (pacer is None) != (shards is None):
             raise ValueError("a write pacer needs the stream's shards, and only it does")
         self._client = client
@@ -74,6 +76,7 @@ class KinesisWriter:
         self._pacer = pacer
         self._shards = shards
         self._clock = clock
+        self._on_paced = on_paced
         self._shards_read_s: float | None = None
 
     @property
@@ -131,7 +134,9 @@ class KinesisWriter:
             placed = placements(request, shards)
             loads = loads_of(placed)
             paced_with = {shard_id: pacer.share(shard_id) for shard_id in loads}
-            pacer.before_request(loads)
+            waited_s = pacer.before_request(loads)
+            if waited_s > 0 and self._on_paced is not None:
+                self._on_paced(waited_s)
             answered = self._put(request, lease_expires_at_ms)
             on = [shard_id for shard_id, _ in placed]
             pacer.answered(

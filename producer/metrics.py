@@ -30,6 +30,12 @@ PUT_REQUESTS = Counter("keo_put_requests_total", "PutRecords calls", ["stream"])
 PUT_RECORD_ERRORS = Counter(
     "keo_put_record_errors_total", "Records not written or ambiguous, by code", ["stream", "code"]
 )
+PUT_PACED_SECONDS = Counter(
+    "keo_put_paced_seconds_total",
+    "Seconds PutRecords requests waited for their shards' share of the write quota "
+    "(KEO_PUT_RATE_LIMIT_PERCENT; requests waiting side by side each count)",
+    ["stream"],
+)
 PUT_SECONDS = Histogram(
     "keo_put_request_duration_seconds",
     "PutRecords latency",
@@ -174,6 +180,7 @@ PRODUCER_COUNTERS: Final = (
     CLAIMS,
     PUT_REQUESTS,
     PUT_RECORD_ERRORS,
+    PUT_PACED_SECONDS,
     READ_BACKS,
     LEDGER_REQUESTS,
     LEDGER_WRITE_UNITS,

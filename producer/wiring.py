@@ -57,6 +57,7 @@ def put_writer(
         settings.stream,
         pacer=_pacer_of(settings.stream, percent),
         shards=OpenShards(shard_map),
+        on_paced=metrics.PUT_PACED_SECONDS.labels(settings.stream).inc,
     )
 
 

@@ -39,7 +39,8 @@ The metrics (``query`` is the ``query_name`` option, else Spark's query id, and
 And what the executors' producers did, as each task's commit message carries it (its
 producer counters' growth, ``producer.metrics.counts_since``), under ``keo send``'s names
 with ``query`` and ``stream`` in front: ``keo_messages_total``, ``keo_claims_total``,
-``keo_put_requests_total``, ``keo_put_record_errors_total``, ``keo_read_backs_total``,
+``keo_put_requests_total``, ``keo_put_record_errors_total``,
+``keo_put_paced_seconds_total``, ``keo_read_backs_total``,
 ``keo_ledger_requests_total``, ``keo_ledger_write_units_total``, and replay mode's
 ``keo_replay_runs_total``, ``keo_replay_attempts_total``, ``keo_replay_recoveries_total``,
 ``keo_replay_rows_found_total`` and ``keo_replay_rows_matched_ambiguously_total``

@@ -14,7 +14,8 @@ pytest.importorskip("pyspark.sql.datasource")
 
 from cli.bench import render_spark_table
 from devstack import emulators as local_stack
-from devstack import spark_bench
+from devstack import quota_bench, spark_bench
+from producer.settings import ProducerSettings
 
 SINKS = ("arrow", "rows", "replay", "keo_send", "plain_foreach_batch")
 RATIOS = ("new_vs_keo_send", "duplicate_vs_keo_send", "new_vs_plain_foreach_batch")
@@ -99,3 +100,23 @@ def test_the_spark_bench_reports_every_sink_and_ratio(
     assert '\n| readStream.format("keo")' in table
     assert "A query that runs on over a stream fed 1,000 records a second" in table
     assert "\n| relay A to B, exactly once" in table
+
+
+def test_each_spark_reader_drains_a_backlog_beside_another_consumer_refusing_it_nothing(
+    spark: Any, keo_env: Any
+) -> None:
+    # GIVEN the quota bench's Spark readers, on the session's Spark
+    readers = quota_bench.spark_readers(spark)
+    settings = ProducerSettings(stream="unused", table="unused")
+    # WHEN each drains a backlog of 6 MiB behind the quota proxy (3 s of the read quota: the
+    # rate is taken from 2 s after the first read on), beside a consumer at the tip
+    figures = quota_bench.measure_readers(
+        settings, backlog_mib=6, readers=readers, say=lambda _: None
+    )
+    # THEN each read the backlog, and the shard never refused the other consumer: the readers
+    # kept within its 5 calls and 2 MiB a second together
+    assert [f.reader for f in figures] == list(readers)
+    for reader in figures:
+        assert reader.read_mib_per_s > 0, reader
+        assert reader.other_calls > 0, reader
+        assert reader.other_throttled == 0, reader

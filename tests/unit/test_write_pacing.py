@@ -254,6 +254,26 @@ def test_a_paced_writer_puts_a_request_larger_than_the_burst_unthrottled() -> No
     assert all(n <= 315 for n in client.requests)
 
 
+def test_the_writer_says_how_long_each_paced_request_waited() -> None:
+    # GIVEN a writer paced to a shard quota of 394 records a second, telling its waits
+    clock = Clock()
+    waits: list[float] = []
+    writer = KinesisWriter(
+        _QuotaClient(clock),
+        "s",
+        pacer=WritePacer(percent=39.4, clock=clock, sleep=clock.sleep),
+        shards=OpenShards(lambda: [_shard(0, 0, TOP)]),
+        clock=clock,
+        on_paced=waits.append,
+    )
+    # WHEN it puts 1,000 records, more than a second of the quota
+    writer.put_entries([{"PartitionKey": f"k{i}", "Data": b"x"} for i in range(1000)])
+    # THEN the requests that waited said so, and their waits are all the time that passed
+    assert waits
+    assert all(wait > 0 for wait in waits)
+    assert sum(waits) == pytest.approx(clock.now_s)
+
+
 def _writers_on_one_shard(
     *,
     writers: int = 2,
