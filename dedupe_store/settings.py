@@ -11,12 +11,14 @@ here, in the lowest layer: :func:`setting`, :data:`EndpointUrl` and the emulator
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, Field, JsonValue, ValidationInfo
+from pydantic import AfterValidator, Field, JsonValue, ValidationInfo, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -31,6 +33,18 @@ EMULATOR_CREDENTIALS: Final = ("keolocal", "keolocal")
 _WHY: Final = "why"
 _RULE: Final = "rule"
 _DEFAULT_TEXT: Final = "default_text"
+
+
+def unknown_names(unknown: Iterable[str], known: Iterable[str], what: str = "setting") -> str:
+    """What to say of names that are not among ``known``: each with the nearest known one,
+    when one is near (``dedup`` -> ``dedupe``)."""
+    known = list(known)
+    said = []
+    for name in unknown:
+        nearest = difflib.get_close_matches(name.lower(), known, n=1)
+        said.append(f"{name!r} (did you mean {nearest[0]!r}?)" if nearest else repr(name))
+    plural = "s" if len(said) > 1 else ""
+    return f"unknown {what}{plural} {', '.join(said)}"
 
 
 def env_var(field_name: str) -> str:
@@ -141,7 +155,20 @@ class LedgerSettings(BaseSettings):
     """The ledger: its DynamoDB table and how it is reached. The producer's settings and the
     API's both start from these."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+    # KEO_* variables that are no setting (KEO_STATE_DIR, KEO_FAILPOINTS) are not read; a
+    # keyword that is no setting is refused (_known_settings_only)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_settings_only(cls, values: Any) -> Any:
+        """A keyword that is no setting is an error naming the nearest one: ignored, a typo
+        would silently keep the default (``ProducerSettings(dedup="replay")``: key mode)."""
+        if isinstance(values, Mapping):
+            unknown = sorted(name for name in values if name not in cls.model_fields)
+            if unknown:
+                raise ValueError(unknown_names(unknown, cls.model_fields))
+        return values
 
     table: str = setting(
         "keo-ledger",

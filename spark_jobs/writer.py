@@ -86,11 +86,14 @@ def settings_from_env(
 
 
 def producer_settings(values: Mapping[str, str]) -> ProducerSettings:
-    """Validate a dict of ``KEO_*`` values; it wins over the process environment."""
+    """Validate a dict of ``KEO_*`` values; it wins over the process environment. A ``KEO_*``
+    variable that is no setting (``KEO_QUOTAS``, ``KEO_STATE_DIR``: the tools') is not read, as
+    the environment's are not."""
+    fields = ProducerSettings.model_fields
     kwargs: dict[str, Any] = {
         name[len(ENV_PREFIX) :].lower(): value
         for name, value in values.items()
-        if name.startswith(ENV_PREFIX)
+        if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX) :].lower() in fields
     }
     return ProducerSettings(**kwargs)
 

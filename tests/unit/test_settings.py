@@ -47,6 +47,30 @@ def test_defaults_match_the_design_table() -> None:
     assert settings.dynamodb_endpoint_url is None
 
 
+def test_a_keyword_that_is_no_setting_is_refused_naming_the_nearest_one() -> None:
+    # GIVEN a misspelled setting, which ignored would keep the default (key mode)
+    # WHEN settings are made with it
+    with pytest.raises(ValidationError) as refused:
+        ProducerSettings(stream="orders", dedup="replay")
+    # THEN they are refused, naming the one meant; a name near none is named alone
+    assert "unknown setting 'dedup' (did you mean 'dedupe'?)" in str(refused.value)
+    with pytest.raises(ValidationError, match=r"settings 'colour', 'tabel' \(did you mean 'table'"):
+        LedgerSettings(colour="blue", tabel="orders")
+
+
+def test_keo_variables_that_are_no_setting_are_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the tools' KEO_* variables in the environment (endpoints.env exports some)
+    monkeypatch.setenv("KEO_QUOTAS", "aws")
+    monkeypatch.setenv("KEO_STATE_DIR", ".keo")
+    # WHEN settings are read, from the environment or from such values (a Spark executor's)
+    from spark_jobs.writer import producer_settings
+
+    settings = producer_settings({"KEO_STREAM": "orders", "KEO_DYNAMODB_EMULATOR": "dynalite"})
+    # THEN they are not settings, and nothing is refused
+    assert settings.stream == "orders"
+    assert ProducerSettings(stream="orders").stream == "orders"
+
+
 def test_default_lease_policy_in_milliseconds() -> None:
     # GIVEN the default settings
     # WHEN the lease policy is derived
