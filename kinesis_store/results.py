@@ -15,6 +15,7 @@ __all__ = [
     "RETRIABLE_NOT_WRITTEN_CODES",
     "SIGNATURE_FENCE",
     "STALE_SHARD_MAP",
+    "THROTTLED",
     "PutResultKind",
     "RecordResult",
     "TransportFailure",
@@ -67,6 +68,8 @@ LEASE_FENCE = "LeaseFence"
 # and the next attempt is signed anew. Any other InvalidSignatureException (a wrong secret key)
 # would fail the same way again.
 INVALID_SIGNATURE = "InvalidSignatureException"
+# A shard refused the record for its write quota (per record, in a PutRecords answer).
+THROTTLED = "ProvisionedThroughputExceededException"
 _STALE_SIGNATURE_MESSAGES = ("Signature expired", "Signature not yet current")
 
 # Not-written results worth resending under the same claim: load, a failure on Kinesis' side,
@@ -77,7 +80,7 @@ RETRIABLE_NOT_WRITTEN_CODES = frozenset(
         STALE_SHARD_MAP,
         SIGNATURE_FENCE,
         LEASE_FENCE,
-        "ProvisionedThroughputExceededException",
+        THROTTLED,
         "InternalFailure",
         "LimitExceededException",
         "KMSThrottlingException",
@@ -87,7 +90,7 @@ RETRIABLE_NOT_WRITTEN_CODES = frozenset(
 )
 
 # Error codes that prove the whole request was refused, whatever its HTTP status says.
-_REFUSED_CODES = frozenset({"ProvisionedThroughputExceededException", "LimitExceededException"})
+_REFUSED_CODES = frozenset({THROTTLED, "LimitExceededException"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,11 @@ class RecordResult:
         if self.retriable and self.kind is not PutResultKind.NOT_WRITTEN:
             # resending a written or possibly written record is the duplicate we prevent
             raise ValueError(f"a {self.kind} result cannot be retriable")
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the shard refused the record for its write quota."""
+        return self.error_code == THROTTLED
 
     @property
     def failure_reason(self) -> str:

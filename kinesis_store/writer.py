@@ -80,6 +80,11 @@ class KinesisWriter:
         self._shards_read_s: float | None = None
 
     @property
+    def paced(self) -> bool:
+        """Whether each request waits for its shards' room (a pacer, and a shard map read)."""
+        return self._pacer is not None
+
+    @property
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
@@ -141,7 +146,7 @@ class KinesisWriter:
             on = [shard_id for shard_id, _ in placed]
             pacer.answered(
                 sent=Counter(on),
-                refused=Counter(s for s, r in zip(on, answered, strict=True) if _throttled(r)),
+                refused=Counter(s for s, r in zip(on, answered, strict=True) if r.throttled),
                 paced_with=paced_with,
             )
             results += answered
@@ -192,11 +197,6 @@ class KinesisWriter:
             )
             return [result] * len(entries)
         return classify_response(response, len(entries))
-
-
-def _throttled(result: RecordResult) -> bool:
-    """Whether the shard refused the record for its write quota."""
-    return result.error_code == "ProvisionedThroughputExceededException"
 
 
 def transport_failure_of(exc: BaseException) -> TransportFailure:

@@ -33,6 +33,7 @@ _T = TypeVar("_T")
 
 Sleep = Callable[[float], None]
 BeforeSleep = Callable[[RetryCallState], None]
+Wait = Callable[[RetryCallState], float]  # a tenacity wait strategy (wait_base), or a function
 
 
 class wait_full_jitter(wait_exponential):  # noqa: N801 - named like tenacity's own waits
@@ -55,7 +56,7 @@ def repeat_while(
     work: Callable[[], _T],
     *,
     more: Callable[[_T], bool],
-    wait: wait_base,
+    wait: Wait,
     stop: stop_base,
     sleep: Sleep = time.sleep,
     before_sleep: BeforeSleep | None = None,
