@@ -256,8 +256,10 @@ def _feed(
     return arrival
 
 
-def keo_send(mode: str) -> Writer:
-    """``keo send --input - --dedupe <mode>``, its stdin fed at the offered rate."""
+def keo_send(mode: str, number: int = 0) -> Writer:
+    """``keo send --input - --dedupe <mode>``, its stdin fed at the offered rate (in replay
+    mode, a run of its own: two processes of one run would be one execution superseding the
+    other)."""
 
     def write(
         settings: ProducerSettings, rows: list[tuple[str, str]], per_s: float, percent: float
@@ -268,7 +270,7 @@ def keo_send(mode: str) -> Writer:
             "KEO_PUT_RATE_LIMIT_PERCENT": f"{percent:g}",
         }
         args = ["--dedupe", mode] + (
-            ["--run-id", f"{settings.stream}-run"] if mode == "replay" else []
+            ["--run-id", f"{settings.stream}-run-{number}"] if mode == "replay" else []
         )
         process = subprocess.Popen(  # noqa: S603 - this interpreter, fixed arguments
             [
@@ -312,7 +314,6 @@ def keo_sends(mode: str, processes: int) -> Writer:
     """``processes`` of :func:`keo_send` at once on the same shards, each offered its share
     of the rows (every ``processes``-th) at its share of the rate, paced as one would be: each
     finds the others by the shard's refusals."""
-    one = keo_send(mode)
 
     def write(
         settings: ProducerSettings, rows: list[tuple[str, str]], per_s: float, percent: float
@@ -320,6 +321,7 @@ def keo_sends(mode: str, processes: int) -> Writer:
         answers: list[tuple[dict[str, float], dict[str, float]]] = []
 
         def run(part: int) -> None:
+            one = keo_send(mode, part)
             answers.append(one(settings, rows[part::processes], per_s / processes, percent))
 
         threads = [threading.Thread(target=run, args=(part,)) for part in range(processes)]
@@ -491,10 +493,12 @@ def measure_writers(
     seconds: float = 10.0,
     record_bytes: int = 100,
     writers: Mapping[str, Writer] = WRITERS,
+    max_shards: int = _MAX_SHARDS,
     say: Callable[[str], None] = print,
 ) -> list[WriterFigures]:
-    """Each of ``writers`` against its shards' write quota (module docstring); ``settings``
-    point at the stack's emulators (not at quota proxies)."""
+    """Each of ``writers`` against its shards' write quota (module docstring), on at most
+    ``max_shards`` shards; ``settings`` point at the stack's emulators (not at quota
+    proxies)."""
     kinesis, dynamodb = settings.kinesis_endpoint_url, settings.dynamodb_endpoint_url
     if kinesis is None or dynamodb is None:
         raise ValueError("the quota bench runs on the local stack: set both endpoints")
@@ -507,7 +511,7 @@ def measure_writers(
             sustained_per_s = _calibrate(
                 behind, kinesis, f"{label}-c", writer, record_bytes, seconds=seconds
             )
-            shards = _shards_for(sustained_per_s)
+            shards = _shards_for(sustained_per_s, max_shards)
             if shards > 1:  # what it offers on that many shards: each costs requests of its own
                 sustained_per_s = _calibrate(
                     behind,
@@ -518,7 +522,7 @@ def measure_writers(
                     seconds=seconds,
                     shards=shards,
                 )
-                shards = _shards_for(sustained_per_s)
+                shards = _shards_for(sustained_per_s, max_shards)
             quota = min(
                 AWS_SHARD_RECORDS_PER_S, round(sustained_per_s / SUSTAINED_OVER_QUOTA / shards)
             )
@@ -543,11 +547,11 @@ def measure_writers(
     return figures
 
 
-def _shards_for(sustained_per_s: float) -> int:
+def _shards_for(sustained_per_s: float, max_shards: int) -> int:
     """The shards whose quota a writer sustaining ``sustained_per_s`` rows a second sustains
-    twice (at least one: below it, a shard scaled down)."""
+    twice (at least one: below it, a shard scaled down; at most ``max_shards``)."""
     fits = int(sustained_per_s / (SUSTAINED_OVER_QUOTA * AWS_SHARD_RECORDS_PER_S))
-    return max(1, min(_MAX_SHARDS, fits))
+    return max(1, min(max_shards, fits))
 
 
 def _calibrate(
