@@ -80,11 +80,6 @@ class KinesisWriter:
         self._shards_read_s: float | None = None
 
     @property
-    def paced(self) -> bool:
-        """Whether each request waits for its shards' room (a pacer, and a shard map read)."""
-        return self._pacer is not None
-
-    @property
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client

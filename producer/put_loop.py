@@ -7,8 +7,7 @@ which lease it is put under, and what becomes of one given up.
 ::
 
     put(messages)
-      └─ per round (at most put_max_attempts, jittered backoff between them; none when every
-         │  record left was throttled and the writer is paced: its pacer spaces the next)
+      └─ per round (at most put_max_attempts, jittered backoff between them):
          ├─ per 500 messages: the party's leases checked (ready_to_put: renewed, or not ours)
          ├─ per request (500 records, 5 MiB): PutRecords under the earliest lease it carries
          │     ├─ written ───── position (an aggregate not wholly inside the shard it
@@ -133,7 +132,7 @@ class PutLoop(Generic[_M]):
         still_refused = repeat_while(
             put_round,
             more=bool,
-            wait=self._resend_wait,
+            wait=context.resend_wait,
             stop=stop_after_attempt(self._max_attempts) | stop_when_event_set(context.interrupted),
             sleep=context.sleep,
             before_sleep=self._log_resend,
@@ -141,17 +140,6 @@ class PutLoop(Generic[_M]):
         for message, result in still_refused:
             self._party.give_up(message, result)
         return report
-
-    def _resend_wait(self, retry_state: RetryCallState) -> float:
-        """The backoff before the next round; none when every record left was throttled and
-        the writer is paced: its pacer, whose share of the shards the refusals shrank, spaces
-        the resends as the KPL's rate limiter does (a backoff on top leaves the shards idle
-        while the other writers keep to their shares)."""
-        outcome = retry_state.outcome
-        left = outcome.result() if outcome is not None and not outcome.failed else []
-        if left and self._context.writer.paced and all(r.throttled for _, r in left):
-            return 0.0
-        return float(self._context.resend_wait(retry_state))
 
     def _round(self, pending: list[_M], report: PutReport[_M]) -> list[tuple[_M, RecordResult]]:
         """Put each pending message once; gives up what is not worth resending, returns the

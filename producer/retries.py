@@ -33,7 +33,6 @@ _T = TypeVar("_T")
 
 Sleep = Callable[[float], None]
 BeforeSleep = Callable[[RetryCallState], None]
-Wait = Callable[[RetryCallState], float]  # a tenacity wait strategy (wait_base), or a function
 
 
 class wait_full_jitter(wait_exponential):  # noqa: N801 - named like tenacity's own waits
@@ -56,7 +55,7 @@ def repeat_while(
     work: Callable[[], _T],
     *,
     more: Callable[[_T], bool],
-    wait: Wait,
+    wait: wait_base,
     stop: stop_base,
     sleep: Sleep = time.sleep,
     before_sleep: BeforeSleep | None = None,

@@ -17,8 +17,6 @@ from fakes.ledger import InMemoryLedger
 
 from dedupe_store.clock import ManualClock
 from dedupe_store.states import LedgerState
-from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import WritePacer
 from kinesis_store.writer import KinesisWriter
 from producer.outcomes import OutcomeStatus
 from producer.producer import ExactlyOnceProducer, ProducerPolicy
@@ -106,45 +104,6 @@ def test_records_throttled_every_time_are_put_three_times_then_released(
     assert all("ProvisionedThroughputExceededException" in str(o.reason) for o in outcomes)
     assert {r.state for r in ledger.scan(STREAM)} == {LedgerState.RELEASED}
     assert kinesis.visible() == []
-
-
-def test_a_paced_writer_resends_throttled_records_through_its_pacer_without_a_backoff(
-    kinesis: FakeKinesisClient, ledger: InMemoryLedger, clock: ManualClock
-) -> None:
-    # GIVEN Kinesis throttling every record, and a writer paced to its shard's quota (its
-    # pacer waits on a clock of its own: the producer's sleeps are the backoffs alone)
-    kinesis.script(*[PutFault.THROTTLED] * 5)
-    sleep = Recorder(kinesis.sleep)
-    pacer_clock = ManualClock()
-    paced = KinesisWriter(
-        kinesis,
-        STREAM,
-        pacer=WritePacer(
-            clock=lambda: pacer_clock.now_ms() / 1000,
-            sleep=lambda s: pacer_clock.advance(int(s * 1000)),
-        ),
-        shards=OpenShards(
-            lambda: [Shard("shardId-000000000000", 0, 2**128 - 1, None, None, "0", None)]
-        ),
-    )
-    producer = ExactlyOnceProducer(
-        stream=STREAM,
-        ledger=ledger,
-        writer=paced,
-        clock=clock,
-        policy=ProducerPolicy(lease=LEASE, put_max_attempts=3),
-        sleep=sleep,
-        rng=random.Random(0),
-    )
-    # WHEN 4 messages are sent
-    with producer:
-        outcomes = producer.send(MESSAGES)
-    # THEN they were put 3 times with no backoff between (the pacer, its share of the shard
-    # shrunk by each refusal, spaces them), then given up as without a pacer
-    assert kinesis.put_calls == 3
-    assert sleep.waits == [0.0, 0.0]
-    assert {o.status for o in outcomes} == {OutcomeStatus.FAILED}
-    assert {r.state for r in ledger.scan(STREAM)} == {LedgerState.RELEASED}
 
 
 def test_a_throttled_record_is_resent_alone_and_delivered(
