@@ -512,7 +512,7 @@ def measure_writers(
                 behind, kinesis, f"{label}-c", writer, record_bytes, seconds=seconds
             )
             shards = _shards_for(sustained_per_s, max_shards)
-            if shards > 1:  # what it offers on that many shards: each costs requests of its own
+            if shards > 1:  # what it sustains on that many: each shard costs requests of its own
                 sustained_per_s = _calibrate(
                     behind,
                     kinesis,
