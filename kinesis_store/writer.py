@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,7 @@ from kinesis_store.results import (
     not_written,
 )
 from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import WritePacer, loads_of, placements, split_to_fit
+from kinesis_store.write_pacing import WritePacer, shard_loads, split_to_fit
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
 
@@ -131,17 +130,14 @@ class KinesisWriter:
             if pacer is None or not shards:
                 results += self._put(request, lease_expires_at_ms)
                 continue
-            placed = placements(request, shards)
-            loads = loads_of(placed)
-            paced_with = {shard_id: pacer.share(shard_id) for shard_id in loads}
-            waited_s = pacer.before_request(loads)
+            paced_with = pacer.share()
+            waited_s = pacer.before_request(shard_loads(request, shards))
             if waited_s > 0 and self._on_paced is not None:
                 self._on_paced(waited_s)
             answered = self._put(request, lease_expires_at_ms)
-            on = [shard_id for shard_id, _ in placed]
             pacer.answered(
-                sent=Counter(on),
-                refused=Counter(s for s, r in zip(on, answered, strict=True) if r.throttled),
+                sent=len(answered),
+                refused=sum(1 for result in answered if result.throttled),
                 paced_with=paced_with,
             )
             results += answered

@@ -307,7 +307,7 @@ def _writers_on_one_shard(
         decided = quota.admit_records("PutRecords", "s", [("a", 100)] * records, at_s)
         refused_now = sum(1 for d in decided if not d.admitted)
         if adapting:
-            pacer.answered(sent={"a": records}, refused={"a": refused_now})
+            pacer.answered(sent=records, refused=refused_now)
         if at_s >= 10:
             written += records - refused_now
             refused += refused_now
@@ -352,24 +352,42 @@ def test_many_writers_with_few_large_requests_keep_the_shard_at_its_quota(
     assert refused < most_refused
 
 
-def test_a_shards_share_shrinks_with_the_part_refused_once_per_pace_and_grows_by_time() -> None:
+def test_the_share_shrinks_with_the_part_of_a_request_refused_once_per_pace_and_grows_by_time() -> (
+    None
+):
     clock = Clock()
     pacer = WritePacer(clock=clock, sleep=clock.sleep)
-    # a tenth of the records refused: the share shrinks by a fifth; another shard grows no more
-    pacer.answered(sent={"a": 100, "b": 100}, refused={"a": 10})
-    assert (pacer.share("a"), pacer.share("b")) == (pytest.approx(0.8), 1.0)
+    # a tenth of a request refused (on any of its shards): the share shrinks by a fifth
+    pacer.answered(sent=200, refused=20)
+    assert pacer.share() == pytest.approx(0.8)
     # a request paced with the share it had before meets the same refusal: shrunk from that
     # share, no further than the first
-    pacer.answered(sent={"a": 100}, refused={"a": 10}, paced_with={"a": 1.0})
-    assert pacer.share("a") == pytest.approx(0.8)
+    pacer.answered(sent=200, refused=20, paced_with=1.0)
+    assert pacer.share() == pytest.approx(0.8)
     # taken whole for 0.4 s: half of itself a second
     for _ in range(4):
         clock.sleep(0.1)
-        pacer.answered(sent={"a": 100}, refused={})
-    assert pacer.share("a") == pytest.approx(0.8 * 1.05**4)
+        pacer.answered(sent=100, refused=0)
+    assert pacer.share() == pytest.approx(0.8 * 1.05**4)
     # most of a request refused: halved, no more; request after request, down to the floor
-    pacer.answered(sent={"a": 100}, refused={"a": 90})
-    assert pacer.share("a") == pytest.approx(0.8 * 1.05**4 / 2)
+    pacer.answered(sent=100, refused=90)
+    assert pacer.share() == pytest.approx(0.8 * 1.05**4 / 2)
     for _ in range(20):
-        pacer.answered(sent={"a": 10}, refused={"a": 10})
-    assert pacer.share("a") == MIN_SHARE
+        pacer.answered(sent=10, refused=10)
+    assert pacer.share() == MIN_SHARE
+
+
+def test_a_refusal_on_one_shard_slows_every_shard_of_the_stream_alike() -> None:
+    # GIVEN a writer that met a refusal on one of the shards its requests hold
+    clock = Clock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    pacer.answered(sent=400, refused=100)
+    # WHEN it puts a second's worth of records on the refusing shard, then on another
+    refusing = pacer.before_request({"refusing": (1000, 100_000)})
+    taking = pacer.before_request({"taking": (1000, 100_000)})
+    # THEN both wait as long: one share for the stream (a request that holds every shard
+    # leaves with its slowest, so shares a shard each would hold it to the smallest, the
+    # noisiest)
+    assert pacer.share() == pytest.approx(0.5)
+    assert refusing == pytest.approx(taking, abs=0.11)
+    assert taking > 1
