@@ -193,19 +193,23 @@ def test_a_shard_map_that_cannot_be_read_leaves_the_puts_unpaced_not_failed() ->
 
 
 def test_a_request_larger_than_a_shard_takes_at_once_is_split_in_order() -> None:
-    # GIVEN a pace of 394 records a second (a shard's quota scaled to a slow writer): its burst
-    # of 0.8 s holds 315 records
+    # GIVEN a pace of 394 records a second (a shard's quota scaled to a slow writer): a third
+    # of its burst of 0.8 s holds 105 records
     pacer = WritePacer(percent=39.4)
     shards = [_shard(0, 0, TOP)]
     entries = [{"PartitionKey": f"k{i}", "Data": b"x"} for i in range(500)]
     # WHEN 500 records for the one shard are split to fit
     requests = split_to_fit(entries, shards, pacer)
-    # THEN two requests, in order, the first as large as fits
-    assert [len(r) for r in requests] == [315, 185]
+    # THEN requests in order, each as large as fits
+    assert [len(r) for r in requests] == [105, 105, 105, 105, 80]
     assert [e for r in requests for e in r] == entries
     # AND bytes count as records do: 500 records of 2 KB are more than 0.8 s of 1 MiB
     large = [{"PartitionKey": "k", "Data": b"x" * 2047} for _ in range(500)]
-    assert [len(r) for r in split_to_fit(large, shards, WritePacer())] == [409, 91]
+    assert [len(r) for r in split_to_fit(large, shards, WritePacer())] == [136, 136, 136, 92]
+    # AND at AWS's quota, 500 records spread over two shards go as one request: each shard's
+    # part (about 250) fits in a third of its 0.8 s burst (266)
+    spread = [_shard(0, 0, TOP // 2), _shard(1, TOP // 2 + 1, TOP)]
+    assert len(split_to_fit(entries, spread, WritePacer())) == 1
     # AND a record larger than the burst alone goes alone
     huge = [{"PartitionKey": "k", "Data": b"x" * 1_000_000}] * 2
     assert [len(r) for r in split_to_fit(huge, shards, WritePacer())] == [1, 1]
