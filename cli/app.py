@@ -1,18 +1,119 @@
-"""The ``keo`` entry point: one typer app, a module per subcommand group."""
+"""The ``keo`` entry point: one typer app, a module per subcommand group, each imported only
+when its command runs or shows its own help (``keo --version`` and ``keo --help`` import none:
+boto3, pydantic and the producer are most of a command's start)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import sys
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
 
 import typer
 
 from cli import logs
 from cli.exit_codes import ExitCode
-from cli.help_format import KeoGroup
+from cli.help_format import KeoCommand, KeoGroup
 from cli.logs import LogFormat
+
+
+@dataclass(frozen=True)
+class _Command:
+    """A subcommand by where it lives: ``module``'s ``attribute`` (a command function, or a
+    typer app when ``group``), and its line in ``keo --help`` (``summary``: listed without
+    importing the module; its own help is the function's docstring)."""
+
+    module: str
+    attribute: str
+    summary: str
+    group: bool = False
+
+    def load(self, name: str) -> Any:
+        target = getattr(importlib.import_module(self.module), self.attribute)
+        alone = typer.Typer(rich_markup_mode="rich", add_completion=False)
+        if self.group:  # under a root of its own, as the root would add it
+            alone.add_typer(target, name=name, short_help=self.summary)
+            commands: dict[str, Any] = getattr(typer.main.get_command(alone), "commands", {})
+            return commands[name]
+        alone.command(name, cls=KeoCommand, short_help=self.summary)(target)
+        return typer.main.get_command(alone)
+
+
+# in the order ``keo --help`` lists them
+COMMANDS: Final = {
+    "init": _Command(
+        "cli.init",
+        "init",
+        "Create the stream and the ledger table, and wait until both are ACTIVE.",
+    ),
+    "send": _Command(
+        "cli.send",
+        "send",
+        "Send JSON lines exactly once: per key (--dedupe key) or per run (--dedupe replay).",
+    ),
+    "reconcile": _Command(
+        "cli.reconcile",
+        "reconcile",
+        "Resolve claims whose lease expired: delivered, resent, released or unverifiable.",
+    ),
+    "audit": _Command(
+        "cli.audit",
+        "audit",
+        "Read the stream as a consumer does: duplicates, losses, records the ledger lacks.",
+    ),
+    "demo": _Command(
+        "cli.demo",
+        "demo",
+        "The same events at least once, per key and per run, under faults; each audited.",
+    ),
+    "bench": _Command(
+        "cli.bench",
+        "bench",
+        "Measure throughput, cost and each writer's share of AWS's quotas; figures to a file.",
+    ),
+    "serve": _Command(
+        "cli.serve",
+        "serve",
+        "Serve the delivery-state API: was key X delivered, where, and when?",
+    ),
+    "emulators": _Command(
+        "cli.emulators",
+        "app",
+        "Start, stop and inspect the embedded local stack (127.0.0.1 only).",
+        group=True,
+    ),
+}
+
+
+class _KeoApp(KeoGroup):
+    """``keo``'s root group: its subcommands (:data:`COMMANDS`) load on first use; its help
+    lists them by their summaries."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:  # noqa: ARG002 - click's signature
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:  # noqa: ARG002 - click's signature
+        loaded = self.commands.get(cmd_name)
+        lazy = COMMANDS.get(cmd_name)
+        if loaded is not None or lazy is None:
+            return loaded
+        if self._listing:  # the help's list of commands: a summary, nothing imported
+            return KeoCommand(name=cmd_name, short_help=lazy.summary)
+        command = lazy.load(cmd_name)
+        self.add_command(command, cmd_name)
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="keo",
@@ -26,7 +127,7 @@ app = typer.Typer(
     add_completion=False,
     # help text is rich markup: a literal '[' is written '\\[' (the env hints)
     rich_markup_mode="rich",
-    cls=KeoGroup,
+    cls=_KeoApp,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -78,16 +179,6 @@ def _root(
         typer.echo(f"keo: invalid setting {exc.setting}: {exc}", err=True)
         raise typer.Exit(ExitCode.CONFIG) from None
     logs.configure(level, fmt, terminal=sys.stderr.isatty())
-
-
-def _register() -> None:
-    from cli import commands, emulators
-
-    app.add_typer(emulators.app, name="emulators")
-    commands.register(app)
-
-
-_register()
 
 
 def main() -> None:

@@ -349,6 +349,14 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {rec['get_records_calls']} | {rec['get_records_calls_per_claim']} "
             f"| {rec['get_records_calls_per_shard']} |"
         )
+    startup = results.get("cli_startup_cpu_s")
+    if startup is not None:
+        lines += [
+            "",
+            "| keo's start, CPU s (median of 5) | --version | --help | send, an empty file |",
+            "|---|---|---|---|",
+            f"| | {startup['version']} | {startup['help']} | {startup['send_empty']} |",
+        ]
     if "replay" in results:
         lines += ["", *render_replay(results)]
     return "\n".join(lines)

@@ -17,13 +17,7 @@ import typer
 
 from cli import logs
 from cli.exit_codes import ExitCode
-from cli.help_format import KeoCommand
 from dedupe_store.errors import ConfigurationError
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``serve`` to the ``keo`` app."""
-    app.command("serve", cls=KeoCommand)(serve)
 
 
 def serve(

@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import textwrap
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -1042,22 +1041,8 @@ def _property_run(cases: Any) -> Any:
 
 # --- the real server -------------------------------------------------------------------------
 
-_KEO_SERVE = textwrap.dedent(
-    """
-    import sys
-    import typer
-    from cli.serve import register
-
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        pass
-
-    register(app)
-    app(sys.argv[1:])
-    """
-)
+# keo itself: its commands load on first use, so serve imports no other command's modules
+_KEO_SERVE = "import sys; from cli.app import app; app(sys.argv[1:])"
 
 
 def _free_port() -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from api.errors import ApiConfigError
-from cli.app import app
+from cli.app import COMMANDS, app
 from cli.exit_codes import ExitCode
 from cli.logs import (
     JsonFormatter,
@@ -162,9 +164,11 @@ def test_a_commands_own_line_is_a_json_object_in_json_mode(
 
 
 def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every command path under ``group`` (groups have ``commands``), the group first."""
+    """Every command path under ``group`` (groups have ``commands``; keo's load on first
+    use, so each is asked for by name), the group first."""
     found = [path]
-    for name, command in group.commands.items():
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
         if hasattr(command, "commands"):
             found += _commands(command, (*path, name))
         else:
@@ -175,7 +179,7 @@ def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 def _command_at(path: tuple[str, ...]) -> Any:
     command: Any = typer.main.get_command(app)
     for name in path:
-        command = command.commands[name]
+        command = command.get_command(None, name)
     return command
 
 
@@ -225,6 +229,40 @@ def test_version_prints_the_package_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.stdout == f"keo {importlib.metadata.version('kinesis-exactly-once')}\n"
+
+
+_IMPORTED_BY = """
+import sys
+from cli.app import COMMANDS, app
+try:
+    app(sys.argv[1:])
+except SystemExit:
+    pass
+print(",".join(sorted(name for name in sys.modules if name.split(".")[0] in {
+    "boto3", "botocore", "pydantic", "pydantic_settings", "producer", "kinesis_store",
+    "spark_jobs", "api", "devstack"} or name in {"cli.send", "cli.options", "cli.audit"})))
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"]], ids=" ".join)
+def test_version_and_help_import_no_command(args: list[str]) -> None:
+    # GIVEN keo in a fresh interpreter
+    # WHEN it answers --version or --help
+    answer = subprocess.run(
+        [sys.executable, "-c", _IMPORTED_BY, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # THEN no command's module, no AWS SDK, no settings were imported: it answers at once
+    assert answer.stdout.splitlines()[-1] == ""
+
+
+def test_each_command_is_listed_on_one_line_and_loads_by_its_name() -> None:
+    root: Any = typer.main.get_command(app)
+    for name, command in COMMANDS.items():
+        assert len(command.summary) <= 90, name
+        assert root.get_command(None, name).name == name
 
 
 UNREACHABLE = {
