@@ -35,16 +35,16 @@ _RULE: Final = "rule"
 _DEFAULT_TEXT: Final = "default_text"
 
 
-def unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
-    """What to say of names that are not among ``known``: each with the nearest known one,
-    when one is near (``dedup`` -> ``dedupe``)."""
+def unknown_names(unknown: Iterable[str], known: Iterable[str], what: str = "setting") -> str:
+    """What to say of names that are not among ``known`` (``what``: settings, Spark's
+    options): each with the nearest known one, when one is near (``dedup`` -> ``dedupe``)."""
     known = list(known)
     said = []
     for name in unknown:
         nearest = difflib.get_close_matches(name.lower(), known, n=1)
         said.append(f"{name!r} (did you mean {nearest[0]!r}?)" if nearest else repr(name))
     plural = "s" if len(said) > 1 else ""
-    return f"unknown setting{plural} {', '.join(said)}"
+    return f"unknown {what}{plural} {', '.join(said)}"
 
 
 def env_var(field_name: str) -> str:

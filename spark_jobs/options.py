@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
 
-from dedupe_store.settings import ENV_PREFIX
+from dedupe_store.settings import ENV_PREFIX, unknown_names
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
@@ -72,8 +72,8 @@ def refuse_unknown(options: Mapping[str, str], known: frozenset[str], doing: str
     unknown = sorted(name for name in options if name.lower() not in known)
     if unknown:
         raise OptionsError(
-            f"format('keo') {doing}: unknown option{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}",
+            f"format('keo') {doing}: {unknown_names(unknown, sorted(known), what='option')}; "
+            f"known: {', '.join(sorted(known))}",
             options=unknown,
         )
 
