@@ -16,6 +16,7 @@ from cli.options import (
     exit_on_errors,
     load_settings,
 )
+from dedupe_store.errors import aws_error_code
 from dedupe_store.ledger import TtlStatus
 from kinesis_store.provisioning import StreamSpec, provision_stream
 from producer.clients import kinesis_client
@@ -103,7 +104,7 @@ def init(
                 timeout_s=timeout_s,
             )
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ValidationException":
+            if aws_error_code(exc) != "ValidationException":
                 raise
             typer.echo(f"keo init: Kinesis refused the stream as asked: {exc}", err=True)
             if on_demand:

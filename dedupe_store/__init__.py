@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from dedupe_store.clock import Clock, ManualClock, SkewedClock, SystemClock
     from dedupe_store.contract import Ledger, LedgerReader
     from dedupe_store.errors import (
+        DYNAMODB_THROTTLING_CODES,
         InvalidTransitionError,
         LedgerError,
         LedgerSchemaError,
         LedgerThrottledError,
         LedgerUnavailableError,
+        aws_error_code,
     )
     from dedupe_store.ledger import DynamoDBLedger
     from dedupe_store.records import (
@@ -59,11 +61,13 @@ __getattr__ = lazy_exports(
             "LedgerReader",
         ),
         "dedupe_store.errors": (
+            "DYNAMODB_THROTTLING_CODES",
             "InvalidTransitionError",
             "LedgerError",
             "LedgerSchemaError",
             "LedgerThrottledError",
             "LedgerUnavailableError",
+            "aws_error_code",
         ),
         "dedupe_store.ledger": ("DynamoDBLedger",),
         "dedupe_store.records": (
@@ -94,6 +98,7 @@ __getattr__ = lazy_exports(
 )
 
 __all__ = [
+    "DYNAMODB_THROTTLING_CODES",
     "AttemptRenewal",
     "BatchRecord",
     "ClaimRequest",
@@ -126,4 +131,5 @@ __all__ = [
     "RunState",
     "SkewedClock",
     "SystemClock",
+    "aws_error_code",
 ]

@@ -1,4 +1,4 @@
-"""The root of every keo error, and the errors of the ledger.
+"""The root of every keo error, the errors of the ledger, and the AWS error code of a vendor's.
 
 The lowest layer holds the root, so every package's errors derive from one class whichever
 layer raises them, and an entry point (the CLI, a Spark job) maps the whole tree with one
@@ -24,11 +24,15 @@ The other packages grow their branches from these roots, each drawn in its own m
 
 Expected outcomes, such as a claim lost to another producer or a mark lost to a takeover,
 are return values of the ledger, not errors.
+
+Every package reads a vendor error's code with :func:`aws_error_code`; DynamoDB's throttling
+codes, :data:`DYNAMODB_THROTTLING_CODES`, are :class:`LedgerThrottledError`.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import ClassVar, Final
 
 
 class KeoError(Exception):
@@ -68,9 +72,7 @@ class LedgerError(KeoError):
         cause = self.__cause__
         code = getattr(cause, "cause_response_code", None)
         if code is None:
-            response = getattr(cause, "response", None)
-            if isinstance(response, dict):
-                code = response.get("Error", {}).get("Code")
+            code = aws_error_code(cause)
         return code if isinstance(code, str) else None
 
 
@@ -95,3 +97,23 @@ class LedgerThrottledError(LedgerUnavailableError):
 
 class LedgerSchemaError(LedgerError):
     """The ledger table does not exist or does not have the expected keys and index."""
+
+
+# what DynamoDB answers a request it throttled (PartiQL batch statements use other spellings:
+# dedupe_store.batch_claims)
+DYNAMODB_THROTTLING_CODES: Final = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+
+
+def aws_error_code(response_or_exception: object) -> str | None:
+    """The AWS error code (``Error.Code``) of a botocore response, or of an exception that
+    carries one (``ClientError.response``); None where there is none."""
+    response = (
+        response_or_exception
+        if isinstance(response_or_exception, Mapping)
+        else getattr(response_or_exception, "response", None)
+    )
+    error = response.get("Error") if isinstance(response, Mapping) else None
+    code = error.get("Code") if isinstance(error, Mapping) else None
+    return code if isinstance(code, str) else None

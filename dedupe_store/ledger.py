@@ -58,10 +58,12 @@ from dedupe_store import batch_claims
 from dedupe_store import expressions as x
 from dedupe_store.batch_claims import StatementResult
 from dedupe_store.errors import (
+    DYNAMODB_THROTTLING_CODES,
     LedgerError,
     LedgerSchemaError,
     LedgerThrottledError,
     LedgerUnavailableError,
+    aws_error_code,
 )
 from dedupe_store.inflight import (
     Cursor,
@@ -130,9 +132,6 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 _NO_PARTIQL = frozenset({"UnknownOperationException", "ValidationException"})
 # rounds of a batch's throttled statements (the pause before the second: _BATCH_PAUSE_S)
 _INSERT_ROUNDS = 4
-_THROTTLED = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
-)
 # what a DynamoDB call raises: botocore's own errors, and pynamodb's wrapping of them
 _VENDOR_ERRORS = (
     botocore.exceptions.BotoCoreError,
@@ -1181,7 +1180,7 @@ class DynamoDBLedger:
                 log.info("ledger backend runs no PartiQL batches: claims one by one (%s)", code)
                 self.batch_claims = False
                 return None
-            if code in _THROTTLED:
+            if code in DYNAMODB_THROTTLING_CODES:
                 return [StatementResult.RETRY] * len(batch)
             # in transport, or a 5xx: each statement may have applied; its item says
             return [StatementResult.UNKNOWN] * len(batch)
@@ -1431,8 +1430,7 @@ def _code_of(exc: BaseException) -> str | None:
         return code
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
-        found = response.get("Error", {}).get("Code")
-        return found if isinstance(found, str) else None
+        return aws_error_code(response)
     cause = getattr(exc, "cause", None) or exc.__cause__
     return _code_of(cause) if cause is not None and cause is not exc else None
 
@@ -1456,7 +1454,7 @@ def _translate(exc: BaseException, table: str, key: str | None, doing: str) -> L
         return LedgerSchemaError(
             f"ledger table {table!r} does not exist: run 'keo init' ({doing})", table=table, key=key
         )
-    if code in _THROTTLED:
+    if code in DYNAMODB_THROTTLING_CODES:
         return LedgerThrottledError(f"DynamoDB throttled {doing} ({code})", table=table, key=key)
     return LedgerUnavailableError(
         f"DynamoDB failed to {doing}: {code or type(exc).__name__}", table=table, key=key

@@ -30,6 +30,7 @@ from typing import Any, Final
 from botocore.exceptions import ClientError
 
 from dedupe_store.batch_claims import insert_statement, split
+from dedupe_store.errors import aws_error_code
 from dedupe_store.model import data_client
 from dedupe_store.records import ClaimRequest
 from devstack.cost_meter import BillingMeter, MeterReading, ledger_table_spec
@@ -242,7 +243,7 @@ class Bench:
         try:
             write([count])  # one statement past the timed ones: PartiQL or not
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "UnknownOperationException":
+            if aws_error_code(exc) == "UnknownOperationException":
                 return None
             raise
         started = time.perf_counter()

@@ -58,6 +58,7 @@ from dedupe_store.billing import (
     query_read_cost,
     write_cost,
 )
+from dedupe_store.errors import aws_error_code
 from dedupe_store.model import INFLIGHT_INDEX_NAME, LedgerItem
 
 if TYPE_CHECKING:
@@ -237,7 +238,7 @@ class BillingMeter:
     ) -> None:
         operation = model.name
         params: Mapping[str, Any] = context.get(_PARAMS) or {}
-        error_code = parsed.get("Error", {}).get("Code")
+        error_code = aws_error_code(parsed)
         if (
             operation == "UpdateItem"
             and error_code is None
@@ -380,7 +381,7 @@ class BillingMeter:
                 self._inexact("a PartiQL statement other than the ledger's INSERT")
                 continue
             table, item = inserted
-            code = (answer.get("Error") or {}).get("Code")
+            code = aws_error_code(answer)
             if code in _DUPLICATE:
                 self._price_failed_condition(table, spec, {"Item": item}, {})
             elif code is None:

@@ -36,6 +36,7 @@ from botocore.model import OperationModel, OperationNotFoundError
 from botocore.parsers import create_parser
 
 from dedupe_store.billing import Item
+from dedupe_store.errors import aws_error_code
 from devstack.cost_meter import BillingMeter, ledger_table_spec
 from devstack.fault_proxy import FaultProxy
 
@@ -157,8 +158,9 @@ class MeteringProxy(FaultProxy):
         }
         output = operation.output_shape  # every DynamoDB operation has one
         parsed: dict[str, Any] = self._parser.parse(response, output) if output else {}
-        code = parsed.get("Error", {}).get("Code")
-        shape = operation.service_model.shape_for_error_code(code) if code else None
+        code = aws_error_code(parsed)
+        # botocore-stubs types the code an int; botocore looks its shapes up by the code's name
+        shape = operation.service_model.shape_for_error_code(code) if code else None  # type: ignore[arg-type]
         if shape is not None:
             parsed.update(self._parser.parse(response, shape))
         return parsed

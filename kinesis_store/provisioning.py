@@ -18,6 +18,7 @@ from typing import Any
 import botocore.exceptions
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from dedupe_store.errors import aws_error_code
 from kinesis_store.errors import StreamUnavailableError
 
 DEFAULT_RETENTION_HOURS = 24
@@ -142,7 +143,7 @@ def create_stream(
         else:
             client.create_stream(StreamName=stream, ShardCount=shards)
     except botocore.exceptions.ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+        if aws_error_code(exc) != "ResourceInUseException":
             raise
         created = False
     wait_active(client, stream, timeout_s=timeout_s, sleep=sleep)

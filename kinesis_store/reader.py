@@ -39,6 +39,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
+from dedupe_store.errors import aws_error_code
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.errors import (
     ShardPositionLostError,
@@ -622,7 +623,7 @@ class KinesisReader:
         try:
             page: dict[str, Any] = self._client.get_records(ShardIterator=iterator, Limit=wanted)
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ExpiredIteratorException":
+            if aws_error_code(exc) == "ExpiredIteratorException":
                 return None
             raise self._translate(exc, "get records", shard_id) from exc
         except botocore.exceptions.BotoCoreError as exc:
@@ -684,7 +685,7 @@ class KinesisReader:
     def _translate(
         self, exc: botocore.exceptions.ClientError, doing: str, shard_id: str | None
     ) -> StreamNotFoundError | StreamUnavailableError:
-        code = exc.response.get("Error", {}).get("Code")
+        code = aws_error_code(exc)
         if code == "ResourceNotFoundException":
             return StreamNotFoundError(
                 f"stream {self.stream!r} does not exist: run 'keo init'",
@@ -722,7 +723,7 @@ def _seen(raw: dict[str, Any]) -> SeenRecord:
 
 def _code_of(cause: BaseException | None) -> str | None:
     if isinstance(cause, botocore.exceptions.ClientError):
-        return cause.response.get("Error", {}).get("Code")
+        return aws_error_code(cause)
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from dedupe_store.errors import aws_error_code
 from kinesis_store.errors import PutFencedError, StreamError, StreamNotFoundError
 from kinesis_store.put_lease import sending_under
 from kinesis_store.results import (
@@ -170,14 +171,15 @@ class KinesisWriter:
             )
             return [classify_transport_failure(failure, str(exc))] * len(entries)
         except botocore.exceptions.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = error.get("Code")
+            code = aws_error_code(exc)
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code == "ResourceNotFoundException":
                 raise StreamNotFoundError(
                     f"stream {self.stream!r} does not exist: run 'keo init'", stream=self.stream
                 ) from exc
-            result = classify_request_error(status, code, error.get("Message"))
+            result = classify_request_error(
+                status, code, exc.response.get("Error", {}).get("Message")
+            )
             log.warning(
                 "put failed stream=%s records=%d status=%s code=%s kind=%s",
                 self.stream,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import Counter, Gauge, Histogram
 
 from dedupe_store.billing import item_size_bytes, write_units
+from dedupe_store.errors import DYNAMODB_THROTTLING_CODES, aws_error_code
 
 if TYPE_CHECKING:
     from kinesis_store.kpl import MalformedAggregate
@@ -218,9 +219,6 @@ def counts_since(before: Mapping[SampleKey, float]) -> dict[SampleKey, float]:
 
 
 _WRITES: Final = frozenset({"PutItem", "UpdateItem", "DeleteItem"})
-_THROTTLED: Final = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
-)
 _CONDITION_FAILED: Final = "ConditionalCheckFailedException"
 _UNIQUE_ID: Final = "keo-ledger-metrics"
 
@@ -244,8 +242,8 @@ def _on_response(
 ) -> None:
     # botocore emits after-call for an error response too, before it raises
     operation = str(model.name)
-    code = parsed.get("Error", {}).get("Code")
-    result = "ok" if code is None else _result_of(str(code))
+    code = aws_error_code(parsed)
+    result = "ok" if code is None else _result_of(code)
     LEDGER_REQUESTS.labels(operation, result).inc()
     if operation in _WRITES and result in {"ok", "condition_failed"}:
         try:
@@ -262,7 +260,7 @@ def _on_no_response(event_name: str, **_: Any) -> None:
 def _result_of(code: str) -> str:
     if code == _CONDITION_FAILED:
         return "condition_failed"
-    return "throttled" if code in _THROTTLED else "error"
+    return "throttled" if code in DYNAMODB_THROTTLING_CODES else "error"
 
 
 def _write_units(operation: str, parsed: Mapping[str, Any], context: Mapping[str, Any]) -> int:
