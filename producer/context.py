@@ -25,7 +25,12 @@ from producer import metrics
 from producer.hooks import Hooks
 from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage, chunked
 from producer.readback import ReadBackResolver
-from producer.retries import wait_full_jitter
+from producer.retries import (
+    PUT_MAX_ATTEMPTS,
+    PUT_RETRY_INITIAL_MS,
+    PUT_RETRY_MAX_MS,
+    wait_full_jitter,
+)
 
 if TYPE_CHECKING:
     from tenacity.wait import wait_base
@@ -41,9 +46,9 @@ _R = TypeVar("_R")
 @dataclass(frozen=True, slots=True)
 class ProducerPolicy:
     lease: LeasePolicy
-    put_max_attempts: int = 8
-    retry_initial_ms: int = 100
-    retry_max_ms: int = 5_000
+    put_max_attempts: int = PUT_MAX_ATTEMPTS
+    retry_initial_ms: int = PUT_RETRY_INITIAL_MS
+    retry_max_ms: int = PUT_RETRY_MAX_MS
     wait_initial_ms: int = 100
     wait_max_ms: int = 5_000
     ledger_concurrency: int = 32

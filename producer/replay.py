@@ -87,7 +87,12 @@ from producer.replay_plan import (
     to_supersede,
 )
 from producer.replay_readback import EarlierPuts, read_rows, row_tag_of
-from producer.retries import wait_full_jitter
+from producer.retries import (
+    PUT_MAX_ATTEMPTS,
+    PUT_RETRY_INITIAL_MS,
+    PUT_RETRY_MAX_MS,
+    wait_full_jitter,
+)
 
 if TYPE_CHECKING:
     from tenacity.wait import wait_base
@@ -115,9 +120,9 @@ class ReplayTask:
 @dataclass(frozen=True, slots=True)
 class ReplayPolicy:
     lease: LeasePolicy
-    put_max_attempts: int = 8
-    retry_initial_ms: int = 100
-    retry_max_ms: int = 5_000
+    put_max_attempts: int = PUT_MAX_ATTEMPTS
+    retry_initial_ms: int = PUT_RETRY_INITIAL_MS
+    retry_max_ms: int = PUT_RETRY_MAX_MS
     wait_poll_ms: int = 1_000  # how often a wait looks at the clock, the lease and the interrupt
     max_wait_ms: int | None = None  # the longest wait for a lease; None: as long as it runs
     # a recovery whose windows reach past the trim horizon: fail (nothing sent), or send the

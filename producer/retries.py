@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -30,6 +30,13 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_exponential
 
 _T = TypeVar("_T")
+
+# The defaults of a put's resends (ProducerPolicy, ReplayPolicy, the put_max_attempts setting):
+# a record definitely not written is sent again, at most PUT_MAX_ATTEMPTS sends in all, each
+# after a wait with full jitter whose cap doubles from PUT_RETRY_INITIAL_MS to PUT_RETRY_MAX_MS.
+PUT_MAX_ATTEMPTS: Final = 8
+PUT_RETRY_INITIAL_MS: Final = 100
+PUT_RETRY_MAX_MS: Final = 5_000
 
 Sleep = Callable[[float], None]
 BeforeSleep = Callable[[RetryCallState], None]

@@ -21,6 +21,7 @@ from dedupe_store.settings import (
     setting,
 )
 from producer.protocol import LeasePolicy
+from producer.retries import PUT_MAX_ATTEMPTS, PUT_RETRY_INITIAL_MS, PUT_RETRY_MAX_MS
 
 # Kinesis refuses a SigV4 request that arrives more than 5 minutes after its signing time.
 AWS_SIGNATURE_WINDOW_S: Final = 300.0
@@ -155,16 +156,18 @@ class ProducerSettings(LedgerSettings):
         ),
     )
     put_max_attempts: int = setting(
-        8,
+        PUT_MAX_ATTEMPTS,
         ge=1,
         le=50,
         description=(
             "sends of a record that was definitely not written (a per-record error such as "
-            "throttling), with backoff and full jitter from 100 ms doubling to 5 s"
+            f"throttling), with backoff and full jitter from {PUT_RETRY_INITIAL_MS} ms doubling "
+            f"to {PUT_RETRY_MAX_MS / 1000:g} s"
         ),
         why=(
-            "8 sends wait up to 11 s in all (about half that with jitter), many times a "
-            "shard's 1 s throughput window; then the key is FAILED (not written, safe to resend)"
+            f"{PUT_MAX_ATTEMPTS} sends wait up to 11 s in all (about half that with jitter), "
+            "many times a shard's 1 s throughput window; then the key is FAILED (not written, "
+            "safe to resend)"
         ),
     )
     put_rate_limit_percent: float = setting(

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dedupe_store.model import data_client
-from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings
+from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings, SettingNotes
 from producer.protocol import LeasePolicy
+from producer.retries import PUT_MAX_ATTEMPTS, PUT_RETRY_INITIAL_MS, PUT_RETRY_MAX_MS
 from producer.settings import ProducerSettings, PutFence
 
 
@@ -45,6 +46,18 @@ def test_defaults_match_the_design_table() -> None:
     # AND no endpoint override: real AWS unless told otherwise
     assert settings.kinesis_endpoint_url is None
     assert settings.dynamodb_endpoint_url is None
+
+
+def test_the_put_max_attempts_setting_says_how_long_its_default_sends_wait_at_most() -> None:
+    # GIVEN the put_max_attempts setting, whose default and backoff the producers share
+    notes = SettingNotes.of("put_max_attempts", ProducerSettings.model_fields["put_max_attempts"])
+    # WHEN the waits between its default number of sends are summed, each at its cap
+    caps_ms = [
+        min(PUT_RETRY_MAX_MS, PUT_RETRY_INITIAL_MS * 2**attempt)
+        for attempt in range(PUT_MAX_ATTEMPTS - 1)
+    ]
+    # THEN its why says that longest wait, in whole seconds
+    assert f"{PUT_MAX_ATTEMPTS} sends wait up to {sum(caps_ms) // 1000} s in all" in notes.why
 
 
 def test_a_keyword_that_is_no_setting_is_refused_naming_the_nearest_one() -> None:
