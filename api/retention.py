@@ -18,13 +18,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
-import boto3
 import botocore.exceptions
 from botocore.config import Config
 
 from api.settings import ApiSettings
 from dedupe_store.clock import Clock, SystemClock
-from dedupe_store.settings import emulator_credentials_for
+from kinesis_store.client import kinesis_client_for
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +76,9 @@ def retention_from(settings: ApiSettings, clock: Clock | None = None) -> Retenti
     configured = settings.stream_retention_hours
     if configured is not None:
         return lambda _stream: configured
-    key_id, secret = emulator_credentials_for(settings.kinesis_endpoint_url) or (None, None)
-    client = boto3.session.Session().client(
-        "kinesis",
-        region_name=settings.resolved_region(),
-        endpoint_url=settings.kinesis_endpoint_url,
-        aws_access_key_id=key_id,
-        aws_secret_access_key=secret,
+    client = kinesis_client_for(
+        settings.kinesis_endpoint_url,
+        region=settings.resolved_region(),
         config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2}),
     )
 

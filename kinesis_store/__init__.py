@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from dedupe_store.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from kinesis_store.client import kinesis_client_for
     from kinesis_store.entries import (
         DEFAULT_MAX_RECORD_BYTES,
         MAX_HASH_KEY,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(
     __name__,
     {
+        "kinesis_store.client": ("kinesis_client_for",),
         "kinesis_store.entries": (
             "DEFAULT_MAX_RECORD_BYTES",
             "MAX_HASH_KEY",
@@ -126,6 +128,7 @@ __all__ = [
     "create_stream",
     "hash_key_of",
     "kcl_view",
+    "kinesis_client_for",
     "lineage",
     "open_shards",
     "provision_stream",

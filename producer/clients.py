@@ -10,6 +10,7 @@ import boto3
 import botocore.session
 from botocore.config import Config
 
+from kinesis_store.client import kinesis_client_for
 from kinesis_store.reader import utc_timestamp
 from producer.settings import ProducerSettings
 
@@ -35,7 +36,9 @@ def kinesis_read_client(settings: ProducerSettings) -> Any:
     )
 
 
-def _kinesis_client(settings: ProducerSettings, *, for_put: bool, session: Any) -> Any:
+def _kinesis_client(
+    settings: ProducerSettings, *, for_put: bool, session: boto3.session.Session
+) -> Any:
     if for_put:
         config = Config(
             connect_timeout=settings.put_connect_timeout_s,
@@ -50,12 +53,9 @@ def _kinesis_client(settings: ProducerSettings, *, for_put: bool, session: Any) 
             retries={"max_attempts": 5, "mode": "standard"},
             max_pool_connections=16,
         )
-    credentials = settings.emulator_credentials()
-    return session.client(
-        "kinesis",
-        region_name=settings.kinesis_region(),
-        endpoint_url=settings.kinesis_endpoint_url,
+    return kinesis_client_for(
+        settings.kinesis_endpoint_url,
+        region=settings.kinesis_region(),
         config=config,
-        aws_access_key_id=credentials[0] if credentials else None,
-        aws_secret_access_key=credentials[1] if credentials else None,
+        session=session,
     )
