@@ -55,19 +55,17 @@ shared machine it says how noisy the figures are. Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
-from devstack import emulators, stream_bench
+from devstack import stream_bench
 from devstack.bench import (
     load_average,
     metered_dynamodb,
@@ -75,10 +73,8 @@ from devstack.bench import (
     timed_keo_send,
     write_lines,
 )
+from devstack.bench_stack import PARTITIONS, as_env, fresh_streams, local_endpoints, write
 from devstack.spark_demo import AtLeastOnceSink
-from kinesis_store.provisioning import create_stream
-from producer.clients import kinesis_client
-from producer.wiring import ledger_from
 from spark_jobs import register
 from spark_jobs.datasource import (
     KeoArrowWriter,
@@ -95,7 +91,6 @@ INTERFACES: Final = {"arrow": "true", "rows": "false"}
 CLI_SEND: Final = "keo_send"
 REPLAY: Final = "replay"  # format("keo"), Arrow writer, dedupe=replay
 PLAIN_SINK: Final = "plain_foreach_batch"
-PARTITIONS: Final = 2
 PAYLOAD_BYTES: Final = 200
 DEFAULT_ROWS: Final = 20_000
 DEFAULT_INTERFACE_ROWS: Final = (400_000,)
@@ -176,30 +171,6 @@ def _ratios(end_to_end: Mapping[str, Any]) -> dict[str, Any]:
         }
         for name, figures in end_to_end.items()
     }
-
-
-def fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
-    """``format("keo")`` options per label, each naming a new stream and table, all ready.
-
-    Created at once: dynalite takes about 2 s to make a table ACTIVE, whatever the load.
-    """
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-
-    def fresh(label: str) -> dict[str, str]:
-        name = f"bench-spark-{label.replace('_', '-')}-{stamp}"
-        options = {**settings, "stream": name, "table": name}
-        parsed = producer_settings(as_env(options))
-        ledger_from(parsed).create_table(wait=True)
-        create_stream(kinesis_client(parsed, for_put=False), name, PARTITIONS, timeout_s=60)
-        return options
-
-    with ThreadPoolExecutor(len(labels)) as pool:
-        return dict(zip(labels, pool.map(fresh, labels), strict=True))
-
-
-def as_env(options: Mapping[str, str]) -> dict[str, str]:
-    """``format("keo")`` options as the ``KEO_*`` values the producer reads."""
-    return {f"KEO_{name.upper()}": value for name, value in options.items()}
 
 
 def run(
@@ -422,11 +393,6 @@ def default_output() -> Path:
     return Path("bench/results") / f"spark-writers-{time.strftime('%Y-%m-%d')}.json"
 
 
-def write(results: Mapping[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devstack.spark_bench",
@@ -452,30 +418,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=default_output(), help="where figures go")
     return parser.parse_args(argv)
-
-
-def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
-    """``format("keo")`` options of the stack the ``KEO_*_ENDPOINT_URL`` variables name, or
-    else of an embedded stack started in a temporary folder (stopped by ``cleanup``)."""
-    endpoints = {
-        "kinesis_endpoint_url": os.environ.get("KEO_KINESIS_ENDPOINT_URL", ""),
-        "dynamodb_endpoint_url": os.environ.get("KEO_DYNAMODB_ENDPOINT_URL", ""),
-    }
-    if not all(endpoints.values()):
-        state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="keo-bench-")))
-        started = emulators.up(state)
-        cleanup.callback(emulators.down, state)
-        endpoints = {
-            "kinesis_endpoint_url": started.kinesis,
-            "dynamodb_endpoint_url": started.dynamodb,
-        }
-    # the writers' own cost, as before the pacing: emulators keep no quota, and a paced writer
-    # would measure the quota (1,000 records a second a shard), not itself
-    return {
-        **endpoints,
-        "region": os.environ.get("KEO_REGION", emulators.REGION),
-        "put_rate_limit_percent": "0",
-    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

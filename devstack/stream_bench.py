@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from devstack.bench import load_average
+from devstack.bench_stack import as_env, fresh_streams, local_endpoints, write
 from devstack.spark_demo import AtLeastOnceSink
 from kinesis_store.entries import put_entry
 from kinesis_store.read_pacing import ReadPacer
@@ -406,8 +407,6 @@ def measure(
 ) -> dict[str, Any]:
     """:func:`run` on new streams and tables (``endpoints`` are ``format("keo")`` options:
     endpoints, region), the checkpoints in a temporary folder; the machine beside."""
-    from devstack.spark_bench import as_env, fresh_streams
-
     load_at_start = load_average()
     created = fresh_streams(endpoints, [f"stream-{label}" for label in STREAMS])
     streams = {label: as_env(created[f"stream-{label}"]) for label in STREAMS}
@@ -441,7 +440,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from devstack.spark_bench import local_endpoints, write
     from spark_jobs import register
     from spark_jobs.session import local_session
 

@@ -1,0 +1,80 @@
+"""What the Spark benches (:mod:`devstack.spark_bench`, :mod:`devstack.stream_bench`) stand
+on: the local stack's endpoints, a new stream and ledger table for each measure, their options
+as the ``KEO_*`` values the producer reads, and the file the figures go to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Final
+
+from devstack import emulators
+from kinesis_store.provisioning import create_stream
+from producer.clients import kinesis_client
+from producer.wiring import ledger_from
+from spark_jobs.writer import producer_settings
+
+__all__ = ["PARTITIONS", "as_env", "fresh_streams", "local_endpoints", "write"]
+
+# each bench stream's shards, and the Spark partitions spark_bench writes them from
+PARTITIONS: Final = 2
+
+
+def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
+    """``format("keo")`` options of the stack the ``KEO_*_ENDPOINT_URL`` variables name, or
+    else of an embedded stack started in a temporary folder (stopped by ``cleanup``)."""
+    endpoints = {
+        "kinesis_endpoint_url": os.environ.get("KEO_KINESIS_ENDPOINT_URL", ""),
+        "dynamodb_endpoint_url": os.environ.get("KEO_DYNAMODB_ENDPOINT_URL", ""),
+    }
+    if not all(endpoints.values()):
+        state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="keo-bench-")))
+        started = emulators.up(state)
+        cleanup.callback(emulators.down, state)
+        endpoints = {
+            "kinesis_endpoint_url": started.kinesis,
+            "dynamodb_endpoint_url": started.dynamodb,
+        }
+    # the writers' own cost, as before the pacing: emulators keep no quota, and a paced writer
+    # would measure the quota (1,000 records a second a shard), not itself
+    return {
+        **endpoints,
+        "region": os.environ.get("KEO_REGION", emulators.REGION),
+        "put_rate_limit_percent": "0",
+    }
+
+
+def fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``format("keo")`` options per label, each naming a new stream and table, all ready.
+
+    Created at once: dynalite takes about 2 s to make a table ACTIVE, whatever the load.
+    """
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def fresh(label: str) -> dict[str, str]:
+        name = f"bench-spark-{label.replace('_', '-')}-{stamp}"
+        options = {**settings, "stream": name, "table": name}
+        parsed = producer_settings(as_env(options))
+        ledger_from(parsed).create_table(wait=True)
+        create_stream(kinesis_client(parsed, for_put=False), name, PARTITIONS, timeout_s=60)
+        return options
+
+    with ThreadPoolExecutor(len(labels)) as pool:
+        return dict(zip(labels, pool.map(fresh, labels), strict=True))
+
+
+def as_env(options: Mapping[str, str]) -> dict[str, str]:
+    """``format("keo")`` options as the ``KEO_*`` values the producer reads."""
+    return {f"KEO_{name.upper()}": value for name, value in options.items()}
+
+
+def write(results: Mapping[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
