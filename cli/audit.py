@@ -245,6 +245,7 @@ def audit(
                     progress=bar.advance,
                     listed=list_keys,
                     max_keys=max_keys,
+                    skew_ms=round(settings.clock_skew_s * 1000),
                 )
         except AuditTooLargeError as exc:
             spark = _spark_audit_command(

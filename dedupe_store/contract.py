@@ -107,6 +107,11 @@ class Ledger(LedgerReader, Protocol):
         """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
         ...
 
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        """Every replay-mode run of ``stream``, OPEN or COMPLETE, in no order (a full table
+        scan: for audits only, of a stream that holds records its keys' items do not know)."""
+        ...
+
     # --- groups ------------------------------------------------------------------------------
 
     def open_group(

@@ -459,23 +459,38 @@ class DynamoDBLedger:
         order, as they are read: what a distributed audit joins itself."""
         if not 0 <= segment < total_segments:
             raise ValueError(f"segment {segment} is not in [0, {total_segments})")
+        segments = {"Segment": segment, "TotalSegments": total_segments}
+        for item in self._scan(
+            "begins_with(#pk, :keys) OR begins_with(#pk, :groups)",
+            {":keys": x.s(ledger_pk(stream, "")), ":groups": x.s(group_pk(stream, ""))},
+            page_size=page_size,
+            **(segments if total_segments > 1 else {}),
+        ):
+            yield _group_of(item) if "members" in item else _claim_of(item)
+
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        prefix = replay_run_pk(stream, "")
+        for item in self._scan(
+            "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
+        ):
+            yield _run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
+
+    def _scan(
+        self, filter_expression: str, values: dict[str, Any], *, page_size: int, **extra: Any
+    ) -> Iterator[dict[str, Any]]:
+        """The table's items that ``filter_expression`` (on ``#pk``) keeps, page by page."""
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "Limit": page_size,
-            "FilterExpression": "begins_with(#pk, :keys) OR begins_with(#pk, :groups)",
+            "FilterExpression": filter_expression,
             "ExpressionAttributeNames": {"#pk": "pk"},
-            "ExpressionAttributeValues": {
-                ":keys": x.s(ledger_pk(stream, "")),
-                ":groups": x.s(group_pk(stream, "")),
-            },
+            "ExpressionAttributeValues": values,
+            **extra,
         }
-        if total_segments > 1:
-            kwargs.update(Segment=segment, TotalSegments=total_segments)
         while True:
             with self._translated("scan"):
                 page = self.client.scan(**kwargs)
-            for item in page.get("Items", []):
-                yield _group_of(item) if "members" in item else _claim_of(item)
+            yield from page.get("Items", [])
             last = page.get("LastEvaluatedKey")
             if not last:
                 return

@@ -18,11 +18,15 @@ report does not depend on how the keys were split:
 
 A replay-mode stream (``dedupe=replay``) keeps no per-key state in the ledger: its audit,
 :func:`audit_rows`, reads the stream the same way (:func:`visible_records`) and compares it with
-a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.row_audit`).
+a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.row_audit`). A stream
+written in both modes (Spark in replay mode, ``keo send`` in key mode) holds rows the ledger
+has no key of: the key audit counts those that arrived while one of the stream's replay runs
+was writing (:class:`ReplayWindows`) as replay-mode rows, not as unknown, and names the runs.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +35,7 @@ from itertools import chain
 from typing import Any, Protocol
 
 from dedupe_store.contract import Ledger
-from dedupe_store.records import LedgerRecord, Position
+from dedupe_store.records import LedgerRecord, Position, ReplayRun
 from dedupe_store.states import LedgerState
 from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
@@ -78,6 +82,10 @@ class AuditReport:
     unverifiable: list[str] = field(default_factory=list)
     expected: int | None = None
     expected_missing: list[str] = field(default_factory=list)
+    # keys the ledger does not know whose records arrived while a replay run of the stream
+    # wrote (not anomalies: replay mode keeps no key in the ledger), and those runs
+    replay_rows: int = 0
+    replay_runs: list[str] = field(default_factory=list)
 
     def count(self, anomaly: Anomaly) -> int:
         return self.counts.get(anomaly, 0)
@@ -109,6 +117,13 @@ class AuditReport:
             f"  still in flight:      {self.count(Anomaly.IN_FLIGHT)}",
             f"  unverifiable:         {self.count(Anomaly.UNVERIFIABLE)}",
         ]
+        if self.replay_rows:
+            lines.append(
+                f"  replay-mode keys:     {self.replay_rows} (no key in the ledger by design: "
+                f"written while replay runs {_some(self.replay_runs, show_keys)} wrote; "
+                "audit them with 'keo audit --dedupe replay --expected FILE', FILE the rows "
+                "the run was given)"
+            )
         if self.dropped_by_kcl:
             lines.append(f"  dropped as KCL would: {self.dropped_by_kcl}")
         if self.malformed_aggregates:
@@ -148,8 +163,15 @@ class AuditReport:
             "unverifiable": self.unverifiable,
             "expected": self.expected,
             "expected_missing": self.expected_missing,
+            "replay_rows": self.replay_rows,
+            "replay_runs": self.replay_runs,
             "missing_count": self.missing,
         }
+
+
+def _some(names: Sequence[str], shown: int) -> str:
+    listed = ", ".join(map(repr, names[:shown]))
+    return listed if len(names) <= shown else f"{listed} and {len(names) - shown} more"
 
 
 def key_anomalies(
@@ -159,12 +181,15 @@ def key_anomalies(
     ledger_state: LedgerState | None,
     ledger_position: Position | None,
     expected: bool,
+    replay_row: bool = False,
 ) -> list[tuple[Anomaly, Any]]:
     """The rule: what is wrong with one key, each anomaly with its detail (JSON-ready).
 
     ``positions`` are the key's records in the stream (those KCL delivers); ``ledger_state``
     and ``ledger_position`` its delivery in the ledger (None: the ledger has no claim of it),
-    compared only when ``ledger_read``; ``expected``: the key was listed as sent.
+    compared only when ``ledger_read``; ``expected``: the key was listed as sent;
+    ``replay_row``: its records arrived while a replay run of the stream wrote (a key the
+    ledger does not know is then replay mode's, not unknown).
     """
     found: list[tuple[Anomaly, Any]] = []
     if len(positions) > 1:
@@ -174,7 +199,7 @@ def key_anomalies(
     if not ledger_read:
         return found
     if ledger_state is None:
-        if positions:
+        if positions and not replay_row:
             found.append((Anomaly.UNKNOWN, None))
     elif ledger_state is LedgerState.IN_FLIGHT:
         found.append((Anomaly.IN_FLIGHT, None))
@@ -207,6 +232,7 @@ class Findings:
     dropped_by_kcl: int = 0
     malformed_aggregates: int = 0
     expected: int | None = None  # None: no expected keys were given
+    replay_rows: int = 0  # keys the ledger does not know, written while a replay run wrote
     lists: AnomalyLists[Anomaly] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +255,7 @@ class Findings:
         ledger_state: LedgerState | None,
         ledger_position: Position | None,
         expected: bool,
+        replay_row: bool = False,
     ) -> None:
         """One key, with everything known of it (see :func:`key_anomalies`); once per key."""
         if positions:
@@ -236,12 +263,15 @@ class Findings:
             self.user_records += len(positions)
         if expected:
             self.expected = (self.expected or 0) + 1
+        if replay_row and ledger_read and ledger_state is None and positions:
+            self.replay_rows += 1
         for anomaly, detail in key_anomalies(
             positions,
             ledger_read=ledger_read,
             ledger_state=ledger_state,
             ledger_position=ledger_position,
             expected=expected,
+            replay_row=replay_row,
         ):
             self.lists.add(anomaly, key, detail)
 
@@ -252,12 +282,13 @@ class Findings:
         self.malformed_aggregates += other.malformed_aggregates
         if other.expected is not None:
             self.expected = (self.expected or 0) + other.expected
+        self.replay_rows += other.replay_rows
         self.lists.merge(other.lists)
 
     def listed_keys(self, anomaly: Anomaly) -> list[tuple[str, Any]]:
         return self.lists.first(anomaly)
 
-    def report(self, stream: str, *, shards: int) -> AuditReport:
+    def report(self, stream: str, *, shards: int, replay_runs: Sequence[str] = ()) -> AuditReport:
         def keys_of(anomaly: Anomaly) -> list[str]:
             return [key for key, _ in self.listed_keys(anomaly)]
 
@@ -281,6 +312,8 @@ class Findings:
             unverifiable=keys_of(Anomaly.UNVERIFIABLE),
             expected=self.expected,
             expected_missing=keys_of(Anomaly.EXPECTED_MISSING),
+            replay_rows=self.replay_rows,
+            replay_runs=list(replay_runs)[: self.listed] if self.replay_rows else [],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -292,6 +325,7 @@ class Findings:
             "dropped_by_kcl": self.dropped_by_kcl,
             "malformed_aggregates": self.malformed_aggregates,
             "expected": self.expected,
+            "replay_rows": self.replay_rows,
             "counts": self.lists.counts_json(),
             "keys": self.lists.entries_json(),
         }
@@ -305,6 +339,7 @@ class Findings:
             dropped_by_kcl=int(body["dropped_by_kcl"]),
             malformed_aggregates=int(body.get("malformed_aggregates", 0)),
             expected=body["expected"],
+            replay_rows=int(body.get("replay_rows", 0)),
         )
         findings.lists.load_json(Anomaly, body["counts"], body["keys"])
         return findings
@@ -320,6 +355,8 @@ class StreamTally:
     dropped_by_kcl: int = 0
     malformed_aggregates: int = 0
     seen: dict[str, list[Position]] = field(default_factory=lambda: defaultdict(list))
+    # each key's first record's arrival (Kinesis's clock, epoch ms): whether a replay run wrote it
+    arrival_ms: dict[str, int] = field(default_factory=dict)
 
 
 def audit_stream(
@@ -330,17 +367,62 @@ def audit_stream(
     progress: Callable[[int], None] | None = None,
     listed: int = LISTED_KEYS,
     max_keys: int | None = None,
+    skew_ms: int = 5_000,
 ) -> AuditReport:
     """The audit in this process; past ``max_keys`` keys in the stream it raises
-    :class:`~producer.errors.AuditTooLargeError` rather than run out of memory."""
+    :class:`~producer.errors.AuditTooLargeError` rather than run out of memory. When the
+    stream holds keys the ledger does not know, the ledger's replay runs of the stream are
+    read (a second scan) and the keys written while one wrote are replay mode's
+    (:func:`replay_windows`, ``skew_ms`` either side)."""
     tally = read_tally(reader, progress=progress, max_keys=max_keys)
+    if ledger is None:
+        return judge(tally, None, expected=expected, listed=listed, max_keys=max_keys)
+    records = list(ledger.scan(reader.stream))
+    known = {record.key for record in records}
+    runs = (
+        list(ledger.replay_runs(reader.stream))
+        if any(key not in known for key in tally.seen)
+        else []
+    )
     return judge(
         tally,
-        ledger.scan(reader.stream) if ledger is not None else None,
+        records,
         expected=expected,
         listed=listed,
         max_keys=max_keys,
+        replay=ReplayWindows(runs, skew_ms=skew_ms),
     )
+
+
+class ReplayWindows:
+    """When the replay runs of a stream could put records: each execution of each from its
+    start to the end of its lease (no attempt of it puts past it), ``skew_ms`` wider either
+    side (the writers' clocks against Kinesis's arrival times). Overlapping windows are
+    merged, so that a key is placed in log time however many runs there are (a streaming
+    query runs one a micro-batch)."""
+
+    def __init__(self, runs: Iterable[ReplayRun], *, skew_ms: int) -> None:
+        windows = sorted(
+            (execution.started_at_ms - skew_ms, execution.lease_expires_at_ms + skew_ms, run.run)
+            for run in runs
+            for execution in run.executions
+        )
+        self._merged: list[tuple[int, int, set[str]]] = []
+        for start_ms, end_ms, run in windows:
+            if self._merged and start_ms <= self._merged[-1][1]:
+                last_start_ms, last_end_ms, writers = self._merged[-1]
+                writers.add(run)
+                self._merged[-1] = (last_start_ms, max(last_end_ms, end_ms), writers)
+            else:
+                self._merged.append((start_ms, end_ms, {run}))
+        self._starts = [start_ms for start_ms, _, _ in self._merged]
+
+    def writing_at(self, at_ms: int) -> set[str]:
+        """The runs whose (merged) window holds ``at_ms``; none outside every window."""
+        index = bisect.bisect_right(self._starts, at_ms) - 1
+        if index < 0 or at_ms > self._merged[index][1]:
+            return set()
+        return self._merged[index][2]
 
 
 def audit_rows(
@@ -372,6 +454,7 @@ def read_tally(
     for record in visible_records(reader, tally, progress):
         tally.user_records += 1
         tally.seen[record.partition_key].append(position_of(record))
+        tally.arrival_ms.setdefault(record.partition_key, record.arrival_ms)
         if max_keys is not None and len(tally.seen) > max_keys:
             raise AuditTooLargeError(f"stream {reader.stream}", max_keys=max_keys)
     return tally
@@ -418,10 +501,13 @@ def judge(
     expected: Iterable[str] | None = None,
     listed: int = LISTED_KEYS,
     max_keys: int | None = None,
+    replay: ReplayWindows | None = None,
 ) -> AuditReport:
     """The verdict on a read stream: keys twice, expected keys absent and, given the ledger's
-    records of the stream, everything the ledger and the stream disagree on. Past
-    ``max_keys`` keys in the ledger it raises :class:`~producer.errors.AuditTooLargeError`."""
+    records of the stream, everything the ledger and the stream disagree on; a key the ledger
+    does not know whose first record arrived within a ``replay`` window (:class:`ReplayWindows`)
+    is replay mode's. Past ``max_keys`` keys in the ledger it raises
+    :class:`~producer.errors.AuditTooLargeError`."""
     seen = tally.seen
     in_ledger: dict[str, LedgerRecord] = {}
     for record in ledger_records if ledger_records is not None else ():
@@ -429,6 +515,7 @@ def judge(
         if max_keys is not None and len(in_ledger) > max_keys:
             raise AuditTooLargeError(f"the ledger of stream {tally.stream}", max_keys=max_keys)
     wanted = set(expected) if expected is not None else set()
+    replay_runs: set[str] = set()
     findings = Findings(
         listed=listed,
         dropped_by_kcl=tally.dropped_by_kcl,
@@ -442,6 +529,12 @@ def judge(
         (k for k in wanted if k not in seen and k not in in_ledger),
     ):
         found = in_ledger.get(key)
+        writers = (
+            replay.writing_at(tally.arrival_ms[key])
+            if replay is not None and found is None and key in tally.arrival_ms
+            else set()
+        )
+        replay_runs.update(writers)
         findings.add_key(
             key,
             seen.get(key, ()),
@@ -449,8 +542,9 @@ def judge(
             ledger_state=found.state if found is not None else None,
             ledger_position=found.position if found is not None else None,
             expected=key in wanted,
+            replay_row=bool(writers),
         )
-    return findings.report(tally.stream, shards=tally.shards)
+    return findings.report(tally.stream, shards=tally.shards, replay_runs=sorted(replay_runs))
 
 
 def _same_record(a: Position, b: Position) -> bool:

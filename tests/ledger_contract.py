@@ -920,6 +920,20 @@ def test_open_runs_lists_the_runs_left_open_once_every_execution_ended(
     ]
 
 
+def test_replay_runs_lists_every_run_of_the_stream_open_or_complete(ledger: Ledger) -> None:
+    # GIVEN two runs of the stream, one committed, and a run of another stream
+    ledger.register_attempt(STREAM, "q/1", attempt("a1"))
+    ledger.register_attempt(STREAM, "q/2", attempt("b1"))
+    ledger.complete_run(STREAM, "q/2", counts={"sent": 1}, now_ms=T0_MS + 1_000)
+    ledger.register_attempt(f"{STREAM}-other", "q/1", attempt("c1"))
+    # WHEN the stream's runs are listed (a scan, small pages)
+    runs = {run.run: run for run in ledger.replay_runs(STREAM, page_size=1)}
+    # THEN both are there, each as a consistent read shows it, the other stream's not
+    assert sorted(runs) == ["q/1", "q/2"]
+    assert runs["q/1"] == ledger.get_run(STREAM, "q/1")
+    assert runs["q/2"].state is RunState.COMPLETE
+
+
 def test_a_run_leaves_the_index_when_it_completes(ledger: Ledger) -> None:
     # GIVEN a run left open past its lease
     ledger.register_attempt(STREAM, RUN, attempt("a1"))

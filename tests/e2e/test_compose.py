@@ -133,7 +133,7 @@ def keo_parses(args: list[str]) -> None:
             return
         if own:  # a group without its options would print its help (no_args_is_help)
             context = command.make_context(name, own, parent=context)
-        sub = command.commands.get(rest[0])
+        sub = command.get_command(context, rest[0])  # keo loads its commands on first use
         assert sub is not None, f"{name} has no subcommand {rest[0]!r}"
         command, name, args = sub, rest[0], rest[1:]
 

@@ -600,6 +600,12 @@ class InMemoryLedger:
             self._read_fault("get_run")
             return self._replay_runs.get((check_stream_name(stream), run))
 
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:  # noqa: ARG002 - one page
+        with self._lock:
+            self._read_fault("scan")
+            runs = [run for (s, _), run in self._replay_runs.items() if s == stream]
+        yield from runs
+
     def open_runs(
         self,
         stream: str,

@@ -336,6 +336,40 @@ def test_reconcile_reports_a_replay_run_left_open_and_leaves_it_open(
     assert left.state is RunState.OPEN
 
 
+def test_audit_of_a_stream_written_in_both_modes_names_the_replay_rows_and_passes(
+    settings: ProducerSettings, env: dict[str, str]
+) -> None:
+    # GIVEN a stream written by keo send in key mode, then by a named replay-mode run
+    key_lines = b"".join(good(n) + b"\n" for n in range(1, 4))
+    sent = keo("send", *where(settings), "--input", "-", env=env, stdin=key_lines)
+    assert sent.returncode == 0, sent.stderr.decode()
+    replay_lines = b"".join(
+        json.dumps({"key": f"replay-{n}", "data": "r"}).encode() + b"\n" for n in range(3)
+    )
+    replayed = keo(
+        "send",
+        *where(settings),
+        *("--input", "-", "--dedupe", "replay", "--run-id", "nightly-1"),
+        env=env,
+        stdin=replay_lines,
+    )
+    assert replayed.returncode == 0, replayed.stderr.decode()
+    # WHEN the key audit reads it
+    audited = keo("audit", *where(settings), "--json", env=env)
+    summary = keo("audit", *where(settings), env=env)
+    # THEN it passes: the replay run's rows are counted as replay mode's and the run named,
+    # with how to audit them; no key is unknown to the ledger
+    assert audited.returncode == 0, audited.stderr.decode()
+    report = json.loads(audited.stdout)
+    assert report["replay_rows"] == 3
+    assert [run for run in report["replay_runs"] if "nightly-1" in run] == report["replay_runs"]
+    assert len(report["replay_runs"]) == 1
+    assert report["unknown_keys"] == []
+    assert summary.returncode == 0, summary.stderr.decode()
+    assert "replay-mode keys:     3" in summary.stdout.decode()
+    assert "keo audit --dedupe replay --expected FILE" in summary.stdout.decode()
+
+
 UNFENCED_WARNING = "signature fence off (KEO_PUT_FENCE=off): a put the network holds"
 
 

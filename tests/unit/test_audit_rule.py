@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe_store.records import Position
-from dedupe_store.states import LedgerState
-from producer.audit import Anomaly, Findings, StreamTally, judge, key_anomalies
+from dedupe_store.records import LedgerRecord, Position, ReplayRun, RunExecution
+from dedupe_store.states import LedgerState, RunState
+from producer.audit import (
+    Anomaly,
+    Findings,
+    ReplayWindows,
+    StreamTally,
+    judge,
+    key_anomalies,
+)
 
 HERE = Position("shardId-000000000000", "100")
 THERE = Position("shardId-000000000001", "200")
@@ -193,3 +200,79 @@ def test_judge_reports_the_first_keys_and_exact_counts() -> None:
     assert body["listed_keys"] == 3
     assert list(body["duplicates"]) == ["order-00", "order-01", "order-02"]
     assert "verdict: 12 ANOMALIES" in report.summary()
+
+
+# --- a stream written in both modes ---------------------------------------------------------
+
+
+def _run(name: str, *windows: tuple[int, int]) -> ReplayRun:
+    executions = tuple(
+        RunExecution(f"{name}-exec-{i}", started_at_ms=start, lease_expires_at_ms=end)
+        for i, (start, end) in enumerate(windows)
+    )
+    return ReplayRun("orders", name, RunState.COMPLETE, executions)
+
+
+def test_keys_the_ledger_does_not_know_written_while_a_replay_run_wrote_are_replay_modes() -> None:
+    # GIVEN a stream with a key the ledger knows, two keys that arrived while replay runs
+    # wrote (one inside a second execution's window, one inside the skew), and one after
+    tally = StreamTally("orders", shards=1)
+    arrivals = {"claimed": 5_000, "r1": 12_000, "r2": 40_500, "stray": 90_000}
+    for sequence, (key, arrival_ms) in enumerate(arrivals.items()):
+        tally.seen[key] = [Position("shardId-000000000000", str(sequence + 1))]
+        tally.arrival_ms[key] = arrival_ms
+        tally.user_records += 1
+    claimed = LedgerRecord(
+        "orders",
+        "claimed",
+        LedgerState.DELIVERED,
+        attempt=1,
+        owner="keo-send",
+        claimed_at_ms=4_000,
+        payload_digest="d",
+        routing_hash_key="0",
+        position=Position("shardId-000000000000", "1"),
+    )
+    runs = [_run("q/1", (10_000, 20_000)), _run("q/2", (15_000, 18_000), (30_000, 40_000))]
+    # WHEN it is judged against the ledger and its replay runs, 1 s of skew
+    report = judge(tally, [claimed], replay=ReplayWindows(runs, skew_ms=1_000))
+    # THEN the keys written while a run wrote are replay mode's, named with the runs; the
+    # one written after every run is unknown
+    assert report.replay_rows == 2
+    assert report.replay_runs == ["q/1", "q/2"]
+    assert report.unknown_keys == ["stray"]
+    assert report.anomalies == 1
+    assert "replay-mode keys:     2" in report.summary()
+    assert "keo audit --dedupe replay --expected FILE" in report.summary()
+    # AND without the stray key the audit is clean
+    del tally.seen["stray"]
+    assert judge(tally, [claimed], replay=ReplayWindows(runs, skew_ms=1_000)).clean
+
+
+def test_replay_windows_merge_overlapping_executions_and_place_a_time_in_them() -> None:
+    windows = ReplayWindows(
+        [_run("a", (0, 10)), _run("b", (5, 20)), _run("c", (30, 40))], skew_ms=0
+    )
+    assert windows.writing_at(7) == {"a", "b"}
+    assert windows.writing_at(20) == {"a", "b"}
+    assert windows.writing_at(25) == set()
+    assert windows.writing_at(30) == {"c"}
+    assert windows.writing_at(-1) == set()
+    assert ReplayWindows([], skew_ms=5).writing_at(0) == set()
+
+
+def test_replay_rows_travel_with_findings_between_processes() -> None:
+    findings = Findings(listed=2)
+    findings.add_key(
+        "r1",
+        [Position("shardId-000000000000", "1")],
+        ledger_read=True,
+        ledger_state=None,
+        ledger_position=None,
+        expected=False,
+        replay_row=True,
+    )
+    merged = Findings(listed=2)
+    merged.merge(Findings.from_json(json.loads(json.dumps(findings.to_json()))))
+    assert merged.replay_rows == 1
+    assert merged.report("orders", shards=1, replay_runs=["q/1"]).clean
