@@ -194,18 +194,27 @@ class Stack:
 
 
 def build_stack(
-    settings: ProducerSettings, *, clock: Clock | None = None, hooks: Hooks = NO_HOOKS
+    settings: ProducerSettings,
+    *,
+    clock: Clock | None = None,
+    hooks: Hooks = NO_HOOKS,
+    checked: StreamInfo | None = None,
 ) -> Stack:
-    """Wire clients for one stream and table; checks both exist (fails fast otherwise)."""
+    """Wire clients for one stream and table; checks both exist (fails fast otherwise), unless
+    ``checked`` says what a driver found when it checked them for the whole write: a Spark
+    write's executors then build clients and ask nothing (AWS answers 20
+    ``DescribeStreamSummary`` a second for the whole account, and each Python worker asked one,
+    and a ``DescribeTable``)."""
     reader = KinesisReader(
         kinesis_read_client(settings),
         settings.stream,
         on_malformed=metrics.count_malformed(settings.stream),
     )
-    info = reader.describe()
+    info = reader.describe() if checked is None else checked
     ledger = ledger_from(settings)
     metrics.count_ledger_calls(ledger.client)
-    ledger.ensure_ready(stamp_new=True)  # a writer: a new, empty table becomes this version's
+    if checked is None:  # a writer: a new, empty table becomes this version's
+        ledger.ensure_ready(stamp_new=True)
     clock = clock or SystemClock()
     return Stack(
         settings=settings,

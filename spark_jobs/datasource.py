@@ -73,7 +73,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from kinesis_store.shards import Shard
+from kinesis_store.shards import Shard, StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
 from spark_jobs.batch_read import read_shard, shards_of
@@ -131,6 +131,8 @@ class WritePlan:
     hooks: Hooks = NO_HOOKS
     # replay mode: this driver run of the write (a restarted query is another execution)
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # what the driver found when it checked the stream and the table: the tasks ask neither
+    checked: StreamInfo | None = None
 
     @classmethod
     def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
@@ -163,15 +165,16 @@ class WritePlan:
             raise OptionsError(
                 f"format('keo'): data_column: {exc}", options=["data_column"]
             ) from exc
-        stack_for(options.settings)  # the stream and the table exist, or the write fails now
-        return cls(options, key_index, data_index, routing_index, binary)
+        # the stream and the table exist, or the write fails now, once for all its tasks
+        checked = stack_for(options.settings).info
+        return cls(options, key_index, data_index, routing_index, binary, checked=checked)
 
     def with_hooks(self, hooks: Hooks) -> WritePlan:
         return replace(self, hooks=hooks)
 
     @property
     def stream(self) -> str:
-        return stack_for(self.options.settings).settings.stream
+        return stack_for(self.options.settings, checked=self.checked).settings.stream
 
     def run_of(self, batch_id: int | None) -> str:
         """Replay mode: the run a batch is (``<query_name>/<batch id>``), or a batch write's
@@ -246,9 +249,10 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
             execution_id=plan.execution_id,
             data_is_binary=plan.binary,
             hooks=plan.hooks,
+            checked=plan.checked,
         ).write(partition, task_attempt_of(context), rows)
         return KeoCommitMessage(report, skipped=report.skipped, query_id=options.query_name)
-    stack = stack_for(options.settings)
+    stack = stack_for(options.settings, checked=plan.checked)
     if (
         options.query_name is not None
         and batch_id is not None
@@ -266,6 +270,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
         batch_id=batch_id if batch_id is not None else 0,
         data_is_binary=plan.binary,
         hooks=plan.hooks,
+        checked=plan.checked,
     )
     report = writer.write(partition, rows)
     # the task fails, so Spark retries it; the per-key claims keep the retry from resending
@@ -280,7 +285,7 @@ def _commit(
     plan: WritePlan, messages: Sequence[WriterCommitMessage | None], batch_id: int | None
 ) -> BatchReport:
     options = plan.options
-    stack = stack_for(options.settings)
+    stack = stack_for(options.settings, checked=plan.checked)
     parts = [m for m in messages if isinstance(m, KeoCommitMessage)]
     report = BatchReport(options.query_name, batch_id)
     if parts and all(m.skipped for m in parts):

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dedupe_store.settings import env_var
+from kinesis_store.shards import StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks
 from producer.settings import Dedupe
@@ -119,7 +120,9 @@ class ExactlyOnceSink:
         try:
             parts = (
                 self._rows(df)
-                .rdd.mapPartitionsWithIndex(self.partition_writer(df, query_id, batch_id))
+                .rdd.mapPartitionsWithIndex(
+                    self.partition_writer(df, query_id, batch_id, checked=stack.info)
+                )
                 .collect()
             )
         except Exception:
@@ -184,9 +187,11 @@ class ExactlyOnceSink:
         return count
 
     def partition_writer(
-        self, df: Any, query_id: str, batch_id: int
+        self, df: Any, query_id: str, batch_id: int, *, checked: StreamInfo | None = None
     ) -> PartitionWriter | ReplayPartitionWriter:
-        """The executor function of one batch of ``df`` (public for tests of racing tasks)."""
+        """The executor function of one batch of ``df`` (public for tests of racing tasks);
+        ``checked``: the driver's check of the stream and the table, which its tasks then
+        skip."""
         binary = data_is_binary(df.schema, self.data_column)
         if self.dedupe is Dedupe.REPLAY:
             return ReplayPartitionWriter(
@@ -198,6 +203,7 @@ class ExactlyOnceSink:
                 data_is_binary=binary,
                 rows_per_send=self.rows_per_send,
                 hooks=self.hooks,
+                checked=checked,
             )
         return PartitionWriter(
             settings=self.settings,
@@ -206,6 +212,7 @@ class ExactlyOnceSink:
             data_is_binary=binary,
             rows_per_send=self.rows_per_send,
             hooks=self.hooks,
+            checked=checked,
         )
 
     def _rows(self, df: Any) -> Any:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from dedupe_store.settings import ENV_PREFIX, env_var
+from kinesis_store.shards import StreamInfo
 from producer import metrics
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks, Step
@@ -115,11 +116,13 @@ def per_worker(kind: str, values: Mapping[str, str], build: Callable[[], _T]) ->
         return built
 
 
-def stack_for(values: Mapping[str, str]) -> Stack:
-    """One client set per Python worker process and settings."""
+def stack_for(values: Mapping[str, str], *, checked: StreamInfo | None = None) -> Stack:
+    """One client set per Python worker process and settings; ``checked``: what the driver
+    found when it checked the stream and the table (:func:`producer.wiring.build_stack`), so
+    that an executor asks neither again."""
 
     def build() -> Stack:
-        stack = build_stack(producer_settings(values))
+        stack = build_stack(producer_settings(values), checked=checked)
         log.info(
             "spark clients built pid=%d stream=%s table=%s",
             os.getpid(),
@@ -229,13 +232,14 @@ class PartitionWriter:
     data_is_binary: bool
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
     hooks: Hooks = NO_HOOKS
+    checked: StreamInfo | None = None  # the driver's check of the stream and the table
 
     def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
         """For ``rdd.mapPartitionsWithIndex``."""
         yield self.write(partition, rows)
 
     def write(self, partition: int, rows: Iterable[Any]) -> PartitionReport:
-        stack = stack_for(self.settings)
+        stack = stack_for(self.settings, checked=self.checked)
         owner = f"{default_owner()}:q{self.query_id[:8]}:b{self.batch_id}:p{partition}"
         tally = _Tally(partition, binary=self.data_is_binary)
         with stack.producer(owner=owner, hooks=self.hooks) as producer:
@@ -272,12 +276,13 @@ class ReplayPartitionWriter:
     data_is_binary: bool
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
     hooks: Hooks = NO_HOOKS
+    checked: StreamInfo | None = None  # the driver's check of the stream and the table
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
         from producer.replay import ReplayTask
         from producer.replay_plan import RecoveryStep
 
-        stack = stack_for(self.settings)
+        stack = stack_for(self.settings, checked=self.checked)
         task = ReplayTask(self.run, self.execution_id, str(partition), task_attempt)
         tally = _Tally(partition, binary=self.data_is_binary)
         with stack.replay_producer(hooks=self.hooks).attempt(task) as attempt:

@@ -33,6 +33,7 @@ import spark_jobs
 from dedupe_store.settings import ENV_PREFIX
 from dedupe_store.states import LedgerState
 from devstack.failpoints import Failpoints
+from devstack.fault_proxy import FaultProxy
 from producer.hooks import Step
 from producer.protocol import Message
 from producer.wiring import Stack
@@ -63,6 +64,37 @@ def _ledger_positions(stack: Stack, keys: list[str]) -> dict[str, Any]:
 
 
 # --- batch writes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dedupe", ["key", "replay"])
+def test_a_write_checks_the_stream_and_the_table_once_on_the_driver_not_in_each_task(
+    keo: Any, settings: dict[str, str], stack: Stack, emulators: Any, kinesis: Any, dedupe: str
+) -> None:
+    # GIVEN a stream and table, Kinesis and DynamoDB behind counting proxies, and a frame of
+    # 4 partitions
+    with (
+        FaultProxy(emulators.kinesis) as kinesis_proxy,
+        FaultProxy(emulators.dynamodb) as ledger_proxy,
+    ):
+        options = keo_options(
+            settings,
+            dedupe=dedupe,
+            kinesis_endpoint_url=kinesis_proxy.endpoint,
+            dynamodb_endpoint_url=ledger_proxy.endpoint,
+        )
+        rows = keo.createDataFrame(events(40), "key string, data string").repartition(4)
+        # WHEN it is written
+        rows.write.format("keo").mode("append").options(**options).save()
+    # THEN the stream was described and the table checked once, by the driver: its tasks,
+    # in every Python worker, built clients and asked neither (AWS answers 20
+    # DescribeStreamSummary a second for the whole account)
+    assert kinesis_proxy.received["DescribeStreamSummary"] == 1
+    assert ledger_proxy.received["DescribeTable"] == 1
+    assert kinesis_proxy.received["PutRecords"] >= 4
+    # AND every row is in the stream once
+    contents = streamcheck.read_stream(kinesis, stack.settings.stream)
+    streamcheck.assert_only(contents, [key for key, _ in events(40)])
+    assert set(contents.counts.values()) == {1}
 
 
 def test_a_batch_write_delivers_each_key_once_dead_letters_bad_rows_and_adds_nothing_twice(
