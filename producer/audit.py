@@ -377,20 +377,13 @@ def audit_stream(
     tally = read_tally(reader, progress=progress, max_keys=max_keys)
     if ledger is None:
         return judge(tally, None, expected=expected, listed=listed, max_keys=max_keys)
-    records = list(ledger.scan(reader.stream))
-    known = {record.key for record in records}
-    runs = (
-        list(ledger.replay_runs(reader.stream))
-        if any(key not in known for key in tally.seen)
-        else []
-    )
     return judge(
         tally,
-        records,
+        ledger.scan(reader.stream),
         expected=expected,
         listed=listed,
         max_keys=max_keys,
-        replay=ReplayWindows(runs, skew_ms=skew_ms),
+        replay=lambda: ReplayWindows(ledger.replay_runs(reader.stream), skew_ms=skew_ms),
     )
 
 
@@ -501,12 +494,12 @@ def judge(
     expected: Iterable[str] | None = None,
     listed: int = LISTED_KEYS,
     max_keys: int | None = None,
-    replay: ReplayWindows | None = None,
+    replay: Callable[[], ReplayWindows] | None = None,
 ) -> AuditReport:
     """The verdict on a read stream: keys twice, expected keys absent and, given the ledger's
     records of the stream, everything the ledger and the stream disagree on; a key the ledger
-    does not know whose first record arrived within a ``replay`` window (:class:`ReplayWindows`)
-    is replay mode's. Past ``max_keys`` keys in the ledger it raises
+    does not know whose first record arrived within a window of ``replay()`` (:class:`ReplayWindows`,
+    asked only when the stream holds such a key) is replay mode's. Past ``max_keys`` keys in the ledger it raises
     :class:`~producer.errors.AuditTooLargeError`."""
     seen = tally.seen
     in_ledger: dict[str, LedgerRecord] = {}
@@ -515,6 +508,7 @@ def judge(
         if max_keys is not None and len(in_ledger) > max_keys:
             raise AuditTooLargeError(f"the ledger of stream {tally.stream}", max_keys=max_keys)
     wanted = set(expected) if expected is not None else set()
+    windows = replay() if replay is not None and any(k not in in_ledger for k in seen) else None
     replay_runs: set[str] = set()
     findings = Findings(
         listed=listed,
@@ -530,8 +524,8 @@ def judge(
     ):
         found = in_ledger.get(key)
         writers = (
-            replay.writing_at(tally.arrival_ms[key])
-            if replay is not None and found is None and key in tally.arrival_ms
+            windows.writing_at(tally.arrival_ms[key])
+            if windows is not None and found is None and key in tally.arrival_ms
             else set()
         )
         replay_runs.update(writers)

@@ -235,7 +235,7 @@ def test_keys_the_ledger_does_not_know_written_while_a_replay_run_wrote_are_repl
     )
     runs = [_run("q/1", (10_000, 20_000)), _run("q/2", (15_000, 18_000), (30_000, 40_000))]
     # WHEN it is judged against the ledger and its replay runs, 1 s of skew
-    report = judge(tally, [claimed], replay=ReplayWindows(runs, skew_ms=1_000))
+    report = judge(tally, [claimed], replay=lambda: ReplayWindows(runs, skew_ms=1_000))
     # THEN the keys written while a run wrote are replay mode's, named with the runs; the
     # one written after every run is unknown
     assert report.replay_rows == 2
@@ -246,7 +246,7 @@ def test_keys_the_ledger_does_not_know_written_while_a_replay_run_wrote_are_repl
     assert "keo audit --dedupe replay --expected FILE" in report.summary()
     # AND without the stray key the audit is clean
     del tally.seen["stray"]
-    assert judge(tally, [claimed], replay=ReplayWindows(runs, skew_ms=1_000)).clean
+    assert judge(tally, [claimed], replay=lambda: ReplayWindows(runs, skew_ms=1_000)).clean
 
 
 def test_replay_windows_merge_overlapping_executions_and_place_a_time_in_them() -> None:
@@ -276,3 +276,29 @@ def test_replay_rows_travel_with_findings_between_processes() -> None:
     merged.merge(Findings.from_json(json.loads(json.dumps(findings.to_json()))))
     assert merged.replay_rows == 1
     assert merged.report("orders", shards=1, replay_runs=["q/1"]).clean
+
+
+def test_the_replay_runs_are_read_only_when_the_stream_holds_a_key_the_ledger_does_not_know() -> (
+    None
+):
+    # GIVEN a stream whose keys the ledger all knows
+    tally = StreamTally("orders", shards=1)
+    tally.seen["k"] = [Position("shardId-000000000000", "1")]
+    tally.arrival_ms["k"] = 1_000
+    known = LedgerRecord(
+        "orders",
+        "k",
+        LedgerState.DELIVERED,
+        attempt=1,
+        owner="keo-send",
+        claimed_at_ms=0,
+        payload_digest="d",
+        routing_hash_key="0",
+        position=Position("shardId-000000000000", "1"),
+    )
+
+    def unread() -> ReplayWindows:
+        raise AssertionError("the replay runs were read (a second table scan) for nothing")
+
+    # WHEN it is judged THEN its replay runs are never asked for
+    assert judge(tally, [known], replay=unread).clean
