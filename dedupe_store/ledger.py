@@ -30,10 +30,9 @@ Keys can never collide with other items: stream names have no "/" and no "#" (th
 :mod:`dedupe_store.names`, checked where each key is built), so nothing that starts with
 "__keo__/" is "<stream>#<key>".
 
-Every DynamoDB error is translated in one place (``_Translated``, its mapping in
-:func:`_translate`): throttled -> ``LedgerThrottledError``, a missing table ->
-``LedgerSchemaError``, anything else (unreachable, 5xx) -> ``LedgerUnavailableError``; the
-vendor error is kept as the cause.
+The table's client, its conditional update and its reads are those of
+:class:`dedupe_store.table.DynamoDBTable`, where every DynamoDB error is translated in one place,
+the vendor error kept as the cause.
 """
 
 from __future__ import annotations
@@ -43,16 +42,13 @@ import dataclasses
 import json
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
-from types import TracebackType
 from typing import Any
 
-import botocore.exceptions
 from pynamodb.connection.table import TableConnection
-from pynamodb.exceptions import PynamoDBException, TableDoesNotExist
+from pynamodb.exceptions import PynamoDBException
 
 from dedupe_store import batch_claims
 from dedupe_store import expressions as x
@@ -63,7 +59,6 @@ from dedupe_store.errors import (
     LedgerSchemaError,
     LedgerThrottledError,
     LedgerUnavailableError,
-    aws_error_code,
 )
 from dedupe_store.inflight import (
     Cursor,
@@ -73,12 +68,10 @@ from dedupe_store.inflight import (
     walk_items,
 )
 from dedupe_store.model import (
-    INFLIGHT_INDEX_NAME,
     TTL_ATTRIBUTE,
     ConnectionOptions,
     LedgerItem,
     bind_ledger_model,
-    data_client,
 )
 from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
@@ -113,6 +106,16 @@ from dedupe_store.states import (
     next_key_state,
     next_run_state,
 )
+from dedupe_store.table import (
+    BATCH_PAUSE_S,
+    CONDITION_FAILED,
+    VENDOR_ERRORS,
+    DynamoDBTable,
+    code_of,
+)
+
+# the name tests/unit/test_ledger_translation.py imports from here
+from dedupe_store.table import Translated as _Translated  # noqa: F401
 
 __all__ = [
     "LEDGER_SCHEMA_VERSION",
@@ -127,24 +130,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_CONDITION_FAILED = "ConditionalCheckFailedException"
 # what a backend without PartiQL batches answers BatchExecuteStatement (dynalite: the first)
 _NO_PARTIQL = frozenset({"UnknownOperationException", "ValidationException"})
-# rounds of a batch's throttled statements (the pause before the second: _BATCH_PAUSE_S)
+# rounds of a batch's throttled statements (the pause before the second: BATCH_PAUSE_S)
 _INSERT_ROUNDS = 4
-# what a DynamoDB call raises: botocore's own errors, and pynamodb's wrapping of them
-_VENDOR_ERRORS = (
-    botocore.exceptions.BotoCoreError,
-    botocore.exceptions.ClientError,
-    PynamoDBException,
-)
-_BATCH_GET_MAX = 100
-# the part of a batch DynamoDB throttled (statements, or keys a BatchGetItem left unprocessed)
-# is sent again after a pause, doubling, as AWS asks of batch callers; for keys, up to a
-# second, and this many rounds in a row that leave as many keys unprocessed as before give up
-_BATCH_PAUSE_S = 0.05
-_UNPROCESSED_PAUSE_MAX_S = 1.0
-_UNPROCESSED_STALLED_ROUNDS = 8
 _TABLE_POLL_FIRST_S = 0.05  # a new table's status polled after 50 ms, doubling to 2 s
 _TABLE_POLL_MAX_S = 2.0
 BATCH_COMPLETE = "COMPLETE"
@@ -222,10 +211,13 @@ class DynamoDBLedger:
         self._options = options
         self.batch_claims = batch_claims
         self._model: type[LedgerItem] = bind_ledger_model(options)
-        self._client: Any = None
-        self._client_lock = threading.Lock()
+        self._table = DynamoDBTable(options, pause=self._pause_between_rounds)
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
+
+    def _pause_between_rounds(self, seconds: float) -> None:
+        # looked up on the ledger at each use: a test records the ledger's pauses instead
+        self._pause(seconds)
 
     @property
     def table_name(self) -> str:
@@ -239,19 +231,19 @@ class DynamoDBLedger:
     def client(self) -> Any:
         """The botocore client of every read and write, made on first use; also for event
         hooks (metrics, injected faults, the cost meter)."""
-        if self._client is None:
-            with self._client_lock:
-                if self._client is None:
-                    self._client = data_client(self._options)
-        return self._client
+        return self._table.client
+
+    @property
+    def _client(self) -> Any:
+        """The seam a test without sockets sets its stub client through."""
+        return self._table.client
+
+    @_client.setter
+    def _client(self, client: Any) -> None:
+        self._table.client = client
 
     def _connection(self) -> TableConnection:
         return self._model._get_connection()
-
-    def _translated(self, doing: str, key: str | None = None) -> _Translated:
-        """``with self._translated("update", key):`` the one place a vendor error becomes a
-        ledger error (:func:`_translate`), its cause kept."""
-        return _Translated(self._options.table_name, doing, key)
 
     # --- schema -----------------------------------------------------------------------------
 
@@ -261,7 +253,7 @@ class DynamoDBLedger:
         With ``wait``, the table is also stamped with this code's schema version (an existing
         table keeps its stamp, and one of another version is refused).
         """
-        with self._translated("create table"):
+        with self._table.translated("create table"):
             created = not self._model.exists()
             if created:
                 self._model.create_table(wait=False, billing_mode="PAY_PER_REQUEST")
@@ -280,13 +272,13 @@ class DynamoDBLedger:
         stamp = self._stamp()
         if stamp is not None:
             return stamp
-        with self._translated("read the schema version"):
+        with self._table.translated("read the schema version"):
             anything = self.client.scan(TableName=self.table_name, Limit=1).get("Items")
         return 1 if anything else None
 
     def _stamp(self) -> int | None:
         """The schema version the table is stamped with, None without a stamp."""
-        item = self._get_item(SCHEMA_PK, None, "read the schema version", consistent=True)
+        item = self._table.get_item(SCHEMA_PK, None, "read the schema version", consistent=True)
         return None if item is None else int(item["schema_version"]["N"])
 
     def _wait_active(self) -> None:
@@ -299,7 +291,7 @@ class DynamoDBLedger:
             pause_s = min(pause_s * 2, _TABLE_POLL_MAX_S)
 
     def _stamp_schema(self) -> None:
-        with self._translated("stamp the schema version"):
+        with self._table.translated("stamp the schema version"):
             try:
                 self.client.put_item(
                     TableName=self.table_name,
@@ -309,8 +301,8 @@ class DynamoDBLedger:
                     },
                     ConditionExpression="attribute_not_exists(pk)",
                 )
-            except _VENDOR_ERRORS as exc:
-                if _code_of(exc) != _CONDITION_FAILED:
+            except VENDOR_ERRORS as exc:
+                if code_of(exc) != CONDITION_FAILED:
                     raise  # translated on its way out
         found = self.schema_version()
         if found != LEDGER_SCHEMA_VERSION:
@@ -333,15 +325,15 @@ class DynamoDBLedger:
         current = self._ttl_status()
         if current is not TtlStatus.OFF:
             return current
-        with self._translated("enable TTL"):
+        with self._table.translated("enable TTL"):
             try:
                 self._connection().connection.update_time_to_live(self.table_name, TTL_ATTRIBUTE)
             except PynamoDBException as exc:
-                if _code_of(exc) == "UnknownOperationException" or (
-                    _code_of(exc) is None and "UnknownOperation" in str(exc)
+                if code_of(exc) == "UnknownOperationException" or (
+                    code_of(exc) is None and "UnknownOperation" in str(exc)
                 ):
                     return TtlStatus.UNSUPPORTED
-                after = self._ttl_status() if _code_of(exc) == "ValidationException" else None
+                after = self._ttl_status() if code_of(exc) == "ValidationException" else None
                 if after in {TtlStatus.ALREADY_ON, TtlStatus.OTHER_ATTRIBUTE}:
                     return after
                 raise  # translated on its way out
@@ -349,11 +341,11 @@ class DynamoDBLedger:
 
     def _ttl_status(self) -> TtlStatus:
         """The table's TTL as DescribeTimeToLive tells it; OFF when it is off (or going off)."""
-        with self._translated("read the TTL"):
+        with self._table.translated("read the TTL"):
             try:
                 found = self.client.describe_time_to_live(TableName=self.table_name)
-            except _VENDOR_ERRORS as exc:
-                if _code_of(exc) == "UnknownOperationException":
+            except VENDOR_ERRORS as exc:
+                if code_of(exc) == "UnknownOperationException":
                     return TtlStatus.UNSUPPORTED
                 raise  # translated on its way out
         description = found.get("TimeToLiveDescription", {})
@@ -372,7 +364,7 @@ class DynamoDBLedger:
         empty table without a stamp (made by other tools than 'keo init') becomes this
         version's, which costs one Scan of one item to make sure it is empty.
         """
-        with self._translated("describe table"):
+        with self._table.translated("describe table"):
             exists = self._model.exists()
         if not exists:
             raise LedgerSchemaError(
@@ -414,20 +406,22 @@ class DynamoDBLedger:
         return self._get_claim(stream, key, consistent=True)
 
     def _get_claim(self, stream: str, key: str, *, consistent: bool) -> KeyClaim | None:
-        item = self._get_item(ledger_pk(stream, key), key, "get a key", consistent=consistent)
+        item = self._table.get_item(ledger_pk(stream, key), key, "get a key", consistent=consistent)
         return None if item is None else _claim_of(item)
 
     def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
-        items = self._batch_get_items([ledger_pk(stream, key) for key in keys], "get keys")
+        items = self._table.batch_get_items([ledger_pk(stream, key) for key in keys], "get keys")
         claims = (_claim_of(item) for item in items)
         return {claim.key: claim for claim in claims}
 
     def get_group(self, stream: str, group_id: str) -> Group | None:
-        item = self._get_item(group_pk(stream, group_id), None, "get a group", consistent=True)
+        item = self._table.get_item(
+            group_pk(stream, group_id), None, "get a group", consistent=True
+        )
         return None if item is None else _group_of(item)
 
     def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
-        items = self._batch_get_items([group_pk(stream, g) for g in group_ids], "get groups")
+        items = self._table.batch_get_items([group_pk(stream, g) for g in group_ids], "get groups")
         groups = (_group_of(item) for item in items)
         return {group.group_id: group for group in groups}
 
@@ -460,7 +454,7 @@ class DynamoDBLedger:
         if not 0 <= segment < total_segments:
             raise ValueError(f"segment {segment} is not in [0, {total_segments})")
         segments = {"Segment": segment, "TotalSegments": total_segments}
-        for item in self._scan(
+        for item in self._table.scan(
             "begins_with(#pk, :keys) OR begins_with(#pk, :groups)",
             {":keys": x.s(ledger_pk(stream, "")), ":groups": x.s(group_pk(stream, ""))},
             page_size=page_size,
@@ -470,31 +464,10 @@ class DynamoDBLedger:
 
     def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
         prefix = replay_run_pk(stream, "")
-        for item in self._scan(
+        for item in self._table.scan(
             "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
         ):
             yield _run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
-
-    def _scan(
-        self, filter_expression: str, values: dict[str, Any], *, page_size: int, **extra: Any
-    ) -> Iterator[dict[str, Any]]:
-        """The table's items that ``filter_expression`` (on ``#pk``) keeps, page by page."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
-            "Limit": page_size,
-            "FilterExpression": filter_expression,
-            "ExpressionAttributeNames": {"#pk": "pk"},
-            "ExpressionAttributeValues": values,
-            **extra,
-        }
-        while True:
-            with self._translated("scan"):
-                page = self.client.scan(**kwargs)
-            yield from page.get("Items", [])
-            last = page.get("LastEvaluatedKey")
-            if not last:
-                return
-            kwargs["ExclusiveStartKey"] = last
 
     def stale_groups(
         self,
@@ -565,93 +538,12 @@ class DynamoDBLedger:
         """One page of a bucket of open groups: ``[(lease, group id)]`` and the cursor after
         it, if any. Only group items: runs are indexed in partitions of their own, and an
         item of any other kind found here is left out all the same."""
-        page, cursor = self._query_index(
+        page, cursor = self._table.query_index(
             bucket_partition(stream, bucket), before_ms=before_ms, limit=limit, after=after
         )
         prefix = group_pk(stream, "")
         found = [(lease, pk[len(prefix) :]) for lease, pk in page if pk.startswith(prefix)]
         return found, cursor
-
-    def _query_index(
-        self,
-        partition: str,
-        *,
-        before_ms: int | None,
-        limit: int,
-        after: tuple[int, str] | None,
-    ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
-        """One page of an index partition: ``[(sort value, pk)]`` and the cursor after it."""
-        condition = "#bucket = :bucket"
-        names = {"#bucket": "inflight_bucket"}
-        values: dict[str, Any] = {":bucket": x.s(partition)}
-        if before_ms is not None:
-            # DynamoDB refuses a name the expressions do not use: #lease only with the cut-off
-            condition += " AND #lease < :before"
-            names["#lease"] = "lease_expires_at_ms"
-            values[":before"] = x.n(before_ms)
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
-            "IndexName": INFLIGHT_INDEX_NAME,
-            "KeyConditionExpression": condition,
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": values,
-            "Limit": limit,
-        }
-        if after is not None:
-            kwargs["ExclusiveStartKey"] = {
-                "pk": x.s(after[1]),
-                "inflight_bucket": x.s(partition),
-                "lease_expires_at_ms": x.n(after[0]),
-            }
-        with self._translated("query the in-flight index"):
-            page = self.client.query(**kwargs)
-        found = [
-            (int(item["lease_expires_at_ms"]["N"]), str(item["pk"]["S"]))
-            for item in page.get("Items", [])
-        ]
-        last = page.get("LastEvaluatedKey")
-        cursor = (int(last["lease_expires_at_ms"]["N"]), str(last["pk"]["S"])) if last else None
-        return found, cursor
-
-    def _get_item(
-        self, pk: str, key: str | None, doing: str, *, consistent: bool
-    ) -> dict[str, Any] | None:
-        with self._translated(doing, key):
-            item = self.client.get_item(
-                TableName=self.table_name, Key={"pk": x.s(pk)}, ConsistentRead=consistent
-            ).get("Item")
-        return item or None
-
-    def _batch_get_items(self, pks: Sequence[str], doing: str) -> list[dict[str, Any]]:
-        """Consistent reads, 100 keys per request. Keys DynamoDB leaves unprocessed are asked
-        again after a pause that doubles (``_BATCH_PAUSE_S``, up to a second); rounds
-        that process none of them ``_UNPROCESSED_STALLED_ROUNDS`` times in a row raise
-        :class:`LedgerThrottledError`, as a throttled call does once the SDK gave up."""
-        wanted = list(dict.fromkeys(pks))
-        found: list[dict[str, Any]] = []
-        for start in range(0, len(wanted), _BATCH_GET_MAX):
-            keys = [{"pk": x.s(pk)} for pk in wanted[start : start + _BATCH_GET_MAX]]
-            request: dict[str, Any] = {self.table_name: {"Keys": keys, "ConsistentRead": True}}
-            left, rounds, stalled = len(keys), 0, 0
-            while request:
-                with self._translated(doing):
-                    page = self.client.batch_get_item(RequestItems=request)
-                found.extend(page.get("Responses", {}).get(self.table_name, []))
-                request = page.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                unprocessed = len(request[self.table_name]["Keys"])
-                stalled = stalled + 1 if unprocessed >= left else 0
-                if stalled == _UNPROCESSED_STALLED_ROUNDS:
-                    raise LedgerThrottledError(
-                        f"DynamoDB left {unprocessed} keys unprocessed {stalled} times in a row "
-                        f"({doing})",
-                        table=self.table_name,
-                    )
-                left = unprocessed
-                self._pause(min(_BATCH_PAUSE_S * 2**rounds, _UNPROCESSED_PAUSE_MAX_S))
-                rounds += 1
-        return found
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
 
@@ -659,7 +551,7 @@ class DynamoDBLedger:
         self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
     ) -> None:
         """Remember the reconciler's last run over ``stream`` (read by the API's summary)."""
-        with self._translated("record a run"):
+        with self._table.translated("record a run"):
             self.client.put_item(
                 TableName=self.table_name,
                 Item={
@@ -671,7 +563,7 @@ class DynamoDBLedger:
             )
 
     def last_run(self, stream: str) -> RunRecord | None:
-        item = self._get_item(_run_pk(stream), None, "read the last run", consistent=True)
+        item = self._table.get_item(_run_pk(stream), None, "read the last run", consistent=True)
         if item is None:
             return None
         return RunRecord(
@@ -688,7 +580,7 @@ class DynamoDBLedger:
     ) -> BatchRecord | None:
         """The record of a streaming query's batch that settled every row, if there is one."""
         pk = _batch_pk(stream, query, batch_id)
-        item = self._get_item(pk, pk, "read a batch record", consistent=True)
+        item = self._table.get_item(pk, pk, "read a batch record", consistent=True)
         if item is None or item.get("batch_state", {}).get("S") != BATCH_COMPLETE:
             return None
         expires_at = item.get(TTL_ATTRIBUTE, {}).get("N")
@@ -719,7 +611,7 @@ class DynamoDBLedger:
             TTL_ATTRIBUTE: {"N": str(now_ms // 1000 + self.dedupe_ttl_s)},
             "counts": {"S": json.dumps(counts, sort_keys=True)},
         }
-        with self._translated("record a batch", pk):
+        with self._table.translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
 
     # --- replay-mode runs: (stream, run) -> OPEN | COMPLETE, its executions ------------------
@@ -742,7 +634,7 @@ class DynamoDBLedger:
             ":one": x.n(1),
             ":tag": x.n(attempt.tag),
         }
-        applied, item = self._update(
+        applied, item = self._table.update(
             replay_run_pk(stream, run),
             None,
             x.REGISTER_EXECUTION,
@@ -759,7 +651,7 @@ class DynamoDBLedger:
             return RunRegistration(False, current)
         bound = self._execution_bound(stream, run, current, attempt, keep_s)
         me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
-        registered, task_item = self._update(
+        registered, task_item = self._table.update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
             None,
             x.REGISTER_TASK_ATTEMPT,
@@ -819,7 +711,7 @@ class DynamoDBLedger:
             names[f"#o{i}"] = field_names["#xopen"]
             sets.append(f"#s{i} = :true")
             conditions.append(f"attribute_exists(#o{i})")
-        _, item = self._update(
+        _, item = self._table.update(
             replay_run_pk(stream, run),
             None,
             "SET " + ", ".join(sets) + ", #token = :token",
@@ -834,12 +726,14 @@ class DynamoDBLedger:
     ) -> tuple[RunAttempt, ...]:
         pk = replay_task_pk(stream, run, me.execution_id, me.task)
         if not attempt_ids:
-            item = self._get_item(pk, None, "read a task's attempts", consistent=True)
+            item = self._table.get_item(pk, None, "read a task's attempts", consistent=True)
             return _attempts_of(item or {})
         names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
         update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
         condition = " AND ".join(f"attribute_exists({n})" for n in names)
-        _, item = self._update(pk, None, update, condition, {":true": {"BOOL": True}}, names=names)
+        _, item = self._table.update(
+            pk, None, update, condition, {":true": {"BOOL": True}}, names=names
+        )
         return _attempts_of(item or {})
 
     def renew_attempt(
@@ -864,7 +758,7 @@ class DynamoDBLedger:
         if isinstance(bound, RenewalRefused):
             return AttemptRenewal(False, refused=bound)
         lease = min(wanted, bound)
-        applied, item = self._update(
+        applied, item = self._table.update(
             replay_task_pk(stream, run, attempt.execution_id, attempt.task),
             None,
             x.RENEW_ATTEMPT,
@@ -896,7 +790,7 @@ class DynamoDBLedger:
             ":lease": x.n(wanted),
             ":expires": x.n(self._run_expires_at_s(wanted, keep_s)),
         }
-        applied, item = self._update(
+        applied, item = self._table.update(
             replay_run_pk(stream, run),
             None,
             x.EXTEND_EXECUTION,
@@ -930,7 +824,7 @@ class DynamoDBLedger:
         if late_rows:
             values[":late"] = {"SS": sorted(late_rows_of(late_rows))}
             update = x.FINISH_ATTEMPT_LATE
-        self._update(
+        self._table.update(
             replay_run_pk(stream, run),
             None,
             update,
@@ -942,7 +836,7 @@ class DynamoDBLedger:
     def task_attempts(
         self, stream: str, run: str, execution_id: str, task: str
     ) -> tuple[RunAttempt, ...]:
-        item = self._get_item(
+        item = self._table.get_item(
             replay_task_pk(stream, run, execution_id, task),
             None,
             "read a task's attempts",
@@ -963,7 +857,7 @@ class DynamoDBLedger:
         }
         # every writer of COMPLETE writes the same fact; the first one's time and counts stay
         values[":open"] = x.s(RunState.OPEN.value)
-        _, item = self._update(
+        _, item = self._table.update(
             replay_run_pk(stream, run), None, x.COMPLETE_RUN, x.RUN_COMPLETABLE, values
         )
         if item is None:  # pragma: no cover - an applied update returns the item
@@ -973,7 +867,7 @@ class DynamoDBLedger:
         return _run_of(stream, run, item)
 
     def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        item = self._get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
+        item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
         return None if item is None else _run_of(stream, run, item)
 
     def open_runs(
@@ -992,10 +886,10 @@ class DynamoDBLedger:
         def read_page(
             bucket: int, limit: int, after: Cursor | None
         ) -> tuple[list[ReplayRun], Cursor | None]:
-            page, cursor = self._query_index(
+            page, cursor = self._table.query_index(
                 run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
             )
-            items = self._batch_get_items([pk for _, pk in page], "get runs")
+            items = self._table.batch_get_items([pk for _, pk in page], "get runs")
             runs = [_run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
             return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
 
@@ -1039,13 +933,13 @@ class DynamoDBLedger:
             "ExpressionAttributeNames": {"#pk": "pk"},
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        with self._translated("open a group"):
+        with self._table.translated("open a group"):
             try:
                 self.client.put_item(**kwargs)
-            except _VENDOR_ERRORS as exc:
+            except VENDOR_ERRORS as exc:
                 # a retry of our own applied put fails its condition on our own token
                 current = (
-                    self.get_group(stream, group_id) if _code_of(exc) == _CONDITION_FAILED else None
+                    self.get_group(stream, group_id) if code_of(exc) == CONDITION_FAILED else None
                 )
                 if current is None or current.write_token != token:
                     raise  # translated on its way out
@@ -1129,7 +1023,7 @@ class DynamoDBLedger:
             if not pending:
                 break
             if round_number:
-                self._pause(_BATCH_PAUSE_S * 2 ** (round_number - 1))  # statements throttled
+                self._pause(BATCH_PAUSE_S * 2 ** (round_number - 1))  # statements throttled
             throttled: list[int] = []
             for batch in batch_claims.split(pending):
                 answers = self._insert(batch, requests, tokens, group, now_ms)
@@ -1189,8 +1083,8 @@ class DynamoDBLedger:
         ]
         try:
             answer = self.client.batch_execute_statement(Statements=statements)
-        except _VENDOR_ERRORS as exc:
-            code = _code_of(exc)
+        except VENDOR_ERRORS as exc:
+            code = code_of(exc)
             if code in _NO_PARTIQL and self.batch_claims is None:
                 log.info("ledger backend runs no PartiQL batches: claims one by one (%s)", code)
                 self.batch_claims = False
@@ -1225,7 +1119,7 @@ class DynamoDBLedger:
         unprocessed keys asked again), judged."""
         pks = [ledger_pk(p.request.stream, p.request.key) for p in pending]
         try:
-            items = self._batch_get_items(pks, "read keys a batch did not claim")
+            items = self._table.batch_get_items(pks, "read keys a batch did not claim")
         except LedgerError as exc:
             return [exc] * len(pending)
         by_pk = {str(item["pk"]["S"]): _claim_of(item) for item in items}
@@ -1245,7 +1139,7 @@ class DynamoDBLedger:
     def _update_group(
         self, group: Group, update: str, condition: str, values: dict[str, Any]
     ) -> GroupUpdate:
-        applied, item = self._update(
+        applied, item = self._table.update(
             group_pk(group.stream, group.group_id), None, update, condition, values
         )
         return GroupUpdate(applied, None if item is None else _group_of(item))
@@ -1274,7 +1168,7 @@ class DynamoDBLedger:
         # A won claim wrote every attribute of the item but its attempt, so DynamoDB is asked
         # for the old values only (none for a new key) rather than the whole new item: the
         # response every message waits for stays empty, and botocore parses nothing.
-        applied, item = self._update(
+        applied, item = self._table.update(
             ledger_pk(request.stream, request.key),
             request.key,
             update,
@@ -1313,7 +1207,7 @@ class DynamoDBLedger:
             ":now": x.n(now_ms),
             ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
         }
-        applied, item = self._update(
+        applied, item = self._table.update(
             ledger_pk(seen.stream, seen.key), seen.key, x.TAKE_OVER_KEY, x.KEY_HELD, values
         )
         current = None if item is None else _claim_of(item)
@@ -1330,59 +1224,17 @@ class DynamoDBLedger:
     def _settle_key(self, seen: KeyClaim, transition: KeyTransition) -> KeyUpdate:
         target = next_key_state(seen.state, transition)
         values = {":target": x.s(target.value), **_key_held(seen)}
-        applied, item = self._update(
+        applied, item = self._table.update(
             ledger_pk(seen.stream, seen.key), seen.key, x.SETTLE_KEY, x.KEY_HELD, values
         )
         return KeyUpdate(applied, None if item is None else _claim_of(item))
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests and operators only; the protocol never deletes)."""
-        with self._translated("delete", key):
+        with self._table.translated("delete", key):
             self.client.delete_item(
                 TableName=self.table_name, Key={"pk": x.s(ledger_pk(stream, key))}
             )
-
-    def _update(
-        self,
-        pk: str,
-        key: str | None,
-        update: str,
-        condition: str,
-        values: dict[str, Any],
-        *,
-        returns: str = "ALL_NEW",
-        names: dict[str, str] | None = None,
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """One conditional UpdateItem: (True, the item ``returns`` asks for: the new one, or
-        with ``UPDATED_OLD`` the old values of the attributes written, None for a new item),
-        or (False, the item that won instead).
-
-        Each write carries a token of its own. When the SDK retried a request whose first try
-        was applied, the retry fails its condition and finds the token: the write is ours.
-        Another party's identical write has another token: that one is a lost race.
-        """
-        token = secrets.token_hex(8)
-        values[":token"] = x.s(token)
-        kwargs = x.update_kwargs(
-            self.table_name, pk, update, condition, values, returns=returns, names=names
-        )
-        with self._translated("update", key):
-            try:
-                # botocore itself, not pynamodb's dispatch: it would add ReturnConsumedCapacity,
-                # a uuid and its signals to the call every message makes (about 0.1 ms of CPU)
-                data = self.client.update_item(**kwargs)
-            except _VENDOR_ERRORS as exc:
-                if _code_of(exc) != _CONDITION_FAILED:
-                    raise  # translated on its way out
-                current = _old_item_of(exc)
-                if current is None:  # the backend did not return it: read it
-                    current = self._get_item(
-                        pk, key, "read after a lost condition", consistent=True
-                    )
-                mine = current is not None and current.get("write_token", {}).get("S") == token
-                return mine, current
-        returned: dict[str, Any] | None = data.get("Attributes")
-        return True, returned
 
 
 def _key_held(seen: KeyClaim) -> dict[str, dict[str, str]]:
@@ -1403,76 +1255,6 @@ def _another_version(table: str, found: int | None) -> LedgerSchemaError:
         f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
         "or a new table ('Upgrading' in the README)",
         table=table,
-    )
-
-
-# --- translation at the edge ----------------------------------------------------------------
-
-
-class _Translated:
-    """A vendor error raised in the ``with`` block leaves it as the ledger error
-    :func:`_translate` maps it to, raised from it; anything else passes as it is. A block that
-    handles some vendor errors itself (a failed condition) catches them inside, and re-raises
-    the others to be translated here.
-
-    A class rather than ``@contextmanager``: every claim enters one, and this costs an object
-    of three slots and two calls (no generator).
-    """
-
-    __slots__ = ("_doing", "_key", "_table")
-
-    def __init__(self, table: str, doing: str, key: str | None) -> None:
-        self._table = table
-        self._doing = doing
-        self._key = key
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if isinstance(exc, _VENDOR_ERRORS):
-            raise _translate(exc, self._table, self._key, self._doing) from exc
-
-
-def _code_of(exc: BaseException) -> str | None:
-    code = getattr(exc, "cause_response_code", None)
-    if isinstance(code, str):
-        return code
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return aws_error_code(response)
-    cause = getattr(exc, "cause", None) or exc.__cause__
-    return _code_of(cause) if cause is not None and cause is not exc else None
-
-
-def _old_item_of(exc: BaseException) -> dict[str, Any] | None:
-    """The item a failed condition saw, where DynamoDB returned it."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        response = getattr(current, "response", None)
-        if isinstance(response, dict) and isinstance(response.get("Item"), dict):
-            return response["Item"]  # type: ignore[no-any-return]
-        current = current.__cause__
-    return None
-
-
-def _translate(exc: BaseException, table: str, key: str | None, doing: str) -> LedgerError:
-    code = _code_of(exc)
-    if isinstance(exc, TableDoesNotExist) or code == "ResourceNotFoundException":
-        return LedgerSchemaError(
-            f"ledger table {table!r} does not exist: run 'keo init' ({doing})", table=table, key=key
-        )
-    if code in DYNAMODB_THROTTLING_CODES:
-        return LedgerThrottledError(f"DynamoDB throttled {doing} ({code})", table=table, key=key)
-    return LedgerUnavailableError(
-        f"DynamoDB failed to {doing}: {code or type(exc).__name__}", table=table, key=key
     )
 
 
