@@ -31,11 +31,120 @@ from dedupe_store.records import (
     RunRegistration,
 )
 
-__all__ = ["Ledger", "LedgerReader"]
+__all__ = ["Ledger", "LedgerReader", "RunLedger", "RunReader"]
 
 
-class LedgerReader(Protocol):
-    """What a reader needs (the API): it never writes the ledger."""
+class RunReader(Protocol):
+    """What a reader needs of replay-mode runs (the API, the reconciler's reads)."""
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        """The run, read consistently; None when it has no item."""
+        ...
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        """One task's attempts in one execution, read consistently (empty when none)."""
+        ...
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        """OPEN runs of ``stream`` from the sparse in-flight index (no table scan), each read
+        consistently, bucket after bucket (``buckets``: a share of the index; all when None);
+        within a page, by run name.
+
+        ``now_ms``: only the runs left OPEN past their leases, every execution's lease ended
+        (or every attempt finished) before ``now_ms`` (a reconciler passes its clock less the
+        skew); None: every OPEN run.
+        A run completed since the index was read is left out.
+        """
+        ...
+
+
+class RunLedger(RunReader, Protocol):
+    """Replay-mode runs: an item per run (its executions), one per task (its attempts)."""
+
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        """Every replay-mode run of ``stream``, OPEN or COMPLETE, in no order (a full table
+        scan: for audits only, of a stream that holds records its keys' items do not know)."""
+        ...
+
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
+        """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
+        index), unless the run is COMPLETE or the execution superseded; then add it to its
+        task's attempts. The run comes back with every execution so far, and the task's
+        attempts with it: the earlier ones are what recovery reads. The run's items live the
+        dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer, past the lease
+        registered (and past each lease its execution is extended to)."""
+        ...
+
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        """Mark earlier executions superseded: none of their leases can grow any more and
+        none of them can register another attempt, so the bounds the run now shows are
+        final. None when the run is gone."""
+        ...
+
+    def supersede_attempts(
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        """Mark earlier attempts of ``me``'s task (in ``me``'s execution) superseded: none of
+        them can renew its lease any more. The task's attempts as the write left them."""
+        ...
+
+    def renew_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
+        keep_s: int = 0,
+    ) -> AttemptRenewal:
+        """A new lease from ``now_ms`` for an attempt not superseded, whose lease is still
+        valid by more than ``skew_ms``, bounded by its execution's lease (extended first, the
+        run OPEN and the execution not superseded; the run's items then live ``keep_s`` or the
+        dedupe TTL past that lease)."""
+        ...
+
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
+        """The attempt puts nothing more: once every attempt of its execution finished, a
+        replay waits for none of them. Every put it made is definite but those of
+        ``late_rows`` (:attr:`dedupe_store.records.RunExecution.late_rows`, added to its
+        execution's): a replay that does not find one of those rows waits for the lease."""
+        ...
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
+    ) -> ReplayRun:
+        """OPEN (or absent) -> COMPLETE, out of the in-flight index; a run already COMPLETE
+        stays as it was, but lives on: the dedupe TTL or ``keep_s`` (the stream's retention)
+        from ``now_ms``, whichever is longer, so a re-run finds it while its rows are in the
+        stream."""
+        ...
+
+
+class LedgerReader(RunReader, Protocol):
+    """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
+    :class:`RunReader`'s."""
 
     dedupe_ttl_s: int
     inflight_buckets: int
@@ -68,48 +177,13 @@ class LedgerReader(Protocol):
         caller re-reads them. Groups only: replay runs are never listed here."""
         ...
 
-    # --- replay-mode runs: reads ---------------------------------------------------------------
 
-    def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        """The run, read consistently; None when it has no item."""
-        ...
-
-    def task_attempts(
-        self, stream: str, run: str, execution_id: str, task: str
-    ) -> tuple[RunAttempt, ...]:
-        """One task's attempts in one execution, read consistently (empty when none)."""
-        ...
-
-    def open_runs(
-        self,
-        stream: str,
-        *,
-        now_ms: int | None,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 100,
-    ) -> Iterator[ReplayRun]:
-        """OPEN runs of ``stream`` from the sparse in-flight index (no table scan), each read
-        consistently, bucket after bucket (``buckets``: a share of the index; all when None);
-        within a page, by run name.
-
-        ``now_ms``: only the runs left OPEN past their leases, every execution's lease ended
-        (or every attempt finished) before ``now_ms`` (a reconciler passes its clock less the
-        skew); None: every OPEN run.
-        A run completed since the index was read is left out.
-        """
-        ...
-
-
-class Ledger(LedgerReader, Protocol):
-    """The whole ledger: the reads, and the conditional transitions of the protocol."""
+class Ledger(LedgerReader, RunLedger, Protocol):
+    """The whole ledger: the reads, and the conditional transitions of the protocol. Its
+    replay-mode runs are :class:`RunLedger`'s."""
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
         """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
-        ...
-
-    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
-        """Every replay-mode run of ``stream``, OPEN or COMPLETE, in no order (a full table
-        scan: for audits only, of a stream that holds records its keys' items do not know)."""
         ...
 
     # --- groups ------------------------------------------------------------------------------
@@ -232,71 +306,3 @@ class Ledger(LedgerReader, Protocol):
     def mark_batch_complete(
         self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
     ) -> None: ...
-
-    # --- replay-mode runs: an item per run (its executions), one per task (its attempts) -----
-
-    def register_attempt(
-        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
-    ) -> RunRegistration:
-        """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
-        index), unless the run is COMPLETE or the execution superseded; then add it to its
-        task's attempts. The run comes back with every execution so far, and the task's
-        attempts with it: the earlier ones are what recovery reads. The run's items live the
-        dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer, past the lease
-        registered (and past each lease its execution is extended to)."""
-        ...
-
-    def supersede_executions(
-        self, stream: str, run: str, execution_ids: Sequence[str]
-    ) -> ReplayRun | None:
-        """Mark earlier executions superseded: none of their leases can grow any more and
-        none of them can register another attempt, so the bounds the run now shows are
-        final. None when the run is gone."""
-        ...
-
-    def supersede_attempts(
-        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
-    ) -> tuple[RunAttempt, ...]:
-        """Mark earlier attempts of ``me``'s task (in ``me``'s execution) superseded: none of
-        them can renew its lease any more. The task's attempts as the write left them."""
-        ...
-
-    def renew_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        now_ms: int,
-        lease_ms: int,
-        skew_ms: int,
-        keep_s: int = 0,
-    ) -> AttemptRenewal:
-        """A new lease from ``now_ms`` for an attempt not superseded, whose lease is still
-        valid by more than ``skew_ms``, bounded by its execution's lease (extended first, the
-        run OPEN and the execution not superseded; the run's items then live ``keep_s`` or the
-        dedupe TTL past that lease)."""
-        ...
-
-    def finish_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        late_rows: frozenset[str] = frozenset(),
-    ) -> None:
-        """The attempt puts nothing more: once every attempt of its execution finished, a
-        replay waits for none of them. Every put it made is definite but those of
-        ``late_rows`` (:attr:`dedupe_store.records.RunExecution.late_rows`, added to its
-        execution's): a replay that does not find one of those rows waits for the lease."""
-        ...
-
-    def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
-    ) -> ReplayRun:
-        """OPEN (or absent) -> COMPLETE, out of the in-flight index; a run already COMPLETE
-        stays as it was, but lives on: the dedupe TTL or ``keep_s`` (the stream's retention)
-        from ``now_ms``, whichever is longer, so a re-run finds it while its rows are in the
-        stream."""
-        ...

@@ -1,0 +1,448 @@
+"""``DynamoDBRunLedger``: replay-mode runs and their tasks' attempts, on the ledger's table.
+
+Its two kinds of item::
+
+    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run: state, counts, each
+                                                      execution's bounds (five attributes); in
+                                                      the in-flight index while OPEN, in
+                                                      partitions of its own
+    task item   pk "__keo__/task/<stream>/<execution>/<task>/<run>"
+                                                      one task's attempts in one execution (a
+                                                      map each): small, whatever the run's size
+
+Every write is a conditional update of :class:`dedupe_store.table.DynamoDBTable` (its token
+recognises an SDK retry of an applied write); the conditions are in
+:mod:`dedupe_store.expressions`, the transitions in :mod:`dedupe_store.states`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from dedupe_store import expressions as x
+from dedupe_store.errors import LedgerUnavailableError
+from dedupe_store.inflight import Cursor, bucket_of, run_bucket_partition, walk_items
+from dedupe_store.model import TTL_ATTRIBUTE
+from dedupe_store.names import check_stream_name
+from dedupe_store.records import (
+    AttemptRenewal,
+    RenewalRefused,
+    ReplayRun,
+    RunAttempt,
+    RunExecution,
+    RunRegistration,
+    late_rows_of,
+)
+from dedupe_store.states import RunState, RunTransition, next_run_state
+from dedupe_store.table import DynamoDBTable
+
+__all__ = ["DynamoDBRunLedger", "replay_run_pk", "replay_task_pk"]
+
+
+# Built from a stream name that passed the rule (no "/", no "#"): never another kind's key.
+
+
+def replay_run_pk(stream: str, run: str) -> str:
+    return f"__keo__/run/{check_stream_name(stream)}/{run}"
+
+
+def replay_task_pk(stream: str, run: str, execution_id: str, task: str) -> str:
+    """The item of one task's attempts in one execution (the run last: it may hold "/")."""
+    return f"__keo__/task/{check_stream_name(stream)}/{execution_id}/{task}/{run}"
+
+
+class DynamoDBRunLedger:
+    """The replay-mode runs of :class:`dedupe_store.contract.RunLedger` on the ledger's table.
+    Thread-safe: :class:`dedupe_store.ledger.DynamoDBLedger` holds one and hands its calls on."""
+
+    def __init__(self, table: DynamoDBTable, *, dedupe_ttl_s: int, inflight_buckets: int) -> None:
+        self._table = table
+        self.dedupe_ttl_s = dedupe_ttl_s
+        self.inflight_buckets = inflight_buckets
+
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
+        """Two small writes: the run item (its execution: opened, or counted), then the task
+        item (the attempt). The run is not COMPLETE and the execution not superseded, or
+        nothing is written to the task item. A third when a higher attempt of the task
+        registered first: this one is outranked, and its count on the execution finished."""
+        next_run_state(None, RunTransition.REGISTER)
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":stream": x.s(stream),
+            ":bucket": x.s(self._run_bucket(stream, run)),
+            ":first_lease": x.n(attempt.lease_expires_at_ms),
+            ":expires": x.n(self._run_expires_at_s(attempt.lease_expires_at_ms, keep_s)),
+            ":now": x.n(attempt.started_at_ms),
+            ":one": x.n(1),
+            ":tag": x.n(attempt.tag),
+        }
+        applied, item = self._table.update(
+            replay_run_pk(stream, run),
+            None,
+            x.REGISTER_EXECUTION,
+            x.EXECUTION_REGISTRABLE,
+            values,
+            names=_execution_names(attempt.execution_id),
+        )
+        if item is None:  # pragma: no cover - a lost condition always has an item
+            raise LedgerUnavailableError(
+                f"run {run!r} vanished while registering", table=self._table.table_name
+            )
+        current = _run_of(stream, run, item)
+        if not applied:
+            return RunRegistration(False, current)
+        bound = self._execution_bound(stream, run, current, attempt, keep_s)
+        me = dataclasses.replace(attempt, lease_expires_at_ms=bound)
+        registered, task_item = self._table.update(
+            replay_task_pk(stream, run, attempt.execution_id, attempt.task),
+            None,
+            x.REGISTER_TASK_ATTEMPT,
+            x.TASK_REGISTRABLE,
+            {
+                ":stream": x.s(stream),
+                ":attempt": _attempt_value(me),
+                ":n": x.n(attempt.task_attempt),
+                ":expires": x.n(attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
+            },
+            names={"#me": _attempt_name(attempt.attempt_id)},
+        )
+        task_attempts = _attempts_of(task_item or {})
+        if not registered and all(a.attempt_id != attempt.attempt_id for a in task_attempts):
+            # a higher attempt of the task registered first: it owns the rows. Nothing of
+            # this one is left open on its execution (a replay need not wait for it). (Its
+            # own id there: the same attempt asked again, registered.)
+            self.finish_attempt(stream, run, attempt)
+            return RunRegistration(False, current, task_attempts, outranked=True)
+        return RunRegistration(True, current, task_attempts, bound)
+
+    def _run_expires_at_s(self, lease_expires_at_ms: int, keep_s: int) -> int:
+        """When a run's item may go: the dedupe TTL or ``keep_s`` (the stream's retention),
+        whichever is longer, after the last lease written to it, so after its last put."""
+        return lease_expires_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)
+
+    def _execution_bound(
+        self, stream: str, run: str, current: ReplayRun, attempt: RunAttempt, keep_s: int
+    ) -> int:
+        """The lease an attempt registers with: its own, or its execution's when that ends
+        first. An execution's lease is its first attempt's: one registering when less than
+        half of a lease is left of it (a long batch's later tasks, a retry) extends it first."""
+        execution = current.execution(attempt.execution_id)
+        wanted = attempt.lease_expires_at_ms
+        if execution is None:  # pragma: no cover - the registration just wrote it
+            return wanted
+        if execution.lease_expires_at_ms < wanted - attempt.half_lease_ms:
+            extended = self._extend_execution(
+                stream, run, attempt.execution_id, wanted=wanted, keep_s=keep_s
+            )
+            if isinstance(extended, RenewalRefused):
+                extended = execution.lease_expires_at_ms
+            return min(wanted, extended)
+        return min(wanted, execution.lease_expires_at_ms)
+
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        if not execution_ids:
+            return self.get_run(stream, run)
+        names: dict[str, str] = {}
+        sets: list[str] = []
+        conditions: list[str] = []
+        for i, execution_id in enumerate(execution_ids):
+            field_names = _execution_names(execution_id)
+            names[f"#s{i}"] = field_names["#xsuperseded"]
+            names[f"#o{i}"] = field_names["#xopen"]
+            sets.append(f"#s{i} = :true")
+            conditions.append(f"attribute_exists(#o{i})")
+        _, item = self._table.update(
+            replay_run_pk(stream, run),
+            None,
+            "SET " + ", ".join(sets) + ", #token = :token",
+            " AND ".join(conditions),
+            {":true": {"BOOL": True}},
+            names=names,
+        )
+        return None if item is None else _run_of(stream, run, item)
+
+    def supersede_attempts(
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        pk = replay_task_pk(stream, run, me.execution_id, me.task)
+        if not attempt_ids:
+            item = self._table.get_item(pk, None, "read a task's attempts", consistent=True)
+            return _attempts_of(item or {})
+        names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
+        update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
+        condition = " AND ".join(f"attribute_exists({n})" for n in names)
+        _, item = self._table.update(
+            pk, None, update, condition, {":true": {"BOOL": True}}, names=names
+        )
+        return _attempts_of(item or {})
+
+    def renew_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
+        keep_s: int = 0,
+    ) -> AttemptRenewal:
+        """Up to two writes: the execution's lease first, when the new lease would outgrow it
+        (an attempt never puts past its execution's lease: what a replay reads up to), then the
+        attempt's own."""
+        next_run_state(RunState.OPEN, RunTransition.RENEW)
+        wanted = now_ms + lease_ms
+        bound = self._extend_execution(
+            stream, run, attempt.execution_id, wanted=wanted, keep_s=keep_s
+        )
+        if isinstance(bound, RenewalRefused):
+            return AttemptRenewal(False, refused=bound)
+        lease = min(wanted, bound)
+        applied, item = self._table.update(
+            replay_task_pk(stream, run, attempt.execution_id, attempt.task),
+            None,
+            x.RENEW_ATTEMPT,
+            x.ATTEMPT_RENEWABLE,
+            {
+                ":false": {"BOOL": False},
+                ":now_plus_skew": x.n(now_ms + skew_ms),
+                ":lease": x.n(lease),
+            },
+            names={"#me": _attempt_name(attempt.attempt_id)},
+        )
+        if applied:
+            return AttemptRenewal(True, lease)
+        mine = next(
+            (a for a in _attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
+        )
+        superseded = mine is not None and mine.superseded
+        refused = RenewalRefused.SUPERSEDED if superseded else RenewalRefused.LEASE_OVER
+        return AttemptRenewal(False, refused=refused)
+
+    def _extend_execution(
+        self, stream: str, run: str, execution_id: str, *, wanted: int, keep_s: int
+    ) -> int | RenewalRefused:
+        """The execution's lease once it reaches ``wanted`` (extended, or already there), or
+        why it can no longer grow: the run is not OPEN, or the execution superseded. The run's
+        item lives on with it (:meth:`_run_expires_at_s`)."""
+        values = {
+            ":open": x.s(RunState.OPEN.value),
+            ":lease": x.n(wanted),
+            ":expires": x.n(self._run_expires_at_s(wanted, keep_s)),
+        }
+        applied, item = self._table.update(
+            replay_run_pk(stream, run),
+            None,
+            x.EXTEND_EXECUTION,
+            x.EXECUTION_EXTENDABLE,
+            values,
+            names=_execution_names(execution_id),
+        )
+        if applied:
+            return wanted
+        current = None if item is None else _run_of(stream, run, item)
+        execution = None if current is None else current.execution(execution_id)
+        if current is None or execution is None or current.state is not RunState.OPEN:
+            return RenewalRefused.RUN_NOT_OPEN
+        if execution.superseded:
+            return RenewalRefused.EXECUTION_SUPERSEDED
+        return execution.lease_expires_at_ms  # extended as far or further by another
+
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
+        """Take the attempt's tag off its execution's open sum, and add ``late_rows`` to the
+        execution's (one write): once every attempt of the execution has, a replay waits for
+        none of them, but for rows it does not find among those late rows."""
+        values: dict[str, Any] = {":minus_tag": x.n(-attempt.tag)}
+        update = x.FINISH_ATTEMPT
+        if late_rows:
+            values[":late"] = {"SS": sorted(late_rows_of(late_rows))}
+            update = x.FINISH_ATTEMPT_LATE
+        self._table.update(
+            replay_run_pk(stream, run),
+            None,
+            update,
+            x.EXECUTION_EXISTS,
+            values,
+            names=_execution_names(attempt.execution_id),
+        )
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        item = self._table.get_item(
+            replay_task_pk(stream, run, execution_id, task),
+            None,
+            "read a task's attempts",
+            consistent=True,
+        )
+        return _attempts_of(item or {})
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
+    ) -> ReplayRun:
+        next_run_state(RunState.OPEN, RunTransition.COMPLETE)
+        values = {
+            ":complete": x.s(RunState.COMPLETE.value),
+            ":stream": x.s(stream),
+            ":now": x.n(now_ms),
+            ":counts": x.s(json.dumps(counts, sort_keys=True)),
+            ":expires": x.n(now_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
+        }
+        # every writer of COMPLETE writes the same fact; the first one's time and counts stay
+        values[":open"] = x.s(RunState.OPEN.value)
+        _, item = self._table.update(
+            replay_run_pk(stream, run), None, x.COMPLETE_RUN, x.RUN_COMPLETABLE, values
+        )
+        if item is None:  # pragma: no cover - an applied update returns the item
+            raise LedgerUnavailableError(
+                f"run {run!r} vanished while completing", table=self._table.table_name
+            )
+        return _run_of(stream, run, item)
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
+        return None if item is None else _run_of(stream, run, item)
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        """:meth:`dedupe_store.contract.RunReader.open_runs`: with ``now_ms``, the index
+        narrows the query to runs whose first lease ended before it, and each execution's own
+        lease is read from the run's item."""
+        prefix = replay_run_pk(stream, "")
+
+        def read_page(
+            bucket: int, limit: int, after: Cursor | None
+        ) -> tuple[list[ReplayRun], Cursor | None]:
+            page, cursor = self._table.query_index(
+                run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
+            )
+            items = self._table.batch_get_items([pk for _, pk in page], "get runs")
+            runs = [_run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
+            return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
+
+        yield from walk_items(
+            read_page,
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
+
+    def _run_bucket(self, stream: str, run: str) -> str:
+        return run_bucket_partition(stream, bucket_of(run, self.inflight_buckets))
+
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        prefix = replay_run_pk(stream, "")
+        for item in self._table.scan(
+            "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
+        ):
+            yield _run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
+
+
+_ATTEMPT_PREFIX = "attempt:"
+_EXECUTION_PREFIX = "exec:"
+_EXECUTION_FIELDS = ("started", "lease", "superseded", "attempts", "open", "late")
+
+
+def _attempt_name(attempt_id: str) -> str:
+    return f"{_ATTEMPT_PREFIX}{attempt_id}"
+
+
+def _execution_names(execution_id: str) -> dict[str, str]:
+    """The placeholders of an execution's attributes on the run item: ``#xstarted`` and so on."""
+    return {f"#x{f}": f"{_EXECUTION_PREFIX}{execution_id}:{f}" for f in _EXECUTION_FIELDS}
+
+
+def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
+    return {
+        "M": {
+            "execution_id": x.s(attempt.execution_id),
+            "task": x.s(attempt.task),
+            "task_attempt": x.n(attempt.task_attempt),
+            "started_at_ms": x.n(attempt.started_at_ms),
+            "lease_expires_at_ms": x.n(attempt.lease_expires_at_ms),
+            "superseded": {"BOOL": attempt.superseded},
+        }
+    }
+
+
+def _attempts_of(item: Mapping[str, Any]) -> tuple[RunAttempt, ...]:
+    attempts = []
+    for name, value in item.items():
+        if not name.startswith(_ATTEMPT_PREFIX):
+            continue
+        fields = value["M"]
+        attempts.append(
+            RunAttempt(
+                attempt_id=name.removeprefix(_ATTEMPT_PREFIX),
+                execution_id=fields["execution_id"]["S"],
+                task=fields["task"]["S"],
+                task_attempt=int(fields["task_attempt"]["N"]),
+                started_at_ms=int(fields["started_at_ms"]["N"]),
+                lease_expires_at_ms=int(fields["lease_expires_at_ms"]["N"]),
+                superseded=bool(fields["superseded"]["BOOL"]),
+            )
+        )
+    return tuple(sorted(attempts, key=lambda a: (a.task_attempt, a.started_at_ms, a.attempt_id)))
+
+
+def _executions_of(item: Mapping[str, Any]) -> tuple[RunExecution, ...]:
+    fields: dict[str, dict[str, Any]] = {}
+    for name, value in item.items():
+        if name.startswith(_EXECUTION_PREFIX):
+            execution_id, _, field_name = name.removeprefix(_EXECUTION_PREFIX).rpartition(":")
+            fields.setdefault(execution_id, {})[field_name] = value
+    executions = [
+        RunExecution(
+            execution_id=execution_id,
+            started_at_ms=int(f["started"]["N"]),
+            lease_expires_at_ms=int(f["lease"]["N"]),
+            superseded=bool(f.get("superseded", {}).get("BOOL", False)),
+            attempts=int(f["attempts"]["N"]),
+            open_tags=int(f["open"]["N"]),
+            late_rows=frozenset(f.get("late", {}).get("SS", ())),
+        )
+        for execution_id, f in fields.items()
+    ]
+    return tuple(sorted(executions, key=lambda e: (e.started_at_ms, e.execution_id)))
+
+
+def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
+    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
+    attempt's lease ended before it."""
+    for run in runs:
+        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
+            yield run
+
+
+def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
+    completed = item.get("completed_at_ms", {}).get("N")
+    counts = item.get("counts", {}).get("S")
+    return ReplayRun(
+        stream=stream,
+        run=run,
+        state=RunState(item["state"]["S"]),
+        executions=_executions_of(item),
+        completed_at_ms=int(completed) if completed is not None else None,
+        counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
+        expires_at_s=int(expires) if (expires := item.get(TTL_ATTRIBUTE, {}).get("N")) else None,
+    )
