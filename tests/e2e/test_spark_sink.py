@@ -31,6 +31,7 @@ from spark_support import (
 )
 
 from devstack.failpoints import Failpoints
+from devstack.fault_proxy import FaultProxy
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS
 from producer.protocol import Message
@@ -69,6 +70,32 @@ def test_a_batch_is_delivered_exactly_once(
     )
     streamcheck.assert_only(contents, [k for k, _ in rows])
     assert batch_complete(stack, "q-static", 0)
+
+
+@pytest.mark.parametrize("dedupe", ["key", "replay"])
+def test_a_batch_checks_the_stream_and_the_table_once_on_the_driver_not_in_each_task(
+    spark: Any, settings: dict[str, str], stack: Stack, emulators: Any, dedupe: str
+) -> None:
+    # GIVEN Kinesis and DynamoDB behind counting proxies, and a batch of 4 partitions
+    with (
+        FaultProxy(emulators.kinesis) as kinesis_proxy,
+        FaultProxy(emulators.dynamodb) as ledger_proxy,
+    ):
+        proxied = {
+            **settings,
+            "KEO_KINESIS_ENDPOINT_URL": kinesis_proxy.endpoint,
+            "KEO_DYNAMODB_ENDPOINT_URL": ledger_proxy.endpoint,
+        }
+        sink = ExactlyOnceSink(proxied, query_id=f"q-control-{dedupe}", dedupe=dedupe)
+        # WHEN it is written
+        rows = spark.createDataFrame(events(40), "key string, data string").repartition(4)
+        report = sink.write_batch(rows, 0)
+    # THEN the driver described the stream and checked the table once; its tasks, in every
+    # Python worker, built clients and asked neither
+    assert report.counts["sent"] == 40
+    assert kinesis_proxy.received["DescribeStreamSummary"] == 1
+    assert ledger_proxy.received["DescribeTable"] == 1
+    assert stack.settings.stream == sink.stream
 
 
 def test_binary_data_and_routing_keys_are_sent_as_given(
