@@ -55,8 +55,8 @@ PUT_BYTES_PER_S: Final = 1024 * 1024
 # (a stream written by a thousand tasks at once gives each a thousandth)
 MIN_SHARE: Final = 1 / 1024
 # while the shards take every record of ours, the share grows by this part of itself a
-# second, up to all of it: a multiple, so that the writers of a shard together grow by half a second
-# however many they are (a step each would grow a thousand writers a thousand steps)
+# second, up to all of it: a multiple, so that the writers of a shard together grow by half a
+# second however many they are (a step each would grow a thousand writers a thousand steps)
 SHARE_GROWTH_PER_S: Final = 0.5
 # a refusal shrinks the share by this many times the part of our records refused, at most by
 # half: the writers that overshoot together shed the excess and a margin, so that the shard's
