@@ -373,7 +373,7 @@ def audit_stream(
     :class:`~producer.errors.AuditTooLargeError` rather than run out of memory. When the
     stream holds keys the ledger does not know, the ledger's replay runs of the stream are
     read (a second scan) and the keys written while one wrote are replay mode's
-    (:func:`replay_windows`, ``skew_ms`` either side)."""
+    (:class:`ReplayWindows`, ``skew_ms`` either side)."""
     tally = read_tally(reader, progress=progress, max_keys=max_keys)
     if ledger is None:
         return judge(tally, None, expected=expected, listed=listed, max_keys=max_keys)
@@ -497,9 +497,10 @@ def judge(
     replay: Callable[[], ReplayWindows] | None = None,
 ) -> AuditReport:
     """The verdict on a read stream: keys twice, expected keys absent and, given the ledger's
-    records of the stream, everything the ledger and the stream disagree on; a key the ledger
-    does not know whose first record arrived within a window of ``replay()`` (:class:`ReplayWindows`,
-    asked only when the stream holds such a key) is replay mode's. Past ``max_keys`` keys in the ledger it raises
+    records of the stream, everything the ledger and the stream disagree on. A key the ledger
+    does not know whose first record arrived within a window of ``replay()``
+    (:class:`ReplayWindows`, asked only when the stream holds such a key) is replay mode's.
+    Past ``max_keys`` keys in the ledger it raises
     :class:`~producer.errors.AuditTooLargeError`."""
     seen = tally.seen
     in_ledger: dict[str, LedgerRecord] = {}
