@@ -26,6 +26,8 @@ from producer.hooks import Hooks
 from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage, chunked
 from producer.readback import ReadBackResolver
 from producer.retries import (
+    CLAIM_WAIT_INITIAL_MS,
+    CLAIM_WAIT_MAX_MS,
     PUT_MAX_ATTEMPTS,
     PUT_RETRY_INITIAL_MS,
     PUT_RETRY_MAX_MS,
@@ -49,8 +51,8 @@ class ProducerPolicy:
     put_max_attempts: int = PUT_MAX_ATTEMPTS
     retry_initial_ms: int = PUT_RETRY_INITIAL_MS
     retry_max_ms: int = PUT_RETRY_MAX_MS
-    wait_initial_ms: int = 100
-    wait_max_ms: int = 5_000
+    wait_initial_ms: int = CLAIM_WAIT_INITIAL_MS
+    wait_max_ms: int = CLAIM_WAIT_MAX_MS
     ledger_concurrency: int = 32
     store_payload_max_bytes: int | None = None  # None: never store payloads in claims
     group_size: int = MAX_GROUP_KEYS

@@ -37,6 +37,10 @@ _T = TypeVar("_T")
 PUT_MAX_ATTEMPTS: Final = 8
 PUT_RETRY_INITIAL_MS: Final = 100
 PUT_RETRY_MAX_MS: Final = 5_000
+# The defaults of a wait on another producer's claim (ProducerPolicy, the wait_* settings):
+# looks again after CLAIM_WAIT_INITIAL_MS, doubling up to CLAIM_WAIT_MAX_MS, no jitter.
+CLAIM_WAIT_INITIAL_MS: Final = 100
+CLAIM_WAIT_MAX_MS: Final = 5_000
 
 Sleep = Callable[[float], None]
 BeforeSleep = Callable[[RetryCallState], None]

@@ -21,7 +21,13 @@ from dedupe_store.settings import (
     setting,
 )
 from producer.protocol import LeasePolicy
-from producer.retries import PUT_MAX_ATTEMPTS, PUT_RETRY_INITIAL_MS, PUT_RETRY_MAX_MS
+from producer.retries import (
+    CLAIM_WAIT_INITIAL_MS,
+    CLAIM_WAIT_MAX_MS,
+    PUT_MAX_ATTEMPTS,
+    PUT_RETRY_INITIAL_MS,
+    PUT_RETRY_MAX_MS,
+)
 
 # Kinesis refuses a SigV4 request that arrives more than 5 minutes after its signing time.
 AWS_SIGNATURE_WINDOW_S: Final = 300.0
@@ -189,19 +195,22 @@ class ProducerSettings(LedgerSettings):
         ),
     )
     wait_initial_s: float = setting(
-        0.1,
+        CLAIM_WAIT_INITIAL_MS / 1000,
         gt=0,
         description="first wait, doubling, while another producer's claim on a key is in flight",
-        why="100 ms, doubling: looks again soon after a fast put settles, without polling hard",
+        why=(
+            f"{CLAIM_WAIT_INITIAL_MS} ms, doubling: looks again soon after a fast put settles, "
+            "without polling hard"
+        ),
     )
     wait_max_s: float = setting(
-        5.0,
+        CLAIM_WAIT_MAX_MS / 1000,
         gt=0,
         rule="wait max >= wait initial",
         description="longest wait between looks at another producer's claim",
         why=(
-            "5 s bounds the delay once the other claim settles; the waiting stops at its "
-            "lease + skew, and the key is then resolved by read-back"
+            f"{CLAIM_WAIT_MAX_MS / 1000:g} s bounds the delay once the other claim settles; the "
+            "waiting stops at its lease + skew, and the key is then resolved by read-back"
         ),
     )
     max_record_bytes: int | None = setting(
