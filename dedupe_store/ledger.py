@@ -70,7 +70,6 @@ from dedupe_store.model import (
 from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
-    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -81,12 +80,9 @@ from dedupe_store.records import (
     LedgerRecord,
     PendingClaim,
     Position,
-    ReplayRun,
-    RunAttempt,
     RunRecord,
-    RunRegistration,
 )
-from dedupe_store.runs import DynamoDBRunLedger, replay_run_pk, replay_task_pk
+from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn, replay_run_pk, replay_task_pk
 from dedupe_store.states import (
     GroupState,
     GroupTransition,
@@ -173,7 +169,7 @@ def new_group_id() -> str:
     return secrets.token_urlsafe(12)
 
 
-class DynamoDBLedger:
+class DynamoDBLedger(RunsHandedOn):
     """The ledger on one DynamoDB table. Thread-safe: share one per process."""
 
     # the pause before a batch's throttled part is sent again (a test records it instead)
@@ -195,7 +191,7 @@ class DynamoDBLedger:
         self._table = DynamoDBTable(options, pause=self._pause_between_rounds)
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
-        self._runs = DynamoDBRunLedger(
+        self._run_ledger = DynamoDBRunLedger(
             self._table, dedupe_ttl_s=dedupe_ttl_s, inflight_buckets=inflight_buckets
         )
 
@@ -590,74 +586,6 @@ class DynamoDBLedger:
         }
         with self._table.translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
-
-    # --- replay-mode runs: handed to dedupe_store.runs.DynamoDBRunLedger --------------------
-
-    def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        return self._runs.get_run(stream, run)
-
-    def task_attempts(
-        self, stream: str, run: str, execution_id: str, task: str
-    ) -> tuple[RunAttempt, ...]:
-        return self._runs.task_attempts(stream, run, execution_id, task)
-
-    def open_runs(
-        self,
-        stream: str,
-        *,
-        now_ms: int | None,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 100,
-    ) -> Iterator[ReplayRun]:
-        return self._runs.open_runs(stream, now_ms=now_ms, buckets=buckets, page_size=page_size)
-
-    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
-        return self._runs.replay_runs(stream, page_size=page_size)
-
-    def register_attempt(
-        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
-    ) -> RunRegistration:
-        return self._runs.register_attempt(stream, run, attempt, keep_s=keep_s)
-
-    def supersede_executions(
-        self, stream: str, run: str, execution_ids: Sequence[str]
-    ) -> ReplayRun | None:
-        return self._runs.supersede_executions(stream, run, execution_ids)
-
-    def supersede_attempts(
-        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
-    ) -> tuple[RunAttempt, ...]:
-        return self._runs.supersede_attempts(stream, run, me, attempt_ids)
-
-    def renew_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        now_ms: int,
-        lease_ms: int,
-        skew_ms: int,
-        keep_s: int = 0,
-    ) -> AttemptRenewal:
-        return self._runs.renew_attempt(
-            stream, run, attempt, now_ms=now_ms, lease_ms=lease_ms, skew_ms=skew_ms, keep_s=keep_s
-        )
-
-    def finish_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        late_rows: frozenset[str] = frozenset(),
-    ) -> None:
-        self._runs.finish_attempt(stream, run, attempt, late_rows=late_rows)
-
-    def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
-    ) -> ReplayRun:
-        return self._runs.complete_run(stream, run, counts=counts, now_ms=now_ms, keep_s=keep_s)
 
     # --- groups -----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import LedgerUnavailableError
@@ -39,7 +39,10 @@ from dedupe_store.records import (
 from dedupe_store.states import RunState, RunTransition, next_run_state
 from dedupe_store.table import DynamoDBTable
 
-__all__ = ["DynamoDBRunLedger", "replay_run_pk", "replay_task_pk"]
+if TYPE_CHECKING:
+    from dedupe_store.contract import RunLedger
+
+__all__ = ["DynamoDBRunLedger", "RunsHandedOn", "replay_run_pk", "replay_task_pk"]
 
 
 # Built from a stream name that passed the rule (no "/", no "#"): never another kind's key.
@@ -446,3 +449,81 @@ def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
         counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
         expires_at_s=int(expires) if (expires := item.get(TTL_ATTRIBUTE, {}).get("N")) else None,
     )
+
+
+class RunsHandedOn:
+    """The :class:`dedupe_store.contract.RunLedger` methods of a whole ledger, each handed on
+    to its runs part (``_run_ledger``): :class:`dedupe_store.ledger.DynamoDBLedger` and the
+    tests' in-memory ledger both hold one."""
+
+    _run_ledger: RunLedger
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        return self._run_ledger.get_run(stream, run)
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        return self._run_ledger.task_attempts(stream, run, execution_id, task)
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        return self._run_ledger.open_runs(
+            stream, now_ms=now_ms, buckets=buckets, page_size=page_size
+        )
+
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        return self._run_ledger.replay_runs(stream, page_size=page_size)
+
+    def register_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
+    ) -> RunRegistration:
+        return self._run_ledger.register_attempt(stream, run, attempt, keep_s=keep_s)
+
+    def supersede_executions(
+        self, stream: str, run: str, execution_ids: Sequence[str]
+    ) -> ReplayRun | None:
+        return self._run_ledger.supersede_executions(stream, run, execution_ids)
+
+    def supersede_attempts(
+        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
+    ) -> tuple[RunAttempt, ...]:
+        return self._run_ledger.supersede_attempts(stream, run, me, attempt_ids)
+
+    def renew_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        skew_ms: int,
+        keep_s: int = 0,
+    ) -> AttemptRenewal:
+        return self._run_ledger.renew_attempt(
+            stream, run, attempt, now_ms=now_ms, lease_ms=lease_ms, skew_ms=skew_ms, keep_s=keep_s
+        )
+
+    def finish_attempt(
+        self,
+        stream: str,
+        run: str,
+        attempt: RunAttempt,
+        *,
+        late_rows: frozenset[str] = frozenset(),
+    ) -> None:
+        self._run_ledger.finish_attempt(stream, run, attempt, late_rows=late_rows)
+
+    def complete_run(
+        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
+    ) -> ReplayRun:
+        return self._run_ledger.complete_run(
+            stream, run, counts=counts, now_ms=now_ms, keep_s=keep_s
+        )

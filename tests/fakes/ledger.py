@@ -50,7 +50,6 @@ from dedupe_store.errors import (
 from dedupe_store.inflight import Cursor, bucket_of, walk_items
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
-    AttemptRenewal,
     BatchRecord,
     ClaimRequest,
     ClaimResult,
@@ -61,11 +60,10 @@ from dedupe_store.records import (
     LedgerRecord,
     PendingClaim,
     Position,
-    ReplayRun,
     RunAttempt,
     RunRecord,
-    RunRegistration,
 )
+from dedupe_store.runs import RunsHandedOn
 from dedupe_store.states import (
     GroupState,
     GroupTransition,
@@ -119,7 +117,7 @@ class LedgerFault(StrEnum):
 READ_FAULTS = frozenset({LedgerFault.UNAVAILABLE, LedgerFault.THROTTLED})
 
 
-class InMemoryLedger:
+class InMemoryLedger(RunsHandedOn):
     """The ledger of one process's imagination. Thread-safe: one lock around every call."""
 
     def __init__(
@@ -145,7 +143,7 @@ class InMemoryLedger:
         # called between a registration's two writes (the run item, then the task item), the
         # lock held (reentrant): a test registers another attempt there, as a race would
         self.between_registration_writes: Callable[[RunAttempt], None] = lambda _attempt: None
-        self._replay = InMemoryRunLedger(
+        self._run_ledger = InMemoryRunLedger(
             self._lock,
             self._read_fault,
             dedupe_ttl_s=dedupe_ttl_s,
@@ -377,74 +375,6 @@ class InMemoryLedger:
             self._read_fault("mark_batch_complete")
             record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
             self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
-
-    # --- replay-mode runs: handed to fakes.runs.InMemoryRunLedger ----------------------------
-
-    def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        return self._replay.get_run(stream, run)
-
-    def task_attempts(
-        self, stream: str, run: str, execution_id: str, task: str
-    ) -> tuple[RunAttempt, ...]:
-        return self._replay.task_attempts(stream, run, execution_id, task)
-
-    def open_runs(
-        self,
-        stream: str,
-        *,
-        now_ms: int | None,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 100,
-    ) -> Iterator[ReplayRun]:
-        return self._replay.open_runs(stream, now_ms=now_ms, buckets=buckets, page_size=page_size)
-
-    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
-        return self._replay.replay_runs(stream, page_size=page_size)
-
-    def register_attempt(
-        self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
-    ) -> RunRegistration:
-        return self._replay.register_attempt(stream, run, attempt, keep_s=keep_s)
-
-    def supersede_executions(
-        self, stream: str, run: str, execution_ids: Sequence[str]
-    ) -> ReplayRun | None:
-        return self._replay.supersede_executions(stream, run, execution_ids)
-
-    def supersede_attempts(
-        self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
-    ) -> tuple[RunAttempt, ...]:
-        return self._replay.supersede_attempts(stream, run, me, attempt_ids)
-
-    def renew_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        now_ms: int,
-        lease_ms: int,
-        skew_ms: int,
-        keep_s: int = 0,
-    ) -> AttemptRenewal:
-        return self._replay.renew_attempt(
-            stream, run, attempt, now_ms=now_ms, lease_ms=lease_ms, skew_ms=skew_ms, keep_s=keep_s
-        )
-
-    def finish_attempt(
-        self,
-        stream: str,
-        run: str,
-        attempt: RunAttempt,
-        *,
-        late_rows: frozenset[str] = frozenset(),
-    ) -> None:
-        self._replay.finish_attempt(stream, run, attempt, late_rows=late_rows)
-
-    def complete_run(
-        self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
-    ) -> ReplayRun:
-        return self._replay.complete_run(stream, run, counts=counts, now_ms=now_ms, keep_s=keep_s)
 
     # --- groups -----------------------------------------------------------------------------
 
