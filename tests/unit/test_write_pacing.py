@@ -285,38 +285,54 @@ def _writers_on_one_shard(
     records: int = 100,
     gap_s: float = 0.02,
     seconds: float = 60,
+    each_writes: int | None = None,
 ) -> tuple[float, float]:
     """``writers`` processes, each its own pacer at all of the quota, putting requests of
     ``records`` records on one shard, ``gap_s`` apart (a round trip, or the time a key-mode
-    writer spends claiming its next group): the records written a second, and refused per
-    thousand written, after the first ten seconds. An event queue by time runs them side by
-    side: a writer's pacer waits on a clock of its own, and its request reaches the shard as
-    an event at the time it left."""
+    writer spends claiming its next group), each split as the writer splits it
+    (:func:`split_to_fit`, its parts one after another): the records written a second, and
+    refused per thousand written, after the first ten seconds; or, when each has
+    ``each_writes`` records to write (the refused resent), from the start until the last has
+    written its last. An event queue by time runs them side by side: a writer's pacer waits on
+    a clock of its own, and its request reaches the shard as an event at the time it left."""
     quota = KinesisQuotaState()
     clocks = [Clock() for _ in range(writers)]  # a process's own: its pacer's sleeps move it
     pacers = [WritePacer(clock=clock, sleep=clock.sleep) for clock in clocks]
+    left = [each_writes or 0] * writers
+    parts: list[list[int]] = [[] for _ in range(writers)]  # a request's parts not yet sent
+    shard = [_shard(0, 0, TOP)]
     starts = random.Random(7)
-    events = [(starts.random() * gap_s, writer, False) for writer in range(writers)]
+    events = [(starts.random() * gap_s, writer, 0, 1.0) for writer in range(writers)]
     written = refused = 0
+    since_s, until_s = (10.0, seconds) if each_writes is None else (0.0, 0.0)
     while events:
-        at_s, writer, leaving = heapq.heappop(events)
-        if at_s > seconds:
+        at_s, writer, leaving, paced_with = heapq.heappop(events)
+        if each_writes is None and at_s > seconds:
             break
         clock, pacer = clocks[writer], pacers[writer]
         clock.now_s = at_s
         if not leaving:  # the writer has a request: its pacer says when it leaves
-            pacer.before_request({"a": (records, records * 100)})
-            heapq.heappush(events, (clock.now_s, writer, True))
+            if not parts[writer]:
+                wanted = records if each_writes is None else min(records, left[writer])
+                if not wanted:
+                    until_s = max(until_s, at_s)
+                    continue
+                entry = {"PartitionKey": "k", "Data": b"d" * 99}
+                parts[writer] = [len(p) for p in split_to_fit([entry] * wanted, shard, pacer)]
+            leaving, paced_with = parts[writer].pop(0), pacer.share()
+            pacer.before_request({shard[0].shard_id: (leaving, leaving * 100)})
+            heapq.heappush(events, (clock.now_s, writer, leaving, paced_with))
             continue
-        decided = quota.admit_records("PutRecords", "s", [("a", 100)] * records, at_s)
+        decided = quota.admit_records("PutRecords", "s", [("a", 100)] * leaving, at_s)
         refused_now = sum(1 for d in decided if not d.admitted)
         if adapting:
-            pacer.answered(sent=records, refused=refused_now)
-        if at_s >= 10:
-            written += records - refused_now
+            pacer.answered(sent=leaving, refused=refused_now, paced_with=paced_with)
+        left[writer] -= leaving - refused_now
+        if at_s >= since_s:
+            written += leaving - refused_now
             refused += refused_now
-        heapq.heappush(events, (at_s + gap_s, writer, False))
-    return written / (seconds - 10), 1000 * refused / max(written, 1)
+        heapq.heappush(events, (at_s + (0.0 if parts[writer] else gap_s), writer, 0, 1.0))
+    return written / (until_s - since_s), 1000 * refused / max(written, 1)
 
 
 def test_writers_sharing_a_shard_settle_on_their_parts_of_its_quota() -> None:
@@ -335,8 +351,9 @@ def test_writers_sharing_a_shard_settle_on_their_parts_of_its_quota() -> None:
 @pytest.mark.parametrize(
     ("writers", "records", "gap_s", "most_refused"),
     # refused per thousand with a share halved once a second and grown a step a request:
-    # 36, 158, 2,565 (and now about 76, 138, 340: a faster growth, which a short write needs,
-    # costs a few refusals where writers are few, and none grow with their number)
+    # 36, 158, 2,565 (and now about 62, 85, 159, the requests split as the writer splits them:
+    # a faster growth, which a short write needs, costs a few refusals where writers are few,
+    # and none grow with their number)
     [(2, 300, 0.3, 120), (8, 100, 0.1, 200), (200, 20, 0.05, 500)],
     ids=["two-key-mode-writers", "eight-tasks", "two-hundred-tasks"],
 )
@@ -382,16 +399,56 @@ def test_the_share_shrinks_with_the_part_of_a_request_refused_once_per_pace_and_
 
 
 def test_a_refusal_on_one_shard_slows_every_shard_of_the_stream_alike() -> None:
-    # GIVEN a writer that met a refusal on one of the shards its requests hold
+    # GIVEN two writers that met the same refusal on one of the shards their requests hold,
+    # and a third that met none
+    pacers = []
+    for refused in (100, 100, 0):
+        clock = Clock()
+        pacers.append(WritePacer(clock=clock, sleep=clock.sleep))
+        pacers[-1].answered(sent=400, refused=refused)
+    # WHEN each puts a second's worth of records: on the refusing shard, on another, on any
+    refusing, taking, unrefused = (
+        pacer.before_request({shard: (1000, 100_000)})
+        for pacer, shard in zip(pacers, ["refusing", "taking", "taking"], strict=True)
+    )
+    # THEN the first two wait as long, longer than the third: one share for the stream (a
+    # request that holds every shard leaves with its slowest, so shares a shard each would
+    # hold it to the smallest, the noisiest)
+    assert refusing == pytest.approx(taking)
+    assert taking > 2 * unrefused
+
+
+def test_a_request_waiting_at_a_small_share_grows_it_while_it_waits() -> None:
+    # GIVEN a writer whose share fell to the floor (a thousand tasks on its shards once)
     clock = Clock()
     pacer = WritePacer(clock=clock, sleep=clock.sleep)
-    pacer.answered(sent=400, refused=100)
-    # WHEN it puts a second's worth of records on the refusing shard, then on another
-    refusing = pacer.before_request({"refusing": (1000, 100_000)})
-    taking = pacer.before_request({"taking": (1000, 100_000)})
-    # THEN both wait as long: one share for the stream (a request that holds every shard
-    # leaves with its slowest, so shares a shard each would hold it to the smallest, the
-    # noisiest)
-    assert pacer.share() == pytest.approx(0.5)
-    assert refusing == pytest.approx(taking, abs=0.11)
-    assert taking > 1
+    for _ in range(20):
+        pacer.answered(sent=10, refused=10)
+    # WHEN it has a request of 20 records, 20 seconds of the pace at that share
+    waited_s = pacer.before_request({"a": (20, 2000)})
+    # THEN its share grew by time while it waited (as while the shards take every record), so
+    # it left within a few seconds: a writer the others left alone on its shards is not held
+    # at the share it had among them until an answer comes
+    assert pacer.share() > 4 * MIN_SHARE
+    assert waited_s < 5
+
+
+@pytest.mark.parametrize(
+    ("writers", "records", "gap_s", "each_writes"),
+    # the quota kept before a waiting request grew its share: 1.01 (two), 0.75 (two hundred:
+    # their shares fell to the floor at the start, and the parts split before waited seconds
+    # each); and now 1.02, 0.98
+    [(2, 300, 0.3, 8000), (200, 100, 0.05, 500)],
+    ids=["two-key-mode-writers", "two-hundred-tasks"],
+)
+def test_writers_with_records_to_write_keep_the_shard_at_its_quota_until_the_last_is_written(
+    writers: int, records: int, gap_s: float, each_writes: int
+) -> None:
+    # GIVEN writers on one shard that start together, each with records to write
+    # WHEN each adapts its share of the shard's pace, resending what the shard refused
+    rate, _ = _writers_on_one_shard(
+        writers=writers, adapting=True, records=records, gap_s=gap_s, each_writes=each_writes
+    )
+    # THEN from the first record to the last, the shard is kept at 0.9 of its quota or more
+    # (its bucket starts full: a second's worth more)
+    assert rate >= 0.9 * 1000
