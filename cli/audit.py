@@ -29,15 +29,15 @@ from kinesis_store.kpl import UserRecord
 from kinesis_store.read_pacing import process_read_pacer
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
-from producer.audit import LISTED_KEYS
+from producer.audit.rows import ExpectedRow
+from producer.audit.stream import LISTED_KEYS
 from producer.errors import AuditTooLargeError
 from producer.protocol import Message
-from producer.row_audit import ExpectedRow
 from producer.settings import Dedupe
 
 if TYPE_CHECKING:
-    from producer.audit import AuditReport
-    from producer.row_audit import RowAuditReport
+    from producer.audit.rows import RowAuditReport
+    from producer.audit.stream import AuditReport
     from producer.settings import ProducerSettings
 
 
@@ -206,7 +206,7 @@ def audit(
             err=True,
         )
         raise typer.Exit(ExitCode.USAGE)
-    from producer.audit import audit_rows, audit_stream
+    from producer.audit.stream import audit_rows, audit_stream
     from producer.clients import kinesis_read_client
     from producer.wiring import ledger_from
 

@@ -122,7 +122,7 @@ def reconcile(
     )
     buckets = parse_bucket_share(bucket, settings.inflight_buckets)
     from devstack import failpoints
-    from producer.producer import default_owner
+    from producer.key.producer import default_owner
     from producer.wiring import build_stack, warn_if_unfenced
 
     warn_if_unfenced(settings)

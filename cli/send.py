@@ -239,7 +239,7 @@ class ReplaySender:
     is delivered, the run is marked COMPLETE and a re-run of R sends nothing."""
 
     def __init__(self, stack: Stack, run_id: str) -> None:
-        from producer.replay import ReplayTask, new_execution_id
+        from producer.replay.producer import ReplayTask, new_execution_id
 
         self._run = run_id
         self._producer = stack.replay_producer()
@@ -263,7 +263,7 @@ class ReplaySender:
     def done(self, counts: Counter[str], *, delivered: bool) -> None:
         """The run is COMPLETE once every line was delivered (a rejected line keeps it open:
         fix it and re-run with the same --run-id; the rows delivered are not sent again)."""
-        from producer.replay_plan import RecoveryStep
+        from producer.replay.plan import RecoveryStep
 
         self._attempt.finish()
         if self._attempt.step is RecoveryStep.DONE:

@@ -41,10 +41,10 @@ from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
 from producer.clients import kinesis_client
 from producer.hooks import Step
+from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import OutcomeStatus
-from producer.producer import ExactlyOnceProducer
 from producer.protocol import Message, explicit_hash_key
-from producer.replay import ReplayTask, new_execution_id
+from producer.replay.producer import ReplayTask, new_execution_id
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import Stack, build_stack, ledger_from
 from spark_jobs.session import worker_python_path

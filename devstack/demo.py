@@ -53,16 +53,16 @@ from devstack.metering_proxy import MeteringProxy
 from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
-from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
+from producer.audit.rows import ExpectedRow, RowAnomaly, RowAuditReport
+from producer.audit.stream import Anomaly, AuditReport, audit_rows, audit_stream
 from producer.clients import kinesis_client
 from producer.errors import ConfigurationError
 from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, explicit_hash_key
-from producer.reconciler import ReconcileReport
-from producer.replay import ReplayTask, new_execution_id
+from producer.reconcile.reconciler import ReconcileReport
+from producer.replay.producer import ReplayTask, new_execution_id
 from producer.retries import repeat_while
-from producer.row_audit import ExpectedRow, RowAnomaly, RowAuditReport
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import build_stack, ledger_from
 

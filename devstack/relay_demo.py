@@ -48,7 +48,7 @@ from devstack.spark_demo import (
 from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream
 from kinesis_store.reader import KinesisReader
-from producer.audit import StreamTally, visible_records
+from producer.audit.stream import StreamTally, visible_records
 from producer.clients import kinesis_client
 from producer.protocol import Message
 from producer.settings import Dedupe, ProducerSettings

@@ -66,7 +66,7 @@ from kinesis_store.entries import MAX_RECORDS_PER_PUT, put_entry
 from kinesis_store.provisioning import create_stream, wait_active
 from producer.clients import kinesis_client
 from producer.hooks import Step
-from producer.producer import default_owner
+from producer.key.producer import default_owner
 from producer.protocol import Message
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack, ledger_from

@@ -20,7 +20,8 @@ from dedupe_store.exports import lazy_exports
 if TYPE_CHECKING:
     from kinesis_store.reader import KinesisReader
     from kinesis_store.writer import KinesisWriter
-    from producer.audit import Anomaly, AuditReport, audit_rows, audit_stream
+    from producer.audit.rows import RowAuditReport
+    from producer.audit.stream import Anomaly, AuditReport, audit_rows, audit_stream
     from producer.errors import (
         AuditTooLargeError,
         ConfigurationError,
@@ -32,12 +33,11 @@ if TYPE_CHECKING:
         UnresolvedKeysError,
     )
     from producer.hooks import NO_HOOKS, Hooks, Step
+    from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
     from producer.outcomes import Outcome, OutcomeStatus
-    from producer.producer import ExactlyOnceProducer, ProducerPolicy
     from producer.protocol import LeasePolicy, Message
-    from producer.reconciler import Reconciler, ReconcileReport
-    from producer.replay import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
-    from producer.row_audit import RowAuditReport
+    from producer.reconcile.reconciler import Reconciler, ReconcileReport
+    from producer.replay.producer import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
     from producer.settings import Dedupe, ProducerSettings
     from producer.wiring import Stack, build_stack
 
@@ -46,7 +46,7 @@ __getattr__ = lazy_exports(
     {
         "kinesis_store.reader": ("KinesisReader",),
         "kinesis_store.writer": ("KinesisWriter",),
-        "producer.audit": (
+        "producer.audit.stream": (
             "Anomaly",
             "AuditReport",
             "audit_rows",
@@ -71,7 +71,7 @@ __getattr__ = lazy_exports(
             "Outcome",
             "OutcomeStatus",
         ),
-        "producer.producer": (
+        "producer.key.producer": (
             "ExactlyOnceProducer",
             "ProducerPolicy",
         ),
@@ -79,17 +79,17 @@ __getattr__ = lazy_exports(
             "LeasePolicy",
             "Message",
         ),
-        "producer.reconciler": (
+        "producer.reconcile.reconciler": (
             "Reconciler",
             "ReconcileReport",
         ),
-        "producer.replay": (
+        "producer.replay.producer": (
             "ReplayAttempt",
             "ReplayPolicy",
             "ReplayProducer",
             "ReplayTask",
         ),
-        "producer.row_audit": ("RowAuditReport",),
+        "producer.audit.rows": ("RowAuditReport",),
         "producer.settings": (
             "Dedupe",
             "ProducerSettings",

@@ -1,7 +1,7 @@
 """The put loop: PutRecords for messages put under a lease, each record classified, and only
 what was definitely not written sent again. Both guarantees put through it: key mode's claimed
-messages (:class:`producer.delivery.ChunkDelivery`), replay mode's rows
-(:mod:`producer.replay`); each is the loop's :class:`PutParty`, which says what a message is,
+messages (:class:`producer.key.delivery.ChunkDelivery`), replay mode's rows
+(:mod:`producer.replay.producer`); each is the loop's :class:`PutParty`, which says what a message is,
 which lease it is put under, and what becomes of one given up.
 
 ::
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PutContext", "PutLoop", "PutParty", "PutReport"]
 
-log = logging.getLogger("producer.producer")
+log = logging.getLogger(__name__)
 
 _M = TypeVar("_M")
 

@@ -19,10 +19,10 @@ from producer import metrics
 from producer.clients import kinesis_client, kinesis_read_client
 from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
-from producer.readback import ReadBackResolver
-from producer.reconciler import Reconciler
-from producer.replay import ReplayPolicy, ReplayProducer
+from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
+from producer.key.readback import ReadBackResolver
+from producer.reconcile.reconciler import Reconciler
+from producer.replay.producer import ReplayPolicy, ReplayProducer
 from producer.settings import PastRetention, ProducerSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ Every key is judged on the executors; the driver holds no key, only the findings
     the stream: read_records, one task per shard ───┐
     the ledger: a parallel Scan, one task a segment ├─ union, grouped by key
     --expected: spark.read.text                   ──┘    (one shuffle)
-        └─ each partition of keys: Findings.add_key per key (producer.audit's rule)
+        └─ each partition of keys: Findings.add_key per key (producer.audit.stream's rule)
              └─ its findings (counts, the first --list-keys keys of each anomaly)
                   └─ one task merges them ──────────────────────> one row: the report
 
@@ -32,9 +32,9 @@ stream. Only DataFrame operations and ``mapInArrow``: it runs on Spark Connect t
 region). Exit codes are ``keo``'s: 0 clean, 1 anomalies, 2 usage, 3 configuration, 4 a
 backend could not be reached.
 
-``--dedupe replay`` is ``keo audit --dedupe replay`` (:mod:`producer.row_audit`): no ledger;
+``--dedupe replay`` is ``keo audit --dedupe replay`` (:mod:`producer.audit.rows`): no ledger;
 the stream's records and ``--expected``'s rows are hashed on the executors
-(:func:`producer.row_audit.row_digest`) and grouped by digest, each row judged there by the
+(:func:`producer.audit.rows.row_digest`) and grouped by digest, each row judged there by the
 same rule, the driver getting one row. Its report is ``keo audit``'s but for the rows'
 ``line``: Spark reads ``--expected`` without line numbers.
 """
@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dedupe_store.records import MAX_KEY_CHARS, Group, Position
 from dedupe_store.states import KeyState, delivery_state
 from kinesis_store.reader import KinesisReader
-from producer.audit import LISTED_KEYS, AuditReport, Findings
+from producer.audit.findings import in_stream_order
+from producer.audit.rows import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
+from producer.audit.stream import LISTED_KEYS, AuditReport, Findings
 from producer.clients import kinesis_client
 from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
-from producer.findings import in_stream_order
-from producer.row_audit import LISTED_ROWS, RowAuditReport, RowFindings, row_digest
 from producer.wiring import ledger_from
 from spark_jobs.batch_read import read_records
 from spark_jobs.job_runner import ExitCode

@@ -1,7 +1,7 @@
 """``ExactlyOnceSink``: a ``foreachBatch`` sink that delivers every row of a micro-batch into
 Kinesis exactly once: per key (``dedupe="key"``, the default, through
-:class:`producer.producer.ExactlyOnceProducer`), or per replay of the batch
-(``dedupe="replay"``, through :class:`producer.replay.ReplayProducer`).
+:class:`producer.key.producer.ExactlyOnceProducer`), or per replay of the batch
+(``dedupe="replay"``, through :class:`producer.replay.producer.ReplayProducer`).
 
 ::
 

@@ -35,9 +35,9 @@ from kinesis_store.shards import StreamInfo
 from producer import metrics
 from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.key.producer import default_owner
 from producer.metrics import SampleKey
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.producer import default_owner
 from producer.protocol import Message, chunked
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
@@ -260,7 +260,7 @@ class PartitionWriter:
 @dataclass(frozen=True)
 class ReplayPartitionWriter:
     """Sends one partition's rows ``(key, data, routing_key)`` in replay mode as one attempt
-    at ``run`` (:mod:`producer.replay`); picklable, runs on executors. ``task_attempt`` orders
+    at ``run`` (:mod:`producer.replay.producer`); picklable, runs on executors. ``task_attempt`` orders
     the task's attempts (:func:`task_attempt_of`): a retry of the task recovers what the
     attempts before it put; a sibling task's rows are never compared with these. A row left unresolved fails
     the task (:class:`UnresolvedKeysError`), so Spark retries it alone.
@@ -279,8 +279,8 @@ class ReplayPartitionWriter:
     checked: StreamInfo | None = None  # the driver's check of the stream and the table
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
-        from producer.replay import ReplayTask
-        from producer.replay_plan import RecoveryStep
+        from producer.replay.plan import RecoveryStep
+        from producer.replay.producer import ReplayTask
 
         stack = stack_for(self.settings, checked=self.checked)
         task = ReplayTask(self.run, self.execution_id, str(partition), task_attempt)

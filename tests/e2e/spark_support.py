@@ -23,7 +23,7 @@ from stream_reads import Place
 
 from dedupe_store.records import ClaimRequest
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
 from producer.protocol import Message, prepare
 from producer.retries import poll_until
 from producer.wiring import Stack

@@ -19,8 +19,8 @@ from cli.demo import DEMO_LEASES, demo, demo_passed, demo_table
 from cli.exit_codes import ExitCode
 from dedupe_store.states import RunState
 from devstack.demo import EXPECTED_ROWS
-from producer.audit import AuditReport
-from producer.row_audit import RowAuditReport
+from producer.audit.rows import RowAuditReport
+from producer.audit.stream import AuditReport
 from producer.settings import ProducerSettings
 from producer.wiring import ledger_from
 

@@ -40,7 +40,7 @@ from spark_support import FAST_LEASES, assert_exactly_these, streamcheck, write_
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.states import RunState
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
-from producer.audit import Anomaly, audit_stream
+from producer.audit.stream import Anomaly, audit_stream
 from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 

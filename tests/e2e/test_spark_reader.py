@@ -31,9 +31,9 @@ import spark_jobs
 from dedupe_store.records import Position
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, put_entry
 from kinesis_store.kpl import Aggregate
-from producer.audit import Anomaly, Findings, audit_rows, audit_stream
+from producer.audit.rows import ExpectedRow
+from producer.audit.stream import Anomaly, Findings, audit_rows, audit_stream
 from producer.protocol import Message
-from producer.row_audit import ExpectedRow
 from producer.wiring import Stack
 from spark_jobs import audit as spark_audit
 from spark_jobs.options import setting_options

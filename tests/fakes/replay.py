@@ -14,7 +14,7 @@ from kinesis_store.shards import Shard
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import NO_HOOKS, Hooks
 from producer.protocol import LeasePolicy
-from producer.replay import ReplayPolicy, ReplayProducer
+from producer.replay.producer import ReplayPolicy, ReplayProducer
 
 
 def replay_producer_over(

@@ -34,7 +34,7 @@ from dedupe_store.records import Group, Position
 from devstack import emulators as local_stack
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES, hash_key_of
 from kinesis_store.kpl import Aggregate
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message
 from producer.settings import ProducerSettings

@@ -278,7 +278,7 @@ def test_logs_as_json_lines_keep_their_field_names(
         assert entry["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
     # AND each pass is logged with stable fields: stream, table, counts
     passes = [entry for entry in logged if entry.get("event") == "reconcile_pass"]
-    assert {entry["logger"] for entry in passes} == {"producer.reconciler", "keo"}, stderr
+    assert {entry["logger"] for entry in passes} == {"producer.reconcile.reconciler", "keo"}, stderr
     for entry in passes:
         assert (entry["stream"], entry["table"]) == (settings.stream, settings.table)
         assert entry["counts"]["scanned"] == 0

@@ -34,7 +34,7 @@ from devstack.failpoints import FailpointError, Failpoints
 from devstack.quota_proxy import KinesisQuotaProxy
 from devstack.quotas import KinesisQuotas
 from kinesis_store.provisioning import create_stream, wait_active
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
 from producer.clients import kinesis_client
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message

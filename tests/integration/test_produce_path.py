@@ -46,8 +46,8 @@ from dedupe_store.settings import BatchClaims
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector, FaultKind, UpdateTarget
+from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.producer import ExactlyOnceProducer
 from producer.protocol import Message, batches, prepare
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack, ledger_from, policy_from

@@ -41,11 +41,11 @@ from dedupe_store.states import GroupState, LedgerState
 from devstack import emulators as local_stack
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.results import PutResultKind
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
+from producer.key.readback import ReadBackResolver, ReadBackResult
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, batches, prepare
-from producer.readback import ReadBackResolver, ReadBackResult
-from producer.reconciler import Reconciler, ReconcileReport
+from producer.reconcile.reconciler import Reconciler, ReconcileReport
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 

@@ -27,11 +27,11 @@ from kinesis_store import provisioning as kinesis_admin
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.results import PutResultKind
 from kinesis_store.shards import Shard
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
 from producer.errors import StreamUnavailableError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, prepare
-from producer.reconciler import Reconciler
+from producer.reconcile.reconciler import Reconciler
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 

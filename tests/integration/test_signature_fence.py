@@ -47,7 +47,7 @@ from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule
 from kinesis_store.entries import put_entry
 from kinesis_store.results import LEASE_FENCE, SIGNATURE_FENCE, PutResultKind
-from producer.audit import audit_stream
+from producer.audit.stream import audit_stream
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message
 from producer.retries import poll_until

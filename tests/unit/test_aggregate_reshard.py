@@ -27,8 +27,8 @@ from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard, kcl_delivers_whole
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import Step
+from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 
 STREAM = "orders"

@@ -58,7 +58,12 @@ def test_importing_every_package_leaves_pyspark_unimported() -> None:
 
 def test_a_process_that_reads_a_stream_does_not_import_the_ledger_or_the_producers() -> None:
     # GIVEN a fresh interpreter (a Spark task reading shards, the driver's streaming source)
-    heavy = ("dedupe_store.ledger", "producer.producer", "producer.replay", "producer.wiring")
+    heavy = (
+        "dedupe_store.ledger",
+        "producer.key.producer",
+        "producer.replay.producer",
+        "producer.wiring",
+    )
     code = (
         "import sys, kinesis_store.reader, producer.clients\n"
         f"sys.exit(sorted(m for m in {heavy!r} if m in sys.modules) or None)"

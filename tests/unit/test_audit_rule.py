@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dedupe_store.records import LedgerRecord, Position, ReplayRun, RunExecution
 from dedupe_store.states import LedgerState, RunState
-from producer.audit import (
+from producer.audit.stream import (
     Anomaly,
     Findings,
     ReplayWindows,

@@ -114,7 +114,9 @@ def test_a_json_log_line_has_stable_field_names() -> None:
 
 def test_a_json_log_line_has_the_context_fields_a_record_carries_and_no_others() -> None:
     # GIVEN a record with context fields, and an extra field that is not one (a payload)
-    record = logging.LogRecord("producer.reconciler", logging.INFO, __file__, 1, "pass", (), None)
+    record = logging.LogRecord(
+        "producer.reconcile.reconciler", logging.INFO, __file__, 1, "pass", (), None
+    )
     for name, value in {
         "stream": "orders",
         "table": "orders-ledger",

@@ -1,4 +1,4 @@
-"""The producer's and the reconciler's decisions: every case of producer/decisions.py, on values
+"""The producer's and the reconciler's decisions: every case of producer/key/decisions.py, on values
 built by hand (no ledger, no stream). Expected outcomes are written out as tables, never
 recomputed with the logic under test."""
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dedupe_store.records import Group, GroupUpdate, KeyClaim, Position
 from dedupe_store.states import GroupState, KeyState
-from producer.decisions import (
+from producer.key.decisions import (
     FenceVerdict,
     LostClaim,
     LostClaimJudgement,

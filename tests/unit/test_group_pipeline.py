@@ -19,8 +19,8 @@ from dedupe_store.clock import ManualClock
 from dedupe_store.records import ClaimRequest, ClaimResult, Group
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import Step
+from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.outcomes import OutcomeStatus
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 
 STREAM = "orders"

@@ -29,12 +29,12 @@ from kinesis_store.positions import ShardStart
 from kinesis_store.reader import KinesisReader, stop_on_malformed
 from kinesis_store.shards import Shard, kcl_view
 from producer import metrics
-from producer.audit import Anomaly, audit_rows, audit_stream
-from producer.decisions import Resolution
+from producer.audit.rows import ExpectedRow, RowAnomaly
+from producer.audit.stream import Anomaly, audit_rows, audit_stream
+from producer.key.decisions import Resolution
+from producer.key.readback import ReadBackResolver
 from producer.protocol import LeasePolicy, Message, prepare
-from producer.readback import ReadBackResolver
-from producer.replay_readback import read_rows
-from producer.row_audit import ExpectedRow, RowAnomaly
+from producer.replay.readback import read_rows
 
 STREAM = "orders"
 HALF = 2**127

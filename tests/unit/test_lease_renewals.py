@@ -25,15 +25,15 @@ from dedupe_store.clock import ManualClock
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group, KeyClaim
 from kinesis_store.reader import KinesisReader
 from kinesis_store.writer import KinesisWriter
-from producer.claims import ChunkState, ClaimedMessage
-from producer.context import ProducerPolicy, SendContext
-from producer.delivery import ChunkDelivery
 from producer.hooks import NO_HOOKS, Step
+from producer.key.claims import ChunkState, ClaimedMessage
+from producer.key.context import ProducerPolicy, SendContext
+from producer.key.delivery import ChunkDelivery
+from producer.key.producer import ExactlyOnceProducer
+from producer.key.readback import ReadBackResolver
+from producer.key.takeover import TakeOvers
 from producer.outcomes import OutcomeStatus
-from producer.producer import ExactlyOnceProducer
 from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare
-from producer.readback import ReadBackResolver
-from producer.takeover import TakeOvers
 
 STREAM = "orders"
 LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=5_000)

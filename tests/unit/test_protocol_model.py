@@ -53,11 +53,11 @@ from kinesis_store.results import LEASE_FENCE, RecordResult
 from kinesis_store.writer import KinesisWriter
 from producer.fence import fence_for
 from producer.hooks import Hooks, Step
+from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
+from producer.key.readback import ReadBackResolver
 from producer.outcomes import OutcomeStatus
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message, explicit_hash_key, payload_digest
-from producer.readback import ReadBackResolver
-from producer.reconciler import Reconciler
+from producer.reconcile.reconciler import Reconciler
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

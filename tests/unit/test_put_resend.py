@@ -18,8 +18,8 @@ from fakes.ledger import InMemoryLedger
 from dedupe_store.clock import ManualClock
 from dedupe_store.states import LedgerState
 from kinesis_store.writer import KinesisWriter
+from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.outcomes import OutcomeStatus
-from producer.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.protocol import LeasePolicy, Message
 
 STREAM = "orders"

@@ -20,9 +20,9 @@ from dedupe_store.records import ClaimRequest, RunAttempt
 from dedupe_store.states import RunState
 from kinesis_store.reader import KinesisReader
 from kinesis_store.writer import KinesisWriter
+from producer.key.readback import ReadBackResolver
 from producer.protocol import LeasePolicy, Message
-from producer.readback import ReadBackResolver
-from producer.reconciler import Reconciler
+from producer.reconcile.reconciler import Reconciler
 
 STREAM = "orders"
 LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=5_000)
@@ -151,7 +151,7 @@ def test_a_replay_run_left_open_past_its_leases_is_reported_and_left_as_it_is(
     stale_groups(ledger, clock, 1)
     register(ledger, "query-a/8", "running", started_at_ms=clock.now_ms())
     # WHEN the reconciler runs
-    with caplog.at_level(logging.WARNING, logger="producer.reconciler"):
+    with caplog.at_level(logging.WARNING, logger="producer.reconcile.reconciler"):
         report = reconciler(ledger, clock).run_once()
     # THEN the run left open is reported by name, with a warning, in the run's record and the
     # gauge; the group is settled as ever; nothing is unresolved (the reconciler cannot act)

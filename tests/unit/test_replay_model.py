@@ -14,7 +14,7 @@ What must hold, whatever happened:
 - at the end, the stream holds exactly the last input's rows, as a multiset.
 
 Identical rows (same key and data) are drawn too. With one task a row goes as many times as the
-input holds it; spread over tasks they are the documented limit (``producer.replay_plan``:
+input holds it; spread over tasks they are the documented limit (``producer.replay.plan``:
 delivered at least once per batch, never more often than the input holds them), and that is
 what is asserted of them then.
 """
@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from dedupe_store.clock import ManualClock
 from producer.hooks import Step
 from producer.protocol import LeasePolicy, Message
-from producer.replay import ReplayProducer, ReplayTask
+from producer.replay.producer import ReplayProducer, ReplayTask
 
 STREAM = "orders"
 RUN = "query/0"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dedupe_store.records import ANY_ROW, ReplayRun, RunAttempt, RunExecution
 from dedupe_store.states import RunState
 from producer.protocol import LeasePolicy
-from producer.replay_plan import (
+from producer.replay.plan import (
     Earlier,
     EarlierKind,
     RecoveryStep,

@@ -17,9 +17,7 @@ from dedupe_store.clock import ManualClock
 from dedupe_store.records import Position
 from kinesis_store.entries import put_entry
 from kinesis_store.reader import KinesisReader
-from producer.audit import audit_rows
-from producer.errors import AuditTooLargeError
-from producer.row_audit import (
+from producer.audit.rows import (
     ExpectedRow,
     RowAnomaly,
     RowFindings,
@@ -27,6 +25,8 @@ from producer.row_audit import (
     row_anomaly,
     row_digest,
 )
+from producer.audit.stream import audit_rows
+from producer.errors import AuditTooLargeError
 
 Row = tuple[str, bytes]
 SHARD = "shardId-000000000000"

@@ -23,8 +23,8 @@ from kinesis_store.shards import OpenShards
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.hooks import Hooks
+from producer.key.readback import ReadBackResolver
 from producer.protocol import MAX_GROUP_KEYS, LeasePolicy, PreparedMessage, chunked
-from producer.readback import ReadBackResolver
 from producer.retries import (
     CLAIM_WAIT_INITIAL_MS,
     CLAIM_WAIT_MAX_MS,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LedgerCalls", "ProducerPolicy", "SendContext"]
 
-log = logging.getLogger("producer.producer")
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")

@@ -5,7 +5,7 @@ reconciler alike: open a new group of ours first (so every claim that can reach 
 findable), then take each key over into it, conditional on the attempt seen (attempt + 1).
 
 :class:`TakeOvers` is the producer's side: before it takes keys from another party's expired
-group it fences that group (:func:`producer.decisions.after_fence`): never while the holder
+group it fences that group (:func:`producer.key.decisions.after_fence`): never while the holder
 may be alive.
 """
 
@@ -19,13 +19,13 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimResult, ClaimStatus, Group, GroupUpdate, KeyClaim
 from dedupe_store.states import GroupState
 from producer import outcomes
-from producer.claims import ChunkState, ClaimedMessage
-from producer.context import SendContext
-from producer.decisions import FenceVerdict, after_fence
+from producer.key.claims import ChunkState, ClaimedMessage
+from producer.key.context import SendContext
+from producer.key.decisions import FenceVerdict, after_fence
 
 __all__ = ["Moved", "TakeOvers", "move_into_fresh_group"]
 
-log = logging.getLogger("producer.producer")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)

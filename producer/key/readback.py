@@ -19,7 +19,7 @@ from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard, kcl_view, lineage
 from producer import metrics
-from producer.decisions import Resolution
+from producer.key.decisions import Resolution
 from producer.protocol import LeasePolicy, payload_digest
 
 __all__ = ["ReadBackResolver", "ReadBackResult", "Resolution"]

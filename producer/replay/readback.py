@@ -7,7 +7,7 @@ positions, oldest first.
 
 ::
 
-    EarlierPuts(windows of the earlier attempts)        recovery (producer.replay)
+    EarlierPuts(windows of the earlier attempts)        recovery (producer.replay.producer)
       ├─ match(rows) ── reads each shard the rows route to (lineage), once, over every window;
       │                 takes one found record per row, or None: left to send
       ├─ read_again() ─ once the earlier leases are over: the reads are final; what was taken
@@ -36,7 +36,7 @@ from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard, kcl_view, lineage
 from producer import metrics
 from producer.protocol import PreparedMessage
-from producer.replay_plan import match_since, possibly_others
+from producer.replay.plan import match_since, possibly_others
 
 __all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id", "row_tag_of"]
 
@@ -134,7 +134,7 @@ class EarlierPuts:
     """What the earlier attempts of a run put on the shards this attempt's rows route to.
 
     Each shard is read once, when the first row routed to it is matched, over every earlier
-    window (merged: :func:`producer.replay_plan.read_windows`). ``final`` says whether the
+    window (merged: :func:`producer.replay.plan.read_windows`). ``final`` says whether the
     reads can still miss a put: False while an earlier lease runs (found rows are sure, rows
     not found are not), True once every earlier lease is over for every clock.
     ``keep_alive``: called while a read goes on (the attempt keeps its lease with it).
@@ -187,7 +187,7 @@ class EarlierPuts:
         """How many rows matched so far could be another writer's copy: those of a row of which
         an identical record read in the windows is left unmatched (not at a position in
         ``excluding``: this attempt's own records) —
-        :func:`producer.replay_plan.possibly_others`. Final once the attempt matched all its
+        :func:`producer.replay.plan.possibly_others`. Final once the attempt matched all its
         rows: a later call may still take a record left now."""
         left = Counter(
             {
@@ -235,7 +235,7 @@ class EarlierPuts:
 @dataclass(frozen=True, slots=True)
 class RowsRead:
     """What :func:`read_rows` found: per item, in order, a position or None; and how many of
-    those matches could be another writer's copy (:func:`producer.replay_plan.possibly_others`)."""
+    those matches could be another writer's copy (:func:`producer.replay.plan.possibly_others`)."""
 
     positions: list[Position | None]
     possibly_others: int

@@ -21,17 +21,17 @@ from tenacity import stop_when_event_set
 
 from dedupe_store.errors import LedgerError
 from producer import metrics, outcomes
-from producer.claims import ChunkState, ClaimedMessage
-from producer.context import SendContext
-from producer.decisions import ReadBackAction, due_for_read_back, read_back_action
 from producer.errors import StreamError
-from producer.readback import ReadBackResult
+from producer.key.claims import ChunkState, ClaimedMessage
+from producer.key.context import SendContext
+from producer.key.decisions import ReadBackAction, due_for_read_back, read_back_action
+from producer.key.readback import ReadBackResult
+from producer.key.takeover import TakeOvers
 from producer.retries import repeat_while
-from producer.takeover import TakeOvers
 
 __all__ = ["HeldClaims"]
 
-log = logging.getLogger("producer.producer")
+log = logging.getLogger(__name__)
 
 
 class HeldClaims:

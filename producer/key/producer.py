@@ -7,13 +7,13 @@ conditional write per message). It validates a send, splits it into chunks of at
     send(messages)
       ├─ validate ─────────────── REJECTED (reason)                nothing claimed
       ├─ a key repeated in the input: sent once, the repeats answered from the first
-      └─ per chunk (producer.delivery): open a group, claim, put (producer.put_loop), wait
-         and read back (producer.waiting), take over (producer.takeover), settle
+      └─ per chunk (producer.key.delivery): open a group, claim, put (producer.put_loop), wait
+         and read back (producer.key.waiting), take over (producer.key.takeover), settle
       └─ one Outcome per message, in input order
 
-The decisions are pure functions (:mod:`producer.decisions`); what a chunk holds is
-:mod:`producer.claims`; the clients, clock and waits every part shares are
-:class:`producer.context.SendContext`.
+The decisions are pure functions (:mod:`producer.key.decisions`); what a chunk holds is
+:mod:`producer.key.claims`; the clients, clock and waits every part shares are
+:class:`producer.key.context.SendContext`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.shards import OpenShards, Shard
 from kinesis_store.writer import KinesisWriter
 from producer import metrics, outcomes
-from producer.context import ProducerPolicy, SendContext
-from producer.delivery import ChunkDelivery
 from producer.hooks import NO_HOOKS, Hooks
+from producer.key.context import ProducerPolicy, SendContext
+from producer.key.delivery import ChunkDelivery
+from producer.key.readback import ReadBackResolver
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
     MAX_GROUP_MEMBER_BYTES,
@@ -46,7 +47,6 @@ from producer.protocol import (
     group_member_bytes,
     prepare,
 )
-from producer.readback import ReadBackResolver
 
 __all__ = ["ExactlyOnceProducer", "ProducerPolicy", "default_owner"]
 

@@ -1,8 +1,8 @@
 """What both audits' findings are made of. Pure: no I/O.
 
 - :class:`AnomalyLists`: exact counts of each anomaly and its first entries, in order. The key
-  audit (:class:`producer.audit.Findings`) keeps an entry per key, the replay audit
-  (:class:`producer.row_audit.RowFindings`) one per row. Any split of the entries, each part
+  audit (:class:`producer.audit.stream.Findings`) keeps an entry per key, the replay audit
+  (:class:`producer.audit.rows.RowFindings`) one per row. Any split of the entries, each part
   added up and the parts merged, keeps the same counts and first entries: its memory is
   bounded by ``listed``, never by the number of entries.
 - Positions in stream order, and as JSON (a report's, or findings that travel between

@@ -18,7 +18,7 @@ report does not depend on how the keys were split:
 
 A replay-mode stream (``dedupe=replay``) keeps no per-key state in the ledger: its audit,
 :func:`audit_rows`, reads the stream the same way (:func:`visible_records`) and compares it with
-a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.row_audit`). A stream
+a multiset of expected rows, ``(key, data)`` counted (:mod:`producer.audit.rows`). A stream
 written in both modes (Spark in replay mode, ``keo send`` in key mode) holds rows the ledger
 has no key of: the key audit counts those that arrived while one of the stream's replay runs
 was writing (:class:`ReplayWindows`) as replay-mode rows, not as unknown, and names the runs.
@@ -41,9 +41,9 @@ from kinesis_store.kpl import UserRecord
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import kcl_view
 from producer import metrics
+from producer.audit.findings import AnomalyLists, in_stream_order, position_json, position_of_json
+from producer.audit.rows import LISTED_ROWS, ExpectedRow, RowAuditReport, RowTally
 from producer.errors import AuditTooLargeError
-from producer.findings import AnomalyLists, in_stream_order, position_json, position_of_json
-from producer.row_audit import LISTED_ROWS, ExpectedRow, RowAuditReport, RowTally
 
 # keys listed per anomaly in a report: the counts are exact, the lists are the first keys
 LISTED_KEYS = 1000
@@ -427,7 +427,7 @@ def audit_rows(
     listed: int = LISTED_ROWS,
     max_rows: int | None = None,
 ) -> RowAuditReport:
-    """The replay audit in this process (:mod:`producer.row_audit`): the stream's records
+    """The replay audit in this process (:mod:`producer.audit.rows`): the stream's records
     against the multiset of ``expected`` rows. No ledger: replay mode keeps no per-key state.
     Past ``max_rows`` rows it raises :class:`~producer.errors.AuditTooLargeError`."""
     tally = RowTally(reader.stream, expected, max_rows=max_rows)

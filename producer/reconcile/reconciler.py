@@ -40,13 +40,13 @@ from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position, Replay
 from dedupe_store.states import GroupState, KeyState
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
-from producer.context import LedgerCalls
-from producer.decisions import ReadBackAction, read_back_action
 from producer.errors import StreamError
 from producer.hooks import NO_HOOKS, Hooks, Step
+from producer.key.context import LedgerCalls
+from producer.key.decisions import ReadBackAction, read_back_action
+from producer.key.readback import ReadBackResolver, ReadBackResult
 from producer.protocol import LeasePolicy, chunked
-from producer.readback import ReadBackResolver, ReadBackResult
-from producer.resend import PayloadResender
+from producer.reconcile.resend import PayloadResender
 from producer.retries import call_retrying
 
 log = logging.getLogger(__name__)

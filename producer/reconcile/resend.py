@@ -14,12 +14,12 @@ from dedupe_store.records import ClaimResult, Group, KeyClaim, Position
 from kinesis_store.entries import put_entry
 from kinesis_store.results import PutResultKind
 from kinesis_store.writer import KinesisWriter
-from producer.context import LedgerCalls
-from producer.takeover import move_into_fresh_group
+from producer.key.context import LedgerCalls
+from producer.key.takeover import move_into_fresh_group
 
 __all__ = ["PayloadResender", "ResendCounts"]
 
-log = logging.getLogger("producer.reconciler")
+log = logging.getLogger(__name__)
 
 
 class ResendCounts(Protocol):

@@ -2,7 +2,7 @@
 
 No I/O: each takes the items the ledger returned (a key item, its group, the answer to a
 conditional write), a read-back's resolution or a lease, and returns what to do.
-:mod:`producer.delivery` and :mod:`producer.reconciler` act on them;
+:mod:`producer.key.delivery` and :mod:`producer.reconcile.reconciler` act on them;
 ``tests/unit/test_decisions.py`` goes through every case.
 
 ::
@@ -51,7 +51,7 @@ __all__ = [
 
 
 class Resolution(StrEnum):
-    """Where a read-back places a claim's put (:class:`producer.readback.ReadBackResolver`)."""
+    """Where a read-back places a claim's put (:class:`producer.key.readback.ReadBackResolver`)."""
 
     FOUND = "FOUND"  # in the stream at a position
     NOT_FOUND = "NOT_FOUND"  # not in the stream, and its put can no longer land

@@ -26,19 +26,19 @@ from dedupe_store.errors import LedgerError
 from dedupe_store.records import ClaimResult, ClaimStatus, KeyClaim
 from kinesis_store.results import RecordResult
 from producer import metrics, outcomes
-from producer.claims import ChunkState, ClaimedMessage, OwnGroup
-from producer.context import SendContext
-from producer.decisions import groups_to_renew
 from producer.hooks import Step
+from producer.key.claims import ChunkState, ClaimedMessage, OwnGroup
+from producer.key.context import SendContext
+from producer.key.decisions import groups_to_renew
+from producer.key.takeover import TakeOvers
+from producer.key.waiting import HeldClaims
 from producer.outcomes import Outcome
 from producer.protocol import PreparedMessage
 from producer.put_loop import PutLoop
-from producer.takeover import TakeOvers
-from producer.waiting import HeldClaims
 
 __all__ = ["ChunkDelivery"]
 
-log = logging.getLogger("producer.producer")
+log = logging.getLogger(__name__)
 
 _MAX_ROUNDS = 4  # take-over rounds per call before a key is reported IN_FLIGHT
 

@@ -1,6 +1,6 @@
 """What one chunk's delivery holds: its own claim groups, the messages it claimed or waits on,
 and their outcomes (:class:`ChunkState`). Plain data with the few rules that keep it
-consistent; the protocol's steps (:mod:`producer.delivery` and its parts) act on it.
+consistent; the protocol's steps (:mod:`producer.key.delivery` and its parts) act on it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from dedupe_store.records import Group, KeyClaim, LedgerRecord, Position
 from producer import outcomes
-from producer.decisions import LostClaim, judge_lost_claim
+from producer.key.decisions import LostClaim, judge_lost_claim
 from producer.outcomes import Outcome
 from producer.protocol import PreparedMessage
 

@@ -4,7 +4,7 @@ have written, however often the run is retried or replayed, with no per-message 
 A *run* is what can be replayed (a Spark micro-batch ``<query>/<batch id>``, a batch write, a
 CLI run named with ``--run-id``); each task attempt or process that puts its rows is an
 *attempt*, registered in the run's ledger item (DESIGN.md "Replay mode"). The decisions are
-pure (:mod:`producer.replay_plan`); the read-back is :mod:`producer.replay_readback`; the puts
+pure (:mod:`producer.replay.plan`); the read-back is :mod:`producer.replay.readback`; the puts
 go through the put loop key mode uses (:mod:`producer.put_loop`), under the attempt's lease.
 
 ::
@@ -74,7 +74,7 @@ from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import LeasePolicy, Message, PreparedMessage, prepare
 from producer.put_loop import PutLoop
-from producer.replay_plan import (
+from producer.replay.plan import (
     Earlier,
     EarlierKind,
     RecoveryStep,
@@ -86,7 +86,7 @@ from producer.replay_plan import (
     still_running,
     to_supersede,
 )
-from producer.replay_readback import EarlierPuts, read_rows, row_tag_of
+from producer.replay.readback import EarlierPuts, read_rows, row_tag_of
 from producer.retries import (
     PUT_MAX_ATTEMPTS,
     PUT_RETRY_INITIAL_MS,
@@ -427,7 +427,7 @@ class ReplayAttempt:
         """Rows matched (found from an earlier attempt, or an ambiguous put of this one found)
         beside an identical record left unmatched in the window read: another writer's copy
         (another run, a sibling task) was there, so the one taken may be it
-        (:func:`producer.replay_plan.possibly_others`). Final once the attempt sent its rows."""
+        (:func:`producer.replay.plan.possibly_others`). Final once the attempt sent its rows."""
         earlier = self._earlier.possibly_others(self._written) if self._earlier is not None else 0
         return earlier + self._others_own
 

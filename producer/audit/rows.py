@@ -20,7 +20,7 @@ copy past it keeps its position. So the *extra* copies a report names are the la
 stream order (shard by shard in shard-id order, then by sequence number); the earlier ones are
 those counted as expected.
 
-:class:`RowFindings` adds rows up as :class:`producer.audit.Findings` adds keys: exact counts,
+:class:`RowFindings` adds rows up as :class:`producer.audit.stream.Findings` adds keys: exact counts,
 the first ``listed`` rows of each anomaly in (key, digest) order, mergeable. ``keo audit``
 adds up its :class:`RowTally`; ``spark_jobs.audit`` groups the stream and the expected rows by
 digest on Spark, adds up each partition on an executor and merges the parts: the same report.
@@ -36,8 +36,8 @@ from enum import StrEnum
 from typing import Any
 
 from dedupe_store.records import Position
+from producer.audit.findings import AnomalyLists, Entry, position_json
 from producer.errors import AuditTooLargeError
-from producer.findings import AnomalyLists, Entry, position_json
 
 __all__ = [
     "LISTED_ROWS",
