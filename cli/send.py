@@ -239,7 +239,8 @@ class ReplaySender:
     is delivered, the run is marked COMPLETE and a re-run of R sends nothing."""
 
     def __init__(self, stack: Stack, run_id: str) -> None:
-        from producer.replay.producer import ReplayTask, new_execution_id
+        from producer.replay.context import ReplayTask
+        from producer.replay.producer import new_execution_id
 
         self._run = run_id
         self._producer = stack.replay_producer()

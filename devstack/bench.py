@@ -44,7 +44,8 @@ from producer.hooks import Step
 from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, explicit_hash_key
-from producer.replay.producer import ReplayTask, new_execution_id
+from producer.replay.context import ReplayTask
+from producer.replay.producer import new_execution_id
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import Stack, build_stack, ledger_from
 from spark_jobs.session import worker_python_path

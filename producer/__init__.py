@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from producer.outcomes import Outcome, OutcomeStatus
     from producer.protocol import LeasePolicy, Message
     from producer.reconcile.reconciler import Reconciler, ReconcileReport
-    from producer.replay.producer import ReplayAttempt, ReplayPolicy, ReplayProducer, ReplayTask
+    from producer.replay.attempt import ReplayAttempt
+    from producer.replay.context import ReplayPolicy, ReplayTask
+    from producer.replay.producer import ReplayProducer
     from producer.settings import Dedupe, ProducerSettings
     from producer.wiring import Stack, build_stack
 
@@ -83,12 +85,12 @@ __getattr__ = lazy_exports(
             "Reconciler",
             "ReconcileReport",
         ),
-        "producer.replay.producer": (
-            "ReplayAttempt",
+        "producer.replay.attempt": ("ReplayAttempt",),
+        "producer.replay.context": (
             "ReplayPolicy",
-            "ReplayProducer",
             "ReplayTask",
         ),
+        "producer.replay.producer": ("ReplayProducer",),
         "producer.audit.rows": ("RowAuditReport",),
         "producer.settings": (
             "Dedupe",

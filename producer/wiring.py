@@ -22,7 +22,8 @@ from producer.hooks import NO_HOOKS, Hooks
 from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
 from producer.key.readback import ReadBackResolver
 from producer.reconcile.reconciler import Reconciler
-from producer.replay.producer import ReplayPolicy, ReplayProducer
+from producer.replay.context import ReplayPolicy
+from producer.replay.producer import ReplayProducer
 from producer.settings import PastRetention, ProducerSettings
 
 log = logging.getLogger(__name__)

@@ -279,8 +279,8 @@ class ReplayPartitionWriter:
     checked: StreamInfo | None = None  # the driver's check of the stream and the table
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
+        from producer.replay.context import ReplayTask
         from producer.replay.plan import RecoveryStep
-        from producer.replay.producer import ReplayTask
 
         stack = stack_for(self.settings, checked=self.checked)
         task = ReplayTask(self.run, self.execution_id, str(partition), task_attempt)

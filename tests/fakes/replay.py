@@ -14,7 +14,8 @@ from kinesis_store.shards import Shard
 from kinesis_store.writer import KinesisWriter
 from producer.hooks import NO_HOOKS, Hooks
 from producer.protocol import LeasePolicy
-from producer.replay.producer import ReplayPolicy, ReplayProducer
+from producer.replay.context import ReplayPolicy
+from producer.replay.producer import ReplayProducer
 
 
 def replay_producer_over(

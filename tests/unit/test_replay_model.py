@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from dedupe_store.clock import ManualClock
 from producer.hooks import Step
 from producer.protocol import LeasePolicy, Message
-from producer.replay.producer import ReplayProducer, ReplayTask
+from producer.replay.context import ReplayTask
+from producer.replay.producer import ReplayProducer
 
 STREAM = "orders"
 RUN = "query/0"

@@ -25,8 +25,9 @@ from producer.errors import ReplayWindowTrimmedError
 from producer.hooks import Step
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
+from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
-from producer.replay.producer import ReplayProducer, ReplayTask
+from producer.replay.producer import ReplayProducer
 
 STREAM = "orders"
 LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=2_000)
@@ -572,7 +573,7 @@ def test_a_recovery_match_beside_an_identical_record_of_another_writer_is_counte
         other.send([row])
     before = metrics.REPLAY_ROWS_MATCHED_AMBIGUOUSLY.labels(STREAM)._value.get()
     with (
-        caplog.at_level(logging.WARNING, logger="producer.replay.producer"),
+        caplog.at_level(logging.WARNING, logger="producer.replay.attempt"),
         producer_over(ledger, kinesis, clock).attempt(ReplayTask(RUN, "exec-2")) as replay,
     ):
         assert statuses(replay.send([row, *rows(2)])) == {"DUPLICATE": 1, "SENT": 2}
