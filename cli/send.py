@@ -32,8 +32,8 @@ from producer.protocol import Message, chunked
 from producer.settings import Dedupe
 
 if TYPE_CHECKING:
+    from producer.guarantees import RunEnd, Sender
     from producer.settings import ProducerSettings
-    from producer.wiring import Stack
 
 
 def send(
@@ -155,6 +155,7 @@ def _send(
     run_id: str | None,
 ) -> None:
     from devstack import failpoints
+    from producer.guarantees import Party, guarantee_of
     from producer.wiring import build_stack, warn_if_unfenced
 
     source = _open_input(input_path)
@@ -170,8 +171,11 @@ def _send(
         puts = itertools.count(1)
         hooks = PutCounter(failpoints.from_env(), lambda: bar.note(f"{next(puts)} put requests"))
         stack = build_stack(settings, hooks=hooks)
-        sender = KeySender(stack) if run_id is None else ReplaySender(stack, run_id)
-        with sender, GracefulStop(_say, sender.interrupt) as stop:
+        party = Party(run_id or "", task="cli")
+        with (
+            guarantee_of(settings).sender(stack, party) as sender,
+            GracefulStop(_say, sender.interrupt) as stop,
+        ):
             chunks = chunked(_parse_lines(source, data_encoding), chunk_size)
             try:
                 while not stop.requested:
@@ -189,103 +193,35 @@ def _send(
                 pass  # the lines read since the last chunk were never sent
             total = sum(counts.values())
             ok = counts[OutcomeStatus.SENT.value] + counts[OutcomeStatus.DUPLICATE.value]
-            if not stop.requested:
-                sender.done(counts, delivered=ok == total)
+            run = None if stop.requested else sender.settle_run(counts, delivered=ok == total)
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
     if stop.requested:
         typer.echo(
             f"keo send: interrupted: {total} messages: {summary or 'none'}; input after line "
-            f"{last_line} was not sent ({sender.resume_hint(last_line + 1)})",
+            f"{last_line} was not sent ({_resume_hint(run_id, last_line + 1)})",
             err=True,
         )
         raise typer.Exit(ExitCode.INTERRUPTED)
-    typer.echo(f"keo send: {total} messages: {summary or 'none'}{sender.summary()}", err=True)
+    typer.echo(f"keo send: {total} messages: {summary or 'none'}{_run_summary(run)}", err=True)
     if ok != total:
         raise typer.Exit(ExitCode.FAILED)
 
 
-class KeySender:
-    """``--dedupe key``: the per-key protocol, one producer for the whole input."""
-
-    def __init__(self, stack: Stack) -> None:
-        self._producer = stack.producer()
-
-    def __enter__(self) -> KeySender:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._producer.close()
-
-    def send(self, messages: list[Message]) -> list[Outcome]:
-        return self._producer.send(messages)
-
-    def interrupt(self) -> None:
-        self._producer.interrupt()
-
-    def done(self, counts: Counter[str], *, delivered: bool) -> None:
-        """Nothing to record: the ledger holds every key's claim."""
-
-    @staticmethod
-    def resume_hint(line: int) -> str:
+def _resume_hint(run_id: str | None, line: int) -> str:
+    if run_id is None:
         return f"send it again from line {line}"
+    return f"re-run with --run-id {run_id} and the same input: nothing is sent twice"
 
-    @staticmethod
-    def summary() -> str:
+
+def _run_summary(run: RunEnd | None) -> str:
+    if run is None:
         return ""
+    if run.complete:
+        return f"; run {run.run!r} COMPLETE"
+    return f"; run {run.run!r} left OPEN: re-run with --run-id {run.run} to finish it"
 
 
-class ReplaySender:
-    """``--dedupe replay --run-id R``: this process is one attempt at run R; when every line
-    is delivered, the run is marked COMPLETE and a re-run of R sends nothing."""
-
-    def __init__(self, stack: Stack, run_id: str) -> None:
-        from producer.replay.context import ReplayTask
-        from producer.replay.producer import new_execution_id
-
-        self._run = run_id
-        self._producer = stack.replay_producer()
-        self._attempt = self._producer.attempt(
-            ReplayTask(run_id, new_execution_id(), task="cli", task_attempt=0)
-        )
-        self._completed = False
-
-    def __enter__(self) -> ReplaySender:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        self._attempt.__exit__(exc_type, *rest)  # an error leaves the lease running
-
-    def send(self, messages: list[Message]) -> list[Outcome]:
-        return self._attempt.send(messages)
-
-    def interrupt(self) -> None:
-        self._producer.interrupt()
-
-    def done(self, counts: Counter[str], *, delivered: bool) -> None:
-        """The run is COMPLETE once every line was delivered (a rejected line keeps it open:
-        fix it and re-run with the same --run-id; the rows delivered are not sent again)."""
-        from producer.replay.plan import RecoveryStep
-
-        self._attempt.finish()
-        if self._attempt.step is RecoveryStep.DONE:
-            self._producer.skipped(self._run)
-            self._completed = True
-        elif delivered:
-            self._producer.complete(self._run, dict(counts))
-            self._completed = True
-
-    def resume_hint(self, line: int) -> str:  # noqa: ARG002 - a re-run finds what was sent
-        return f"re-run with --run-id {self._run} and the same input: nothing is sent twice"
-
-    def summary(self) -> str:
-        if self._completed:
-            return f"; run {self._run!r} COMPLETE"
-        return f"; run {self._run!r} left OPEN: re-run with --run-id {self._run} to finish it"
-
-
-def _outcomes(
-    sender: KeySender | ReplaySender, chunk: list[tuple[int, Message | BadLine]]
-) -> Iterator[Outcome]:
+def _outcomes(sender: Sender, chunk: list[tuple[int, Message | BadLine]]) -> Iterator[Outcome]:
     """One outcome per line of ``chunk``, in order: the producer's, or REJECTED."""
     sent = iter(sender.send([m for _, m in chunk if isinstance(m, Message)]))
     for number, parsed in chunk:

@@ -6,7 +6,7 @@
     KeoDataSource.writer/streamWriter            write(rows or Arrow record batches)
       ├─ options checked (WriteOptions)            ├─ streaming, query_name, batch COMPLETE?
       ├─ columns checked against the schema        │     └─ skip: nothing sent, nothing read
-      └─ stream and table exist (stack_for)        ├─ PartitionWriter.write     spark_jobs.writer
+      └─ stream and table exist (stack_for)        ├─ TaskWriter.write          spark_jobs.writer
                                                    ├─ a key unresolved: raise UnresolvedKeysError
     commit(messages[, batch_id])                   │     (the task fails; Spark retries it, the
       ├─ settle_batch                              │      claims keep the retry from resending)
@@ -20,7 +20,7 @@ With ``dedupe=replay`` a task is one attempt at the batch's run (``<query_name>/
 or a batch write's ``run_id``, else one per driver execution: :class:`WritePlan` carries the
 execution id chosen on the driver), ordered among its task's attempts by ``TaskContext``'s
 task attempt id
-(:class:`spark_jobs.writer.ReplayPartitionWriter`); the commit marks the run COMPLETE, and a
+(:class:`spark_jobs.writer.TaskWriter`, as every task); the commit marks the run COMPLETE, and a
 replayed batch whose run is COMPLETE sends nothing (reported skipped).
 
 The executors raise for unresolved keys, not the commit: a failed task is retried on its own,
@@ -75,6 +75,7 @@ from pyspark.sql.types import StringType, StructType
 
 from kinesis_store.shards import Shard, StreamInfo
 from producer.errors import UnresolvedKeysError
+from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
 from spark_jobs.batch_read import read_shard, shards_of
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
@@ -92,14 +93,9 @@ from spark_jobs.writer import (
     DEAD_LETTER_FIELDS,
     BatchReport,
     PartitionReport,
-    PartitionWriter,
-    ReplayPartitionWriter,
-    batch_recorder,
-    completed_before,
+    TaskWriter,
     data_is_binary,
     log_dead_letters_dropped,
-    raise_unresolved,
-    run_completer,
     settle_batch,
     stack_for,
     task_attempt_of,
@@ -242,40 +238,23 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
     batch_property = context.getLocalProperty(_BATCH_ID_PROPERTY) if context else None
     batch_id = int(batch_property) if batch_property is not None else None
     options = plan.options
-    if options.replay:
-        report = ReplayPartitionWriter(
-            settings=options.settings,
-            run=plan.run_of(batch_id),
-            execution_id=plan.execution_id,
-            data_is_binary=plan.binary,
-            hooks=plan.hooks,
-            checked=plan.checked,
-        ).write(partition, task_attempt_of(context), rows)
-        return KeoCommitMessage(report, skipped=report.skipped, query_id=options.query_name)
     stack = stack_for(options.settings, checked=plan.checked)
-    if (
-        options.query_name is not None
-        and batch_id is not None
-        and completed_before(stack, options.query_name, batch_id)
-    ):
-        return KeoCommitMessage(
-            PartitionReport(partition), skipped=True, query_id=options.query_name
-        )
     query = options.query_name or (
         context.getLocalProperty(_QUERY_ID_PROPERTY) if context else None
     )
-    writer = PartitionWriter(
+    if guarantee_of(stack.settings).done_before(stack, options.query_name, batch_id):
+        return KeoCommitMessage(PartitionReport(partition), skipped=True, query_id=query)
+    report = TaskWriter(
         settings=options.settings,
         query_id=query or "write",
-        batch_id=batch_id if batch_id is not None else 0,
+        batch_id=batch_id,
+        run=plan.run_of(batch_id),
+        execution_id=plan.execution_id,
         data_is_binary=plan.binary,
         hooks=plan.hooks,
         checked=plan.checked,
-    )
-    report = writer.write(partition, rows)
-    # the task fails, so Spark retries it; the per-key claims keep the retry from resending
-    raise_unresolved(stack.settings.stream, report)
-    return KeoCommitMessage(report, query_id=query)
+    ).write(partition, task_attempt_of(context), rows)
+    return KeoCommitMessage(report, skipped=report.skipped, query_id=query)
 
 
 # --- the driver side -------------------------------------------------------------------------
@@ -300,10 +279,8 @@ def _commit(
             stack=stack,
             hooks=plan.hooks,
             write_dead_letters=lambda done: _write_dead_letters(plan, done),
-            record=(
-                run_completer(stack, plan.run_of(batch_id))
-                if options.replay
-                else batch_recorder(stack, options.query_name)
+            complete=guarantee_of(stack.settings).completer(
+                stack, query=options.query_name, run=plan.run_of(batch_id)
             ),
         )
     except Exception as exc:
@@ -334,7 +311,9 @@ def _abort(
         batch_id,
         len(done),
         report.counts["sent"],
-        "by reading the stream back" if plan.options.replay else "through the per-key claims",
+        guarantee_of(
+            stack_for(plan.options.settings, checked=plan.checked).settings
+        ).settles_the_rest,
     )
 
 

@@ -116,11 +116,6 @@ class WriteOptions:
     metrics: MetricsEndpoint | None = None  # Prometheus metrics on the driver
     run_id: str | None = None  # replay mode, a batch write: the run a re-run continues
 
-    @property
-    def replay(self) -> bool:
-        """Whether the write is in replay mode (``dedupe=replay``)."""
-        return producer_settings(self.settings).dedupe is Dedupe.REPLAY
-
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> WriteOptions:
         """The options of a write, checked on the driver; with ``put_fence`` off, the driver

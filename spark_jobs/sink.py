@@ -7,7 +7,7 @@ Kinesis exactly once: per key (``dedupe="key"``, the default, through
 
     sink(df, batch_id)                                       on the driver
       ├─ key mode: batch (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
-      ├─ rdd.mapPartitionsWithIndex(PartitionWriter)          on the executors
+      ├─ rdd.mapPartitionsWithIndex(TaskWriter)               on the executors
       │     ├─ key: producer.send(rows) ── one PartitionReport per partition, to the driver
       │     └─ replay: one attempt at run <query_id>/<batch_id> (a COMPLETE run sends nothing);
       │        a row unresolved fails the task: Spark retries it, the retry finds what was put
@@ -35,6 +35,7 @@ from typing import Any
 from dedupe_store.settings import env_var
 from kinesis_store.shards import StreamInfo
 from producer.errors import UnresolvedKeysError
+from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
 from producer.settings import Dedupe
 from spark_jobs.driver_metrics import BatchEnd, BatchResult, FailureReason, MetricsEndpoint
@@ -42,14 +43,10 @@ from spark_jobs.writer import (
     DEAD_LETTER_SCHEMA,
     DEFAULT_ROWS_PER_SEND,
     BatchReport,
-    PartitionWriter,
-    ReplayPartitionWriter,
-    batch_recorder,
-    completed_before,
+    TaskWriter,
     data_is_binary,
     log_dead_letters_dropped,
     producer_settings,
-    run_completer,
     settle_batch,
     stack_for,
 )
@@ -90,6 +87,7 @@ class ExactlyOnceSink:
         checked = producer_settings(self.settings)  # fail fast on bad settings
         self.stream = checked.stream
         self.dedupe = checked.dedupe
+        self.guarantee = guarantee_of(checked)
         self.key_column = key_column
         self.data_column = data_column
         self.routing_key_column = routing_key_column
@@ -109,10 +107,9 @@ class ExactlyOnceSink:
     def write_batch(self, df: Any, batch_id: int) -> BatchReport:
         query_id = self.query_id or _streaming_query_id(df)
         stack = stack_for(self.settings)
-        replay = self.dedupe is Dedupe.REPLAY
         count = self._counter()
         report = BatchReport(query_id, batch_id)
-        if not replay and completed_before(stack, query_id, batch_id):
+        if self.guarantee.done_before(stack, query_id, batch_id):
             report.skipped = True
             count(report, BatchResult.SKIPPED)
             return report
@@ -141,7 +138,7 @@ class ExactlyOnceSink:
                 stack=stack,
                 hooks=self.hooks,
                 write_dead_letters=lambda done: self._write_dead_letters(df.sparkSession, done),
-                record=run_completer(stack, run) if replay else batch_recorder(stack, query_id),
+                complete=self.guarantee.completer(stack, query=query_id, run=run),
             )
         except Exception as exc:
             unresolved = isinstance(exc, UnresolvedKeysError)
@@ -188,28 +185,21 @@ class ExactlyOnceSink:
 
     def partition_writer(
         self, df: Any, query_id: str, batch_id: int, *, checked: StreamInfo | None = None
-    ) -> PartitionWriter | ReplayPartitionWriter:
+    ) -> TaskWriter:
         """The executor function of one batch of ``df`` (public for tests of racing tasks);
         ``checked``: the driver's check of the stream and the table, which its tasks then
-        skip."""
-        binary = data_is_binary(df.schema, self.data_column)
-        if self.dedupe is Dedupe.REPLAY:
-            return ReplayPartitionWriter(
-                settings=self.settings,
-                run=f"{query_id}/{batch_id}",
-                # each call of the sink is an execution of the batch: Spark calls it once per
-                # batch per query run, so a second call for one batch id is a replay
-                execution_id=uuid.uuid4().hex,
-                data_is_binary=binary,
-                rows_per_send=self.rows_per_send,
-                hooks=self.hooks,
-                checked=checked,
-            )
-        return PartitionWriter(
+        skip. A key-mode task keeps its unresolved rows for the driver's commit, which fails
+        the batch; a replay-mode task fails, for Spark to retry it alone."""
+        return TaskWriter(
             settings=self.settings,
             query_id=query_id,
             batch_id=batch_id,
-            data_is_binary=binary,
+            run=f"{query_id}/{batch_id}",
+            # each call of the sink is an execution of the batch: Spark calls it once per
+            # batch per query run, so a second call for one batch id is a replay
+            execution_id=uuid.uuid4().hex,
+            data_is_binary=data_is_binary(df.schema, self.data_column),
+            fail_on_unresolved=self.guarantee.retries_unresolved_tasks,
             rows_per_send=self.rows_per_send,
             hooks=self.hooks,
             checked=checked,

@@ -34,6 +34,7 @@ from dedupe_store.settings import ENV_PREFIX, env_var
 from kinesis_store.shards import StreamInfo
 from producer import metrics
 from producer.errors import UnresolvedKeysError
+from producer.guarantees import Completer, Party, guarantee_of
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.key.producer import default_owner
 from producer.metrics import SampleKey
@@ -219,99 +220,76 @@ class BatchReport:
 
 
 @dataclass(frozen=True)
-class PartitionWriter:
-    """Sends one partition's rows ``(key, data, routing_key)``; picklable, runs on executors.
+class TaskWriter:
+    """Sends one partition's rows ``(key, data, routing_key)`` as one party of a batch, in the
+    batch's guarantee (:func:`producer.guarantees.guarantee_of`, read from the settings);
+    picklable, runs on executors. Both of Spark's doors write through it: ``format("keo")``'s
+    tasks and ``ExactlyOnceSink``'s.
 
-    Each call has its own producer identity (the clients are shared per process), so two tasks
-    writing the same partition at once, even in one process, race on the per-key claim.
-    """
+    Key mode: each call has its own producer identity (the clients are shared per process),
+    so two tasks writing the same partition at once, even in one process, race on the per-key
+    claim. Replay mode: one attempt at ``run``; ``task_attempt`` orders the task's attempts
+    (:func:`task_attempt_of`): a retry of the task recovers what the attempts before it put; a
+    sibling task's rows are never compared with these. Within one execution a retried task
+    holds the rows its first attempt held: Spark recomputes a partition deterministically, or
+    fails the job when a result stage's input is indeterminate (it cannot roll a write back); a
+    restarted query is a new execution, whose every attempt counts as earlier whatever its
+    partitioning (SPARK-28650).
+
+    ``fail_on_unresolved``: a row left unresolved fails the task
+    (:class:`UnresolvedKeysError`), so Spark retries it alone; else the driver's commit fails
+    the batch."""
 
     settings: dict[str, str]
     query_id: str
-    batch_id: int
-    data_is_binary: bool
-    rows_per_send: int = DEFAULT_ROWS_PER_SEND
-    hooks: Hooks = NO_HOOKS
-    checked: StreamInfo | None = None  # the driver's check of the stream and the table
-
-    def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
-        """For ``rdd.mapPartitionsWithIndex``."""
-        yield self.write(partition, rows)
-
-    def write(self, partition: int, rows: Iterable[Any]) -> PartitionReport:
-        stack = stack_for(self.settings, checked=self.checked)
-        owner = f"{default_owner()}:q{self.query_id[:8]}:b{self.batch_id}:p{partition}"
-        tally = _Tally(partition, binary=self.data_is_binary)
-        with stack.producer(owner=owner, hooks=self.hooks) as producer:
-            for chunk in chunked(rows, self.rows_per_send):
-                tally.add(chunk, producer.send([_message(row) for row in chunk]))
-        report = tally.done()
-        log.info(
-            "partition written query=%s batch=%d partition=%d %s seconds=%.3f",
-            self.query_id,
-            self.batch_id,
-            partition,
-            tally.summary(),
-            report.seconds,
-        )
-        return report
-
-
-@dataclass(frozen=True)
-class ReplayPartitionWriter:
-    """Sends one partition's rows ``(key, data, routing_key)`` in replay mode as one attempt
-    at ``run`` (:mod:`producer.replay.producer`); picklable, runs on executors. ``task_attempt`` orders
-    the task's attempts (:func:`task_attempt_of`): a retry of the task recovers what the
-    attempts before it put; a sibling task's rows are never compared with these. A row left unresolved fails
-    the task (:class:`UnresolvedKeysError`), so Spark retries it alone.
-
-    Within one execution a retried task holds the rows its first attempt held: Spark recomputes
-    a partition deterministically, or fails the job when a result stage's input is
-    indeterminate (it cannot roll a write back); a restarted query is a new execution, whose
-    every attempt counts as earlier whatever its partitioning (SPARK-28650)."""
-
-    settings: dict[str, str]
+    batch_id: int | None
     run: str
     execution_id: str
     data_is_binary: bool
+    fail_on_unresolved: bool = True
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
     hooks: Hooks = NO_HOOKS
     checked: StreamInfo | None = None  # the driver's check of the stream and the table
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
-        from producer.replay.context import ReplayTask
-        from producer.replay.plan import RecoveryStep
-
         stack = stack_for(self.settings, checked=self.checked)
-        task = ReplayTask(self.run, self.execution_id, str(partition), task_attempt)
+        batch = "" if self.batch_id is None else str(self.batch_id)
+        party = Party(
+            self.run,
+            self.execution_id,
+            task=str(partition),
+            task_attempt=task_attempt,
+            owner=f"{default_owner()}:q{self.query_id[:8]}:b{batch or 0}:p{partition}",
+        )
         tally = _Tally(partition, binary=self.data_is_binary)
-        with stack.replay_producer(hooks=self.hooks).attempt(task) as attempt:
+        with guarantee_of(stack.settings).sender(stack, party, hooks=self.hooks) as sender:
             for chunk in chunked(rows, self.rows_per_send):
-                tally.add(chunk, attempt.send([_message(row) for row in chunk]))
+                tally.add(chunk, sender.send([_message(row) for row in chunk]))
+            end = sender.finish()
         report = tally.done()
-        report.skipped = attempt.step is RecoveryStep.DONE
+        report.skipped = end.skipped
         log.info(
-            "partition written run=%s partition=%d attempt=%d step=%s found=%d "
-            "matched_ambiguously=%d %s seconds=%.3f",
+            "partition written run=%s partition=%d attempt=%d query=%s batch=%s %s%s seconds=%.3f",
             self.run,
             partition,
             task_attempt,
-            attempt.step,
-            attempt.rows_found,
-            attempt.rows_matched_ambiguously,
+            self.query_id,
+            batch,
+            "".join(f"{name}={value} " for name, value in end.notes.items()),
             tally.summary(),
             report.seconds,
         )
-        # the task fails, so Spark retries it; the retry finds what this attempt put
-        raise_unresolved(stack.settings.stream, report)
+        if self.fail_on_unresolved:
+            # the task fails, so Spark retries it: the per-key claims keep the retry from
+            # resending; a replay attempt's retry finds what this attempt put
+            raise_unresolved(stack.settings.stream, report)
         return report
 
     def __call__(self, partition: int, rows: Iterable[Any]) -> Iterator[PartitionReport]:
         """For ``rdd.mapPartitionsWithIndex``: the task's attempt number from its context."""
         from pyspark import TaskContext
 
-        context = TaskContext.get()
-        yield self.write(partition, task_attempt_of(context), rows)
+        yield self.write(partition, task_attempt_of(TaskContext.get()), rows)
 
 
 def task_attempt_of(context: Any) -> int:
@@ -408,15 +386,15 @@ def settle_batch(
     stack: Stack,
     hooks: Hooks,
     write_dead_letters: Callable[[BatchReport], None],
-    record: Recorder | None,
+    complete: Completer | None,
 ) -> None:
     """What the driver does once every partition of a batch has reported.
 
     Dead letters are written first, so a batch that fails for its unresolved keys has still
     kept them (a replay writes the same ones again, in the same place). The batch is recorded
-    (``record``: :func:`batch_recorder` in key mode, :func:`run_completer` in replay mode; None
-    records nothing) only when it settled every row: that record is what lets a replay of the
-    batch skip all its work.
+    (``complete``: the guarantee's :meth:`producer.guarantees.Guarantee.completer`, the batch's
+    record in key mode, its run COMPLETE in replay mode; None records nothing) only when it
+    settled every row: that record is what lets a replay of the batch skip all its work.
     """
     stream = stack.settings.stream
     hooks.at(Step.BATCH_AFTER_PUTS, batch_id=report.batch_id)
@@ -437,39 +415,8 @@ def settle_batch(
         write_dead_letters(report)
     raise_unresolved(stream, report)
     hooks.at(Step.BATCH_BEFORE_COMPLETE, batch_id=report.batch_id)
-    if record is not None:
-        record(report)
-
-
-Recorder = Callable[[BatchReport], None]
-
-
-def batch_recorder(stack: Stack, query: str | None) -> Recorder | None:
-    """Key mode: record a settled batch of ``query`` COMPLETE in the batch ledger (a replay of
-    it skips all per-key work); None for a write no query names."""
-    if query is None:
-        return None
-
-    def record(report: BatchReport) -> None:
-        if report.batch_id is not None:
-            stack.ledger.mark_batch_complete(
-                stack.settings.stream,
-                query,
-                report.batch_id,
-                counts=report.counts,
-                now_ms=stack.clock.now_ms(),
-            )
-
-    return record
-
-
-def run_completer(stack: Stack, run: str) -> Recorder:
-    """Replay mode: mark the batch's run COMPLETE (one write): a replay of it sends nothing."""
-
-    def record(report: BatchReport) -> None:
-        stack.replay_producer().complete(run, dict(report.counts))
-
-    return record
+    if complete is not None:
+        complete(report.counts, report.batch_id)
 
 
 def raise_unresolved(stream: str, report: BatchReport | PartitionReport) -> None:
@@ -484,18 +431,6 @@ def raise_unresolved(stream: str, report: BatchReport | PartitionReport) -> None
         dict(by_status),
     )
     raise UnresolvedKeysError(stream, [u.key or "" for u in report.unresolved])
-
-
-def completed_before(stack: Stack, query_id: str, batch_id: int) -> bool:
-    """True when the batch ledger says this query's batch settled every row already."""
-    ledger = stack.ledger
-    stream = stack.settings.stream
-    if ledger.completed_batch(stream, query_id, batch_id, now_ms=stack.clock.now_ms()) is None:
-        return False
-    log.info(
-        "batch already complete, skipped stream=%s query=%s batch=%d", stream, query_id, batch_id
-    )
-    return True
 
 
 def log_dead_letters_dropped(stream: str, report: BatchReport) -> None:

@@ -1,0 +1,273 @@
+"""The two guarantees as objects: a write's ``dedupe`` mode is read here, once, and every
+writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`Guarantee`.
+
+::
+
+    guarantee_of(settings) ── KEY or REPLAY
+      ├─ sender(stack, party) ─── what one party of a write sends through: key mode's producer
+      │                           (claims under the party's owner) or one replay attempt at the
+      │                           party's run; send(messages) per chunk, finish() at the end
+      ├─ done_before(stack, ...)  whether a batch is settled already, asked before any task runs
+      │                           (key mode's batch record; replay mode's tasks learn it from
+      │                           their run)
+      └─ completer(stack, ...) ── what records a settled batch or run, so that a replay of it
+                                  does nothing: the batch's record, or the run COMPLETE
+
+A third mode is a third :class:`Guarantee` here, and its tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from producer.hooks import Hooks
+from producer.key.producer import ExactlyOnceProducer
+from producer.outcomes import Outcome
+from producer.protocol import Message
+from producer.replay.attempt import ReplayAttempt
+from producer.replay.context import ReplayTask
+from producer.replay.plan import RecoveryStep
+from producer.replay.producer import ReplayProducer, new_execution_id
+from producer.settings import Dedupe, ProducerSettings
+from producer.wiring import Stack
+
+__all__ = [
+    "KEY",
+    "REPLAY",
+    "Completer",
+    "Guarantee",
+    "Party",
+    "RunEnd",
+    "SendEnd",
+    "Sender",
+    "guarantee_of",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Party:
+    """Who sends: one attempt of one task at a run (replay mode's identity: ``run``, its
+    ``execution_id``, ``task`` and ``task_attempt``), and the owner its claim groups name (key
+    mode's; None: the settings' owner). A party of a process of its own (``keo send``) is an
+    execution of its own."""
+
+    run: str
+    execution_id: str = field(default_factory=new_execution_id)
+    task: str = "0"
+    task_attempt: int = 0
+    owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendEnd:
+    """What a party's sends came to: ``skipped`` when its run was COMPLETE before (nothing
+    sent), and what its log line says (``notes``)."""
+
+    skipped: bool = False
+    notes: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """A run a party sent whole (``keo send --run-id``): whether it is COMPLETE now."""
+
+    run: str
+    complete: bool
+
+
+class Sender(Protocol):
+    """One party's sends: a context manager (an error leaves its leases running)."""
+
+    def __enter__(self) -> Sender: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None: ...
+
+    def send(self, messages: Sequence[Message]) -> list[Outcome]:
+        """One outcome per message, in order."""
+        ...
+
+    def interrupt(self) -> None:
+        """Finish the call in flight early (Ctrl-C); thread-safe."""
+        ...
+
+    def finish(self) -> SendEnd:
+        """Every put has its result: what the sends came to."""
+        ...
+
+    def settle_run(self, counts: Mapping[str, int], *, delivered: bool) -> RunEnd | None:
+        """For a party that is its whole run: record the run COMPLETE once every message was
+        ``delivered``; None where the mode has no runs."""
+        ...
+
+
+Completer = Callable[[Mapping[str, int], "int | None"], None]
+
+
+class Guarantee(Protocol):
+    @property
+    def dedupe(self) -> Dedupe: ...
+
+    @property
+    def retries_unresolved_tasks(self) -> bool:
+        """Whether a task left with unresolved rows fails, for Spark to retry it alone (a
+        replay attempt's retry reads back what it put); else the batch fails as a whole at
+        the commit (key mode's sink)."""
+        ...
+
+    @property
+    def settles_the_rest(self) -> str:
+        """How a replay of a write that failed part-way settles the rest (the abort's log)."""
+        ...
+
+    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender: ...
+
+    def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool: ...
+
+    def completer(self, stack: Stack, *, query: str | None, run: str) -> Completer | None: ...
+
+
+class _KeySender:
+    """Key mode: a per-key claim for every message, under the party's owner."""
+
+    def __init__(self, producer: ExactlyOnceProducer) -> None:
+        self._producer = producer
+
+    def __enter__(self) -> _KeySender:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._producer.close()
+
+    def send(self, messages: Sequence[Message]) -> list[Outcome]:
+        return self._producer.send(list(messages))
+
+    def interrupt(self) -> None:
+        self._producer.interrupt()
+
+    def finish(self) -> SendEnd:
+        return SendEnd()
+
+    def settle_run(self, counts: Mapping[str, int], *, delivered: bool) -> RunEnd | None:  # noqa: ARG002 - the ledger holds every key's claim: nothing to record
+        return None
+
+
+class _ReplaySender:
+    """Replay mode: one attempt at the party's run."""
+
+    def __init__(self, producer: ReplayProducer, attempt: ReplayAttempt) -> None:
+        self._producer = producer
+        self._attempt = attempt
+
+    def __enter__(self) -> _ReplaySender:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._attempt.__exit__(exc_type, *rest)  # an error leaves the lease running
+
+    def send(self, messages: Sequence[Message]) -> list[Outcome]:
+        return self._attempt.send(messages)
+
+    def interrupt(self) -> None:
+        self._producer.interrupt()
+
+    def finish(self) -> SendEnd:
+        attempt = self._attempt
+        attempt.finish()
+        return SendEnd(
+            skipped=attempt.step is RecoveryStep.DONE,
+            notes={
+                "step": attempt.step.value,
+                "found": attempt.rows_found,
+                "matched_ambiguously": attempt.rows_matched_ambiguously,
+            },
+        )
+
+    def settle_run(self, counts: Mapping[str, int], *, delivered: bool) -> RunEnd | None:
+        """The run is COMPLETE once every message was delivered (a rejected one keeps it
+        open: fixed and re-run, the rows delivered are not sent again)."""
+        run = self._attempt.task.run
+        if self.finish().skipped:
+            self._producer.skipped(run)
+            return RunEnd(run, complete=True)
+        if delivered:
+            self._producer.complete(run, dict(counts))
+        return RunEnd(run, complete=delivered)
+
+
+@dataclass(frozen=True)
+class _Key:
+    dedupe: Dedupe = Dedupe.KEY
+    retries_unresolved_tasks: bool = False
+    settles_the_rest: str = "through the per-key claims"
+
+    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender:
+        return _KeySender(stack.producer(owner=party.owner, hooks=hooks))
+
+    def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:
+        """True when the batch ledger says this query's batch settled every row already."""
+        if query is None or batch_id is None:
+            return False
+        stream = stack.settings.stream
+        now_ms = stack.clock.now_ms()
+        if stack.ledger.completed_batch(stream, query, batch_id, now_ms=now_ms) is None:
+            return False
+        log.info(
+            "batch already complete, skipped stream=%s query=%s batch=%d", stream, query, batch_id
+        )
+        return True
+
+    def completer(self, stack: Stack, *, query: str | None, run: str) -> Completer | None:  # noqa: ARG002 - key mode records batches, not runs
+        """The batch of ``query`` recorded COMPLETE (a replay of it skips all per-key work);
+        None for a write no query names."""
+        if query is None:
+            return None
+
+        def complete(counts: Mapping[str, int], batch_id: int | None) -> None:
+            if batch_id is not None:
+                stack.ledger.mark_batch_complete(
+                    stack.settings.stream,
+                    query,
+                    batch_id,
+                    counts=dict(counts),
+                    now_ms=stack.clock.now_ms(),
+                )
+
+        return complete
+
+
+@dataclass(frozen=True)
+class _Replay:
+    dedupe: Dedupe = Dedupe.REPLAY
+    retries_unresolved_tasks: bool = True
+    settles_the_rest: str = "by reading the stream back"
+
+    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender:
+        producer = stack.replay_producer(hooks=hooks)
+        task = ReplayTask(party.run, party.execution_id, party.task, party.task_attempt)
+        return _ReplaySender(producer, producer.attempt(task))
+
+    def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:  # noqa: ARG002 - the tasks learn it from their run
+        return False
+
+    def completer(self, stack: Stack, *, query: str | None, run: str) -> Completer | None:  # noqa: ARG002 - the run names the batch
+        """The batch's run marked COMPLETE (one write): a replay of it sends nothing."""
+
+        def complete(counts: Mapping[str, int], _batch_id: int | None) -> None:
+            stack.replay_producer().complete(run, dict(counts))
+
+        return complete
+
+
+KEY: Final[Guarantee] = _Key()
+REPLAY: Final[Guarantee] = _Replay()
+_BY_DEDUPE: Final = {guarantee.dedupe: guarantee for guarantee in (KEY, REPLAY)}
+
+
+def guarantee_of(settings: ProducerSettings) -> Guarantee:
+    """The guarantee ``settings`` choose (``KEO_DEDUPE``): the one place the mode is read."""
+    return _BY_DEDUPE[settings.dedupe]
