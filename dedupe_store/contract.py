@@ -31,7 +31,7 @@ from dedupe_store.records import (
     RunRegistration,
 )
 
-__all__ = ["Ledger", "LedgerReader", "RunLedger", "RunReader"]
+__all__ = ["GroupLedger", "GroupReader", "Ledger", "LedgerReader", "RunLedger", "RunReader"]
 
 
 class RunReader(Protocol):
@@ -142,25 +142,8 @@ class RunLedger(RunReader, Protocol):
         ...
 
 
-class LedgerReader(RunReader, Protocol):
-    """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
-    :class:`RunReader`'s."""
-
-    dedupe_ttl_s: int
-    inflight_buckets: int
-
-    @property
-    def table_name(self) -> str: ...
-
-    def ensure_ready(self) -> None: ...
-
-    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
-        """A key's delivery (its key item joined with its group), or None if never claimed."""
-        ...
-
-    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
-
-    def last_run(self, stream: str) -> RunRecord | None: ...
+class GroupReader(Protocol):
+    """What a reader needs of claim groups (the API's in-flight keys)."""
 
     def in_flight_page(
         self,
@@ -178,15 +161,8 @@ class LedgerReader(RunReader, Protocol):
         ...
 
 
-class Ledger(LedgerReader, RunLedger, Protocol):
-    """The whole ledger: the reads, and the conditional transitions of the protocol. Its
-    replay-mode runs are :class:`RunLedger`'s."""
-
-    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
-        """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
-        ...
-
-    # --- groups ------------------------------------------------------------------------------
+class GroupLedger(GroupReader, Protocol):
+    """Claim groups: an item per group (its owner, lease, members and their positions)."""
 
     def open_group(
         self,
@@ -234,6 +210,36 @@ class Ledger(LedgerReader, RunLedger, Protocol):
     ) -> GroupUpdate:
         """Add ``positions`` (by member key) to the group; with ``settle`` also SETTLED and out
         of the in-flight index. Conditional on OPEN and the epoch held in ``group``."""
+        ...
+
+
+class LedgerReader(RunReader, GroupReader, Protocol):
+    """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
+    :class:`RunReader`'s, its claim groups :class:`GroupReader`'s."""
+
+    dedupe_ttl_s: int
+    inflight_buckets: int
+
+    @property
+    def table_name(self) -> str: ...
+
+    def ensure_ready(self) -> None: ...
+
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
+        """A key's delivery (its key item joined with its group), or None if never claimed."""
+        ...
+
+    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def last_run(self, stream: str) -> RunRecord | None: ...
+
+
+class Ledger(LedgerReader, RunLedger, GroupLedger, Protocol):
+    """The whole ledger: the reads, and the conditional transitions of the protocol. Its
+    replay-mode runs are :class:`RunLedger`'s, its claim groups :class:`GroupLedger`'s."""
+
+    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
+        """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
         ...
 
     # --- keys --------------------------------------------------------------------------------

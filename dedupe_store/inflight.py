@@ -11,7 +11,7 @@ never reads the other::
 over ``inflight_buckets`` partitions. A walk reads the buckets in order, each page after page,
 where DynamoDB's last evaluated key (lease expiry, item key) says where a bucket's next page
 starts. The groups' pages come from
-:meth:`dedupe_store.contract.LedgerReader.in_flight_page`, so the walk is the same over
+:meth:`dedupe_store.contract.GroupReader.in_flight_page`, so the walk is the same over
 DynamoDB, the in-memory fake, and the API's reads::
 
     bucket 0: page, page ─> bucket 1: page ─> ... ─> bucket n-1: page ─> done

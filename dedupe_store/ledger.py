@@ -4,7 +4,9 @@ The kinds of item the table holds::
 
     key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing, TTL
     group item  pk "__keo__/group/<stream>/<id>"     state, epoch, owner, lease, members,
-                                                      positions; in the in-flight index while OPEN
+                                                      positions; in the in-flight index while
+                                                      OPEN: :mod:`dedupe_store.groups` reads and
+                                                      writes them, the ledger hands its calls on
     run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run, and one item per task:
     task item   pk "__keo__/task/<stream>/..."       :mod:`dedupe_store.runs` reads and writes
                                                       them, the ledger hands its calls on
@@ -33,7 +35,6 @@ the vendor error kept as the cause.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import secrets
@@ -55,11 +56,12 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.inflight import (
-    Cursor,
-    bucket_of,
-    bucket_partition,
-    walk_items,
+from dedupe_store.groups import (
+    DynamoDBGroupLedger,
+    GroupsHandedOn,
+    group_of,
+    group_pk,
+    inflight_bucket,
 )
 from dedupe_store.model import (
     TTL_ATTRIBUTE,
@@ -68,27 +70,21 @@ from dedupe_store.model import (
     bind_ledger_model,
 )
 from dedupe_store.names import check_stream_name
-from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
     Group,
-    GroupUpdate,
     KeyClaim,
     KeyUpdate,
     LedgerRecord,
     PendingClaim,
-    Position,
     RunRecord,
 )
 from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn, replay_run_pk, replay_task_pk
 from dedupe_store.states import (
-    GroupState,
-    GroupTransition,
     KeyState,
     KeyTransition,
-    next_group_state,
     next_key_state,
 )
 from dedupe_store.table import (
@@ -96,7 +92,9 @@ from dedupe_store.table import (
     CONDITION_FAILED,
     VENDOR_ERRORS,
     DynamoDBTable,
+    binary_of,
     code_of,
+    text_of,
 )
 
 # the name tests/unit/test_ledger_translation.py imports from here
@@ -145,15 +143,6 @@ def ledger_pk(stream: str, key: str) -> str:
     return f"{check_stream_name(stream)}#{key}"
 
 
-def group_pk(stream: str, group_id: str) -> str:
-    return f"__keo__/group/{check_stream_name(stream)}/{group_id}"
-
-
-def inflight_bucket(stream: str, group_id: str, buckets: int) -> str:
-    """The in-flight index partition of an open group."""
-    return bucket_partition(stream, bucket_of(group_id, buckets))
-
-
 class TtlStatus(StrEnum):
     """The ledger table's TTL after :meth:`DynamoDBLedger.enable_ttl`."""
 
@@ -164,12 +153,7 @@ class TtlStatus(StrEnum):
     OFF = "off"
 
 
-def new_group_id() -> str:
-    """16 URL-safe characters, 96 random bits: unique without coordination."""
-    return secrets.token_urlsafe(12)
-
-
-class DynamoDBLedger(RunsHandedOn):
+class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
     """The ledger on one DynamoDB table. Thread-safe: share one per process."""
 
     # the pause before a batch's throttled part is sent again (a test records it instead)
@@ -192,6 +176,9 @@ class DynamoDBLedger(RunsHandedOn):
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         self._run_ledger = DynamoDBRunLedger(
+            self._table, dedupe_ttl_s=dedupe_ttl_s, inflight_buckets=inflight_buckets
+        )
+        self._group_ledger = DynamoDBGroupLedger(
             self._table, dedupe_ttl_s=dedupe_ttl_s, inflight_buckets=inflight_buckets
         )
 
@@ -394,17 +381,6 @@ class DynamoDBLedger(RunsHandedOn):
         claims = (_claim_of(item) for item in items)
         return {claim.key: claim for claim in claims}
 
-    def get_group(self, stream: str, group_id: str) -> Group | None:
-        item = self._table.get_item(
-            group_pk(stream, group_id), None, "get a group", consistent=True
-        )
-        return None if item is None else _group_of(item)
-
-    def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
-        items = self._table.batch_get_items([group_pk(stream, g) for g in group_ids], "get groups")
-        groups = (_group_of(item) for item in items)
-        return {group.group_id: group for group in groups}
-
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
         """Every key of ``stream`` with its delivery (a full table scan: for audits only).
 
@@ -440,83 +416,7 @@ class DynamoDBLedger(RunsHandedOn):
             page_size=page_size,
             **(segments if total_segments > 1 else {}),
         ):
-            yield _group_of(item) if "members" in item else _claim_of(item)
-
-    def stale_groups(
-        self,
-        stream: str,
-        *,
-        now_ms: int,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 500,
-    ) -> Iterator[str]:
-        """Ids of OPEN groups whose lease expired before ``now_ms``, from the sparse index.
-
-        The index is eventually consistent: re-read each group consistently before acting.
-        """
-
-        def read_page(
-            bucket: int, limit: int, after: Cursor | None
-        ) -> tuple[list[str], Cursor | None]:
-            page, cursor = self._query_bucket(
-                stream, bucket, before_ms=now_ms, limit=limit, after=after
-            )
-            return [group_id for _, group_id in page], cursor
-
-        yield from walk_items(
-            read_page,
-            buckets=buckets,
-            inflight_buckets=self.inflight_buckets,
-            page_size=page_size,
-        )
-
-    def in_flight_page(
-        self,
-        stream: str,
-        bucket: int,
-        *,
-        before_ms: int | None,
-        limit: int,
-        after_lease_ms: int | None = None,
-        after_pk: str | None = None,
-    ) -> tuple[list[str], tuple[int, str] | None]:
-        """Up to ``limit`` OPEN groups of a bucket, by lease expiry, expanded into their
-        members (re-read consistently), with the cursor of the page's last group."""
-        after = (after_lease_ms, after_pk) if after_lease_ms is not None and after_pk else None
-        page, cursor = self._query_bucket(
-            stream,
-            bucket,
-            before_ms=before_ms,
-            limit=limit,
-            after=after,
-        )
-        groups = self.batch_get_groups(stream, [group_id for _, group_id in page])
-        keys = [
-            key
-            for _, group_id in page
-            if (group := groups.get(group_id)) is not None and group.state is GroupState.OPEN
-            for key in group.members
-        ]
-        return keys, cursor
-
-    def _query_bucket(
-        self,
-        stream: str,
-        bucket: int,
-        *,
-        before_ms: int | None,
-        limit: int,
-        after: tuple[int, str] | None,
-    ) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
-        """One page of a bucket of open groups: ``[(lease, group id)]`` and the cursor after
-        it, if any. Only group items: runs are indexed in partitions of their own, and an
-        item of any other kind found here is left out all the same."""
-        page, cursor = self._table.query_index(
-            bucket_partition(stream, bucket), before_ms=before_ms, limit=limit, after=after
-        )
-        prefix = group_pk(stream, "")
-        found = [(lease, pk[len(prefix) :]) for lease, pk in page if pk.startswith(prefix)]
-        return found, cursor
+            yield group_of(item) if "members" in item else _claim_of(item)
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
 
@@ -586,96 +486,6 @@ class DynamoDBLedger(RunsHandedOn):
         }
         with self._table.translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
-
-    # --- groups -----------------------------------------------------------------------------
-
-    def open_group(
-        self, stream: str, members: Sequence[str], *, owner: str, now_ms: int, lease_ms: int
-    ) -> Group:
-        """A new OPEN group (epoch 1) in the in-flight index; a put conditional on a new id."""
-        state = next_group_state(None, GroupTransition.OPEN)
-        group_id = new_group_id()
-        token = secrets.token_hex(8)
-        lease_expires_at_ms = now_ms + lease_ms
-        item = {
-            "pk": x.s(group_pk(stream, group_id)),
-            "stream": x.s(stream),
-            "state": x.s(state.value),
-            "epoch": x.n(1),
-            "owner": x.s(owner),
-            "claimed_at_ms": x.n(now_ms),
-            "lease_expires_at_ms": x.n(lease_expires_at_ms),
-            "inflight_bucket": x.s(inflight_bucket(stream, group_id, self.inflight_buckets)),
-            "members": x.b(pack_members(members)),
-            TTL_ATTRIBUTE: x.n(now_ms // 1000 + self.dedupe_ttl_s),
-            "write_token": x.s(token),
-        }
-        kwargs = {
-            "TableName": self.table_name,
-            "Item": item,
-            "ConditionExpression": "attribute_not_exists(#pk)",
-            "ExpressionAttributeNames": {"#pk": "pk"},
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        with self._table.translated("open a group"):
-            try:
-                self.client.put_item(**kwargs)
-            except VENDOR_ERRORS as exc:
-                # a retry of our own applied put fails its condition on our own token
-                current = (
-                    self.get_group(stream, group_id) if code_of(exc) == CONDITION_FAILED else None
-                )
-                if current is None or current.write_token != token:
-                    raise  # translated on its way out
-        return Group(
-            stream=stream,
-            group_id=group_id,
-            state=state,
-            epoch=1,
-            owner=owner,
-            claimed_at_ms=now_ms,
-            lease_expires_at_ms=lease_expires_at_ms,
-            members=tuple(members),
-            expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-            write_token=token,
-        )
-
-    def renew_lease(self, group: Group, *, now_ms: int, lease_ms: int, skew_ms: int) -> GroupUpdate:
-        next_group_state(group.state, GroupTransition.RENEW)
-        values = {
-            **_group_held(group.epoch),
-            ":now_plus_skew": x.n(now_ms + skew_ms),
-            ":next_epoch": x.n(group.epoch + 1),
-            ":lease": x.n(now_ms + lease_ms),
-        }
-        return self._update_group(group, x.RENEW, x.RENEWABLE, values)
-
-    def take_over_group(
-        self, seen: Group, *, owner: str, now_ms: int, lease_ms: int, skew_ms: int
-    ) -> GroupUpdate:
-        next_group_state(seen.state, GroupTransition.TAKE_OVER)
-        values = {
-            **_group_held(seen.epoch),
-            ":now_minus_skew": x.n(now_ms - skew_ms),
-            ":next_epoch": x.n(seen.epoch + 1),
-            ":owner": x.s(owner),
-            ":lease": x.n(now_ms + lease_ms),
-        }
-        return self._update_group(seen, x.TAKE_OVER_GROUP, x.TAKEABLE, values)
-
-    def record_positions(
-        self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
-    ) -> GroupUpdate:
-        next_group_state(group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD)
-        merged = group.with_positions(positions)
-        values = {
-            **_group_held(group.epoch),
-            ":positions": x.b(pack_positions(len(group.members), merged)),
-            ":now": x.n(now_ms),
-        }
-        if settle:
-            values[":settled"] = x.s(GroupState.SETTLED.value)
-        return self._update_group(group, x.SETTLE if settle else x.RECORD, x.GROUP_HELD, values)
 
     # --- claims in batches (dedupe_store.batch_claims) ----------------------------------------
 
@@ -820,14 +630,6 @@ class DynamoDBLedger(RunsHandedOn):
         except LedgerError as exc:
             return exc
 
-    def _update_group(
-        self, group: Group, update: str, condition: str, values: dict[str, Any]
-    ) -> GroupUpdate:
-        applied, item = self._table.update(
-            group_pk(group.stream, group.group_id), None, update, condition, values
-        )
-        return GroupUpdate(applied, None if item is None else _group_of(item))
-
     # --- keys -------------------------------------------------------------------------------
 
     def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
@@ -929,10 +731,6 @@ def _key_held(seen: KeyClaim) -> dict[str, dict[str, str]]:
     }
 
 
-def _group_held(epoch: int) -> dict[str, dict[str, str]]:
-    return {":open": x.s(GroupState.OPEN.value), ":epoch": x.n(epoch)}
-
-
 def _another_version(table: str, found: int | None) -> LedgerSchemaError:
     return LedgerSchemaError(
         f"ledger table {table!r} holds ledger schema version {found}; this keo "
@@ -951,21 +749,6 @@ def _require(claim: KeyClaim | None) -> KeyClaim:
 # --- items from DynamoDB's wire format (the hot path skips pynamodb's deserialization) ---------
 
 
-def _text(item: Mapping[str, Any], name: str) -> str | None:
-    value = item.get(name)
-    return None if value is None else str(value["S"])
-
-
-def _number(item: Mapping[str, Any], name: str) -> int | None:
-    value = item.get(name)
-    return None if value is None else int(value["N"])
-
-
-def _binary(value: Any) -> bytes:
-    # botocore returns bytes; a raw item from an error response may carry base64 text
-    return value if isinstance(value, bytes) else base64.b64decode(value)
-
-
 def _claim_of(item: Mapping[str, Any]) -> KeyClaim:
     stream, _, key = str(item["pk"]["S"]).partition("#")
     payload = item.get("payload")
@@ -979,25 +762,6 @@ def _claim_of(item: Mapping[str, Any]) -> KeyClaim:
         payload_digest=str(item["payload_digest"]["S"]),
         routing_hash_key=str(item["routing_hash_key"]["S"]),
         expires_at_s=int(item[TTL_ATTRIBUTE]["N"]),
-        write_token=_text(item, "write_token"),
-        payload=_binary(payload["B"]) if payload is not None else None,
-    )
-
-
-def _group_of(item: Mapping[str, Any]) -> Group:
-    stream = str(item["stream"]["S"])
-    positions = item.get("positions")
-    return Group(
-        stream=stream,
-        group_id=str(item["pk"]["S"])[len(group_pk(stream, "")) :],
-        state=GroupState(item["state"]["S"]),
-        epoch=int(item["epoch"]["N"]),
-        owner=str(item["owner"]["S"]),
-        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
-        lease_expires_at_ms=int(item["lease_expires_at_ms"]["N"]),
-        members=tuple(unpack_members(_binary(item["members"]["B"]))),
-        positions=unpack_positions(_binary(positions["B"])) if positions is not None else {},
-        recorded_at_ms=_number(item, "recorded_at_ms"),
-        expires_at_s=_number(item, TTL_ATTRIBUTE),
-        write_token=_text(item, "write_token"),
+        write_token=text_of(item, "write_token"),
+        payload=binary_of(payload["B"]) if payload is not None else None,
     )

@@ -3,7 +3,9 @@
 The ledger's parts (key claims, claim groups, replay runs, Spark batch records, the table's
 administration) each read and write their own kind of item; they share this: the botocore
 client and the table's name, the conditional update that carries a token, consistent reads one
-item or a hundred at a time, a page of the in-flight index, a filtered scan.
+item or a hundred at a time, a page of the in-flight index, a filtered scan, and the reading
+of an attribute from DynamoDB's wire format (:func:`text_of`, :func:`number_of`,
+:func:`binary_of`).
 
 Every DynamoDB error is translated in one place (:class:`Translated`, its mapping in
 :func:`translate`): throttled -> ``LedgerThrottledError``, a missing table ->
@@ -13,10 +15,11 @@ vendor error is kept as the cause.
 
 from __future__ import annotations
 
+import base64
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -40,7 +43,10 @@ __all__ = [
     "VENDOR_ERRORS",
     "DynamoDBTable",
     "Translated",
+    "binary_of",
     "code_of",
+    "number_of",
+    "text_of",
     "translate",
 ]
 
@@ -309,3 +315,21 @@ def translate(exc: BaseException, table: str, key: str | None, doing: str) -> Le
     return LedgerUnavailableError(
         f"DynamoDB failed to {doing}: {code or type(exc).__name__}", table=table, key=key
     )
+
+
+# --- attributes from DynamoDB's wire format (the hot path skips pynamodb's deserialization) ---
+
+
+def text_of(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return None if value is None else str(value["S"])
+
+
+def number_of(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value["N"])
+
+
+def binary_of(value: Any) -> bytes:
+    # botocore returns bytes; a raw item from an error response may carry base64 text
+    return value if isinstance(value, bytes) else base64.b64decode(value)

@@ -5,16 +5,12 @@ Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledge
     claim:          key absent, RELEASED or past its TTL        ──> CLAIMED #n+1 in group G
     take over key:  CLAIMED and attempt = seen and group = seen ──> CLAIMED #seen+1 in G2
     release / mark unverifiable: CLAIMED and attempt = seen and group = seen
-    open group:     group absent                                ──> OPEN epoch 1
-    renew:          OPEN and epoch = held and lease > now + skew ──> OPEN epoch + 1
-    take over group: OPEN and epoch = seen and lease + skew <= now ──> OPEN epoch + 1
-    record / settle: OPEN and epoch = held                      ──> OPEN / SETTLED
+
+and those of its parts: the claim groups (:mod:`fakes.groups`), the replay-mode runs
+(:mod:`fakes.runs`), to which it hands their calls on.
 
 Every write carries a fresh ``write_token``; a write whose condition fails reports "applied"
 only when the current item carries its own token (a retried request whose first try applied).
-The sparse in-flight index holds exactly the OPEN groups, ordered like the GSI: by bucket, then
-lease expiry, then the group's key; and, in partitions of their own, the OPEN replay runs, by
-the lease their first attempt registered with.
 
 Fault knobs (:meth:`InMemoryLedger.inject`) make the next call of an operation:
 
@@ -36,42 +32,37 @@ import dataclasses
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
-from typing import TypeVar
 
 from dedupe_store import batch_claims
 from dedupe_store.errors import (
-    InvalidTransitionError,
     LedgerError,
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.inflight import Cursor, bucket_of, walk_items
+from dedupe_store.groups import GroupsHandedOn
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
     Group,
-    GroupUpdate,
     KeyClaim,
     KeyUpdate,
     LedgerRecord,
     PendingClaim,
-    Position,
     RunAttempt,
     RunRecord,
 )
 from dedupe_store.runs import RunsHandedOn
 from dedupe_store.states import (
-    GroupState,
-    GroupTransition,
     KeyState,
     KeyTransition,
-    next_group_state,
     next_key_state,
 )
+from fakes.groups import InMemoryGroupLedger
+from fakes.items import Item, require
 from fakes.runs import InMemoryRunLedger
 
 KEY_WRITES = frozenset({"claim", "take_over_key", "release", "mark_unverifiable"})
@@ -102,8 +93,6 @@ READ_OPERATIONS = frozenset(
     }
 )
 
-_Item = TypeVar("_Item", KeyClaim, Group)
-
 
 class LedgerFault(StrEnum):
     UNAVAILABLE = "unavailable"
@@ -117,7 +106,7 @@ class LedgerFault(StrEnum):
 READ_FAULTS = frozenset({LedgerFault.UNAVAILABLE, LedgerFault.THROTTLED})
 
 
-class InMemoryLedger(RunsHandedOn):
+class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
     """The ledger of one process's imagination. Thread-safe: one lock around every call."""
 
     def __init__(
@@ -134,7 +123,6 @@ class InMemoryLedger(RunsHandedOn):
         self.inflight_buckets = inflight_buckets
         self._lock = threading.RLock()
         self._claims: dict[tuple[str, str], KeyClaim] = {}
-        self._groups: dict[tuple[str, str], Group] = {}
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
@@ -150,6 +138,15 @@ class InMemoryLedger(RunsHandedOn):
             inflight_buckets=inflight_buckets,
             between_registration_writes=self._between_registration_writes,
         )
+        self._group_ledger = InMemoryGroupLedger(
+            self._lock,
+            self._read_fault,
+            self.write,
+            dedupe_ttl_s=dedupe_ttl_s,
+            inflight_buckets=inflight_buckets,
+        )
+        # the groups the reads join a key's claim with (the groups part's own, under the lock)
+        self._groups = self._group_ledger.groups
 
     def _between_registration_writes(self, attempt: RunAttempt) -> None:
         # looked up on the ledger at each registration: a test sets its race there
@@ -259,92 +256,6 @@ class InMemoryLedger(RunsHandedOn):
                 key: claim for key in keys if (claim := self._claims.get((stream, key))) is not None
             }
 
-    def get_group(self, stream: str, group_id: str) -> Group | None:
-        with self._lock:
-            self._read_fault("get_group")
-            return self._groups.get((check_stream_name(stream), group_id))
-
-    def batch_get_groups(self, stream: str, group_ids: Iterable[str]) -> dict[str, Group]:
-        with self._lock:
-            self._read_fault("batch_get_groups")
-            return {
-                group_id: group
-                for group_id in group_ids
-                if (group := self._groups.get((stream, group_id))) is not None
-            }
-
-    def stale_groups(
-        self,
-        stream: str,
-        *,
-        now_ms: int,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 500,
-    ) -> Iterator[str]:
-        """Groups whose lease ended before ``now_ms`` (strictly), bucket by bucket."""
-        with self._lock:
-            self._read_fault("stale_groups")
-
-        def read_page(
-            bucket: int, limit: int, after: Cursor | None
-        ) -> tuple[list[str], Cursor | None]:
-            page, cursor = self._index_page(stream, bucket, now_ms, limit, after)
-            return [pk.rsplit("/", 1)[1] for _, pk in page], cursor
-
-        found = walk_items(
-            read_page, buckets=buckets, inflight_buckets=self.inflight_buckets, page_size=page_size
-        )
-        return iter(list(found))  # read now, as the call is made
-
-    def in_flight_page(
-        self,
-        stream: str,
-        bucket: int,
-        *,
-        before_ms: int | None,
-        limit: int,
-        after_lease_ms: int | None = None,
-        after_pk: str | None = None,
-    ) -> tuple[list[str], tuple[int, str] | None]:
-        """One page of a bucket's OPEN groups in index order, expanded into their members."""
-        after = (after_lease_ms, after_pk) if after_lease_ms is not None and after_pk else None
-        with self._lock:
-            page, cursor = self._index_page(stream, bucket, before_ms, limit, after)
-            keys = [
-                key
-                for _, pk in page
-                for key in self._groups[(stream, pk.rsplit("/", 1)[1])].members
-            ]
-        return keys, cursor
-
-    def _index_page(
-        self, stream: str, bucket: int, before_ms: int | None, limit: int, after: Cursor | None
-    ) -> tuple[list[Cursor], Cursor | None]:
-        """``(lease, group pk)`` of one page of a bucket, and DynamoDB's cursor: a full page
-        has a last key, even when nothing follows."""
-        with self._lock:
-            index = [
-                (lease_ms, group_pk(stream, group_id))
-                for b, lease_ms, group_id in self._index(stream)
-                if b == bucket and (before_ms is None or lease_ms < before_ms)
-            ]
-        if after is not None:
-            index = [entry for entry in index if entry > after]
-        page = index[:limit]
-        return page, (page[-1] if len(page) == limit and page else None)
-
-    def _index(self, stream: str) -> list[tuple[int, int, str]]:
-        """The sparse GSI: (bucket, lease expiry, group id) of the OPEN groups, sorted."""
-        return sorted(
-            (
-                bucket_of(group_id, self.inflight_buckets),
-                group.lease_expires_at_ms,
-                group_id,
-            )
-            for (s, group_id), group in self._groups.items()
-            if s == stream and group.state is GroupState.OPEN
-        )
-
     # --- run records --------------------------------------------------------------------------
 
     def record_run(
@@ -375,101 +286,6 @@ class InMemoryLedger(RunsHandedOn):
             self._read_fault("mark_batch_complete")
             record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
             self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
-
-    # --- groups -----------------------------------------------------------------------------
-
-    def open_group(
-        self, stream: str, members: Sequence[str], *, owner: str, now_ms: int, lease_ms: int
-    ) -> Group:
-        state = next_group_state(None, GroupTransition.OPEN)
-        group_id = uuid.uuid4().hex[:16]
-
-        def change(_current: Group | None, token: str) -> Group:
-            return Group(
-                stream=stream,
-                group_id=group_id,
-                state=state,
-                epoch=1,
-                owner=owner,
-                claimed_at_ms=now_ms,
-                lease_expires_at_ms=now_ms + lease_ms,
-                members=tuple(members),
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                write_token=token,
-            )
-
-        applied, current = self._write_group(
-            "open_group", stream, group_id, lambda current: current is None, change
-        )
-        return _require(current if applied else None)
-
-    def renew_lease(self, group: Group, *, now_ms: int, lease_ms: int, skew_ms: int) -> GroupUpdate:
-        next_group_state(group.state, GroupTransition.RENEW)
-
-        def condition(current: Group | None) -> bool:
-            return _holds(current, group.epoch) and _require(current).lease_expires_at_ms > (
-                now_ms + skew_ms
-            )
-
-        def change(current: Group | None, token: str) -> Group:
-            return dataclasses.replace(
-                _require(current),
-                epoch=group.epoch + 1,
-                lease_expires_at_ms=now_ms + lease_ms,
-                write_token=token,
-            )
-
-        return GroupUpdate(
-            *self._write_group("renew_lease", group.stream, group.group_id, condition, change)
-        )
-
-    def take_over_group(
-        self, seen: Group, *, owner: str, now_ms: int, lease_ms: int, skew_ms: int
-    ) -> GroupUpdate:
-        next_group_state(seen.state, GroupTransition.TAKE_OVER)
-
-        def condition(current: Group | None) -> bool:
-            return _holds(current, seen.epoch) and _require(current).lease_expired(now_ms, skew_ms)
-
-        def change(current: Group | None, token: str) -> Group:
-            return dataclasses.replace(
-                _require(current),
-                epoch=seen.epoch + 1,
-                owner=owner,
-                lease_expires_at_ms=now_ms + lease_ms,
-                write_token=token,
-            )
-
-        return GroupUpdate(
-            *self._write_group("take_over_group", seen.stream, seen.group_id, condition, change)
-        )
-
-    def record_positions(
-        self, group: Group, positions: Mapping[str, Position], *, settle: bool, now_ms: int
-    ) -> GroupUpdate:
-        target = next_group_state(
-            group.state, GroupTransition.SETTLE if settle else GroupTransition.RECORD
-        )
-        merged = group.with_positions(positions)
-
-        def change(current: Group | None, token: str) -> Group:
-            return dataclasses.replace(
-                _require(current),
-                state=target,
-                positions=merged,
-                recorded_at_ms=now_ms,
-                write_token=token,
-            )
-
-        return GroupUpdate(
-            *self._write_group(
-                "record_positions",
-                group.stream,
-                group.group_id,
-                lambda current: _holds(current, group.epoch),
-                change,
-            )
-        )
 
     # --- keys ---------------------------------------------------------------------------------
 
@@ -536,14 +352,14 @@ class InMemoryLedger(RunsHandedOn):
             )
 
         applied, current = self._write_key("claim", request.stream, request.key, claimable, change)
-        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
+        return ClaimResult.won(require(current)) if applied else ClaimResult.lost(current)
 
     def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
         next_key_state(seen.state, KeyTransition.TAKE_OVER)
 
         def change(current: KeyClaim | None, token: str) -> KeyClaim:
             return dataclasses.replace(
-                _require(current),
+                require(current),
                 attempt=seen.attempt + 1,
                 group_id=group.group_id,
                 claimed_at_ms=now_ms,
@@ -554,7 +370,7 @@ class InMemoryLedger(RunsHandedOn):
         applied, current = self._write_key(
             "take_over_key", seen.stream, seen.key, _held(seen), change
         )
-        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
+        return ClaimResult.won(require(current)) if applied else ClaimResult.lost(current)
 
     def release(self, seen: KeyClaim) -> KeyUpdate:
         return self._settle_key("release", seen, KeyTransition.RELEASE)
@@ -571,7 +387,7 @@ class InMemoryLedger(RunsHandedOn):
         target = next_key_state(seen.state, transition)
 
         def change(current: KeyClaim | None, token: str) -> KeyClaim:
-            return dataclasses.replace(_require(current), state=target, write_token=token)
+            return dataclasses.replace(require(current), state=target, write_token=token)
 
         return KeyUpdate(*self._write_key(operation, seen.stream, seen.key, _held(seen), change))
 
@@ -586,31 +402,20 @@ class InMemoryLedger(RunsHandedOn):
         change: Callable[[KeyClaim | None, str], KeyClaim],
     ) -> tuple[bool, KeyClaim | None]:
         # a key is built here, as DynamoDBLedger builds its item keys: the name is checked
-        return self._write(
+        return self.write(
             operation, self._claims, (check_stream_name(stream), key), condition, change
         )
 
-    def _write_group(
+    def write(
         self,
         operation: str,
-        stream: str,
-        group_id: str,
-        condition: Callable[[Group | None], bool],
-        change: Callable[[Group | None, str], Group],
-    ) -> tuple[bool, Group | None]:
-        return self._write(
-            operation, self._groups, (check_stream_name(stream), group_id), condition, change
-        )
-
-    def _write(
-        self,
-        operation: str,
-        items: dict[tuple[str, str], _Item],
+        items: dict[tuple[str, str], Item],
         at: tuple[str, str],
-        condition: Callable[[_Item | None], bool],
-        change: Callable[[_Item | None, str], _Item],
-    ) -> tuple[bool, _Item | None]:
-        """One conditional write with its own token, as ``DynamoDBLedger`` makes it."""
+        condition: Callable[[Item | None], bool],
+        change: Callable[[Item | None, str], Item],
+    ) -> tuple[bool, Item | None]:
+        """One conditional write with its own token, as ``DynamoDBTable`` makes it, meeting the
+        faults injected on ``operation`` (:class:`fakes.items.ConditionalWrite`)."""
         token = uuid.uuid4().hex
         with self._lock:
             fault = self._take_fault(operation)
@@ -629,12 +434,12 @@ class InMemoryLedger(RunsHandedOn):
 
     def _apply(
         self,
-        items: dict[tuple[str, str], _Item],
+        items: dict[tuple[str, str], Item],
         at: tuple[str, str],
-        condition: Callable[[_Item | None], bool],
-        change: Callable[[_Item | None, str], _Item],
+        condition: Callable[[Item | None], bool],
+        change: Callable[[Item | None, str], Item],
         token: str,
-    ) -> tuple[bool, _Item | None]:
+    ) -> tuple[bool, Item | None]:
         self.write_calls += 1  # a failed condition still costs a write
         current = items.get(at)
         if not condition(current):
@@ -642,11 +447,6 @@ class InMemoryLedger(RunsHandedOn):
         updated = change(current, token)
         items[at] = updated
         return True, updated
-
-
-def group_pk(stream: str, group_id: str) -> str:
-    """The group's key, as :func:`dedupe_store.ledger.group_pk` spells it."""
-    return f"__keo__/group/{check_stream_name(stream)}/{group_id}"
 
 
 def _held(seen: KeyClaim) -> Callable[[KeyClaim | None], bool]:
@@ -659,13 +459,3 @@ def _held(seen: KeyClaim) -> Callable[[KeyClaim | None], bool]:
         )
 
     return condition
-
-
-def _holds(current: Group | None, epoch: int) -> bool:
-    return current is not None and current.state is GroupState.OPEN and current.epoch == epoch
-
-
-def _require(item: _Item | None) -> _Item:
-    if item is None:  # a held condition never passes on an absent item
-        raise InvalidTransitionError(None, "update of an absent item")
-    return item
