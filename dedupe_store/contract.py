@@ -31,7 +31,15 @@ from dedupe_store.records import (
     RunRegistration,
 )
 
-__all__ = ["GroupLedger", "GroupReader", "Ledger", "LedgerReader", "RunLedger", "RunReader"]
+__all__ = [
+    "ClaimLedger",
+    "GroupLedger",
+    "GroupReader",
+    "Ledger",
+    "LedgerReader",
+    "RunLedger",
+    "RunReader",
+]
 
 
 class RunReader(Protocol):
@@ -213,36 +221,8 @@ class GroupLedger(GroupReader, Protocol):
         ...
 
 
-class LedgerReader(RunReader, GroupReader, Protocol):
-    """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
-    :class:`RunReader`'s, its claim groups :class:`GroupReader`'s."""
-
-    dedupe_ttl_s: int
-    inflight_buckets: int
-
-    @property
-    def table_name(self) -> str: ...
-
-    def ensure_ready(self) -> None: ...
-
-    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
-        """A key's delivery (its key item joined with its group), or None if never claimed."""
-        ...
-
-    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
-
-    def last_run(self, stream: str) -> RunRecord | None: ...
-
-
-class Ledger(LedgerReader, RunLedger, GroupLedger, Protocol):
-    """The whole ledger: the reads, and the conditional transitions of the protocol. Its
-    replay-mode runs are :class:`RunLedger`'s, its claim groups :class:`GroupLedger`'s."""
-
-    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
-        """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
-        ...
-
-    # --- keys --------------------------------------------------------------------------------
+class ClaimLedger(Protocol):
+    """Key claims: an item per message key (its state, attempt and claim group)."""
 
     def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
         """Claim a key for ``group`` if it is absent, RELEASED, or past its dedupe TTL."""
@@ -297,6 +277,37 @@ class Ledger(LedgerReader, RunLedger, GroupLedger, Protocol):
 
     def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
         """CLAIMED -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
+        ...
+
+
+class LedgerReader(RunReader, GroupReader, Protocol):
+    """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
+    :class:`RunReader`'s, its claim groups :class:`GroupReader`'s."""
+
+    dedupe_ttl_s: int
+    inflight_buckets: int
+
+    @property
+    def table_name(self) -> str: ...
+
+    def ensure_ready(self) -> None: ...
+
+    def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
+        """A key's delivery (its key item joined with its group), or None if never claimed."""
+        ...
+
+    def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
+
+    def last_run(self, stream: str) -> RunRecord | None: ...
+
+
+class Ledger(LedgerReader, RunLedger, GroupLedger, ClaimLedger, Protocol):
+    """The whole ledger: the reads, and the conditional transitions of the protocol. Its
+    replay-mode runs are :class:`RunLedger`'s, its claim groups :class:`GroupLedger`'s, its
+    key claims :class:`ClaimLedger`'s."""
+
+    def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
+        """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
         ...
 
     # --- run and batch records ---------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The kinds of item the table holds::
 
-    key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing, TTL
+    key item    pk "<stream>#<key>"                  state, attempt, group, digest, routing,
+                                                      TTL: :mod:`dedupe_store.claims` reads and
+                                                      writes them, the ledger hands its calls on
     group item  pk "__keo__/group/<stream>/<id>"     state, epoch, owner, lease, members,
                                                       positions; in the in-flight index while
                                                       OPEN: :mod:`dedupe_store.groups` reads and
@@ -37,24 +39,18 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
 from pynamodb.connection.table import TableConnection
 from pynamodb.exceptions import PynamoDBException
 
-from dedupe_store import batch_claims
 from dedupe_store import expressions as x
-from dedupe_store.batch_claims import StatementResult
+from dedupe_store.claims import ClaimsHandedOn, DynamoDBClaimLedger, claim_of, ledger_pk
 from dedupe_store.errors import (
-    DYNAMODB_THROTTLING_CODES,
-    LedgerError,
     LedgerSchemaError,
-    LedgerThrottledError,
-    LedgerUnavailableError,
 )
 from dedupe_store.groups import (
     DynamoDBGroupLedger,
@@ -72,29 +68,17 @@ from dedupe_store.model import (
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     BatchRecord,
-    ClaimRequest,
-    ClaimResult,
     Group,
     KeyClaim,
-    KeyUpdate,
     LedgerRecord,
-    PendingClaim,
     RunRecord,
 )
 from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn, replay_run_pk, replay_task_pk
-from dedupe_store.states import (
-    KeyState,
-    KeyTransition,
-    next_key_state,
-)
 from dedupe_store.table import (
-    BATCH_PAUSE_S,
     CONDITION_FAILED,
     VENDOR_ERRORS,
     DynamoDBTable,
-    binary_of,
     code_of,
-    text_of,
 )
 
 # the name tests/unit/test_ledger_translation.py imports from here
@@ -114,10 +98,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# what a backend without PartiQL batches answers BatchExecuteStatement (dynalite: the first)
-_NO_PARTIQL = frozenset({"UnknownOperationException", "ValidationException"})
-# rounds of a batch's throttled statements (the pause before the second: BATCH_PAUSE_S)
-_INSERT_ROUNDS = 4
 _TABLE_POLL_FIRST_S = 0.05  # a new table's status polled after 50 ms, doubling to 2 s
 _TABLE_POLL_MAX_S = 2.0
 BATCH_COMPLETE = "COMPLETE"
@@ -139,10 +119,6 @@ def _batch_pk(stream: str, query: str, batch_id: int) -> str:
     return f"__keo__/spark-batch/{check_stream_name(stream)}/{query}/{batch_id}"
 
 
-def ledger_pk(stream: str, key: str) -> str:
-    return f"{check_stream_name(stream)}#{key}"
-
-
 class TtlStatus(StrEnum):
     """The ledger table's TTL after :meth:`DynamoDBLedger.enable_ttl`."""
 
@@ -153,11 +129,13 @@ class TtlStatus(StrEnum):
     OFF = "off"
 
 
-class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
+class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
     """The ledger on one DynamoDB table. Thread-safe: share one per process."""
 
     # the pause before a batch's throttled part is sent again (a test records it instead)
     _pause = staticmethod(time.sleep)
+    # the part's own type: its reads may be eventually consistent, and it deletes
+    _claim_ledger: DynamoDBClaimLedger
 
     def __init__(
         self,
@@ -170,7 +148,6 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
         """``batch_claims``: whether the backend runs PartiQL batches (new keys claimed 25 to
         a request: :meth:`insert_claims`); None learns it from the first batch's answer."""
         self._options = options
-        self.batch_claims = batch_claims
         self._model: type[LedgerItem] = bind_ledger_model(options)
         self._table = DynamoDBTable(options, pause=self._pause_between_rounds)
         self.dedupe_ttl_s = dedupe_ttl_s
@@ -181,10 +158,25 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
         self._group_ledger = DynamoDBGroupLedger(
             self._table, dedupe_ttl_s=dedupe_ttl_s, inflight_buckets=inflight_buckets
         )
+        self._claim_ledger = DynamoDBClaimLedger(
+            self._table,
+            dedupe_ttl_s=dedupe_ttl_s,
+            batch_claims=batch_claims,
+            pause=self._pause_between_rounds,
+        )
 
     def _pause_between_rounds(self, seconds: float) -> None:
         # looked up on the ledger at each use: a test records the ledger's pauses instead
         self._pause(seconds)
+
+    @property
+    def batch_claims(self) -> bool | None:
+        """Whether the backend runs PartiQL batches: None until its first batch's answer."""
+        return self._claim_ledger.batch_claims
+
+    @batch_claims.setter
+    def batch_claims(self, runs_partiql: bool | None) -> None:
+        self._claim_ledger.batch_claims = runs_partiql
 
     @property
     def table_name(self) -> str:
@@ -356,7 +348,7 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
     # --- reads ------------------------------------------------------------------------------
 
     def get(self, stream: str, key: str, *, consistent: bool = True) -> LedgerRecord | None:
-        claim = self._get_claim(stream, key, consistent=consistent)
+        claim = self._claim_ledger.get_claim(stream, key, consistent=consistent)
         if claim is None:
             return None
         return LedgerRecord.of(claim, self.get_group(stream, claim.group_id))
@@ -368,18 +360,6 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
         return {
             key: LedgerRecord.of(claim, groups.get(claim.group_id)) for key, claim in claims.items()
         }
-
-    def get_claim(self, stream: str, key: str) -> KeyClaim | None:
-        return self._get_claim(stream, key, consistent=True)
-
-    def _get_claim(self, stream: str, key: str, *, consistent: bool) -> KeyClaim | None:
-        item = self._table.get_item(ledger_pk(stream, key), key, "get a key", consistent=consistent)
-        return None if item is None else _claim_of(item)
-
-    def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
-        items = self._table.batch_get_items([ledger_pk(stream, key) for key in keys], "get keys")
-        claims = (_claim_of(item) for item in items)
-        return {claim.key: claim for claim in claims}
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
         """Every key of ``stream`` with its delivery (a full table scan: for audits only).
@@ -416,7 +396,7 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
             page_size=page_size,
             **(segments if total_segments > 1 else {}),
         ):
-            yield group_of(item) if "members" in item else _claim_of(item)
+            yield group_of(item) if "members" in item else claim_of(item)
 
     # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
 
@@ -487,248 +467,9 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn):
         with self._table.translated("record a batch", pk):
             self.client.put_item(TableName=self.table_name, Item=item)
 
-    # --- claims in batches (dedupe_store.batch_claims) ----------------------------------------
-
-    @property
-    def claims_per_request(self) -> int:
-        """How many claims :meth:`insert_claims` puts in one request: 25 where the backend runs
-        PartiQL batches (or it is not known yet), 1 where it does not."""
-        return 1 if self.batch_claims is False else batch_claims.MAX_STATEMENTS
-
-    @property
-    def judged_per_request(self) -> int:
-        """How many pending claims :meth:`judge_claims` reads in one request (BatchGetItem's
-        limit)."""
-        return batch_claims.MAX_READS
-
-    def insert_claims(
-        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError | PendingClaim]:
-        """New keys INSERTed 25 to a request (statements throttled are sent again, up to
-        ``_INSERT_ROUNDS`` rounds); a key whose INSERT failed (it exists) or may have applied
-        is left pending, for :meth:`judge_claims`. Without PartiQL (dynalite), one claim each:
-        none pending."""
-        if self.batch_claims is False:
-            return [self._claim_or_error(r, group, now_ms=now_ms) for r in requests]
-        results: dict[int, ClaimResult | LedgerError | PendingClaim] = {}
-        tokens = {index: secrets.token_hex(8) for index in range(len(requests))}
-        pending = list(range(len(requests)))
-        for round_number in range(_INSERT_ROUNDS):
-            if not pending:
-                break
-            if round_number:
-                self._pause(BATCH_PAUSE_S * 2 ** (round_number - 1))  # statements throttled
-            throttled: list[int] = []
-            for batch in batch_claims.split(pending):
-                answers = self._insert(batch, requests, tokens, group, now_ms)
-                if answers is None:  # no PartiQL here: one claim each, from now on
-                    return [
-                        results.get(i) or self._claim_or_error(r, group, now_ms=now_ms)
-                        for i, r in enumerate(requests)
-                    ]
-                for index, answer in zip(batch, answers, strict=True):
-                    if answer is StatementResult.WON:
-                        results[index] = ClaimResult.won(
-                            self._inserted(requests[index], group, now_ms, tokens[index])
-                        )
-                    elif answer is StatementResult.RETRY:
-                        throttled.append(index)
-                    else:
-                        results[index] = PendingClaim(requests[index], tokens[index])
-            pending = throttled
-        for index in pending:
-            results[index] = LedgerThrottledError(
-                "DynamoDB throttled a batched claim", table=self.table_name, key=requests[index].key
-            )
-        return [results[index] for index in range(len(requests))]
-
-    def judge_claims(
-        self, pending: Sequence[PendingClaim], *, now_ms: int
-    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
-        """Each pending claim judged from its key item (:func:`batch_claims.judged`), the
-        items read consistently 100 to a BatchGetItem; a read that fails gives each of its
-        keys its error."""
-        verdicts: list[ClaimResult | LedgerError | ClaimRequest] = []
-        for start in range(0, len(pending), batch_claims.MAX_READS):
-            verdicts.extend(self._judge(pending[start : start + batch_claims.MAX_READS], now_ms))
-        return verdicts
-
-    def _insert(
-        self,
-        batch: Sequence[int],
-        requests: Sequence[ClaimRequest],
-        tokens: Mapping[int, str],
-        group: Group,
-        now_ms: int,
-    ) -> list[StatementResult] | None:
-        """One BatchExecuteStatement; each statement's result, or None when the backend runs
-        no PartiQL (learned: :attr:`batch_claims` is then False)."""
-        statements = [
-            batch_claims.insert_statement(
-                self.table_name,
-                ledger_pk(requests[i].stream, requests[i].key),
-                requests[i],
-                group_id=group.group_id,
-                now_ms=now_ms,
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                token=tokens[i],
-            )
-            for i in batch
-        ]
-        try:
-            answer = self.client.batch_execute_statement(Statements=statements)
-        except VENDOR_ERRORS as exc:
-            code = code_of(exc)
-            if code in _NO_PARTIQL and self.batch_claims is None:
-                log.info("ledger backend runs no PartiQL batches: claims one by one (%s)", code)
-                self.batch_claims = False
-                return None
-            if code in DYNAMODB_THROTTLING_CODES:
-                return [StatementResult.RETRY] * len(batch)
-            # in transport, or a 5xx: each statement may have applied; its item says
-            return [StatementResult.UNKNOWN] * len(batch)
-        self.batch_claims = True
-        return [batch_claims.result_of(response) for response in answer["Responses"]]
-
-    def _inserted(self, request: ClaimRequest, group: Group, now_ms: int, token: str) -> KeyClaim:
-        """The key item an applied INSERT wrote."""
-        return KeyClaim(
-            stream=request.stream,
-            key=request.key,
-            state=KeyState.CLAIMED,
-            attempt=1,
-            group_id=group.group_id,
-            claimed_at_ms=now_ms,
-            payload_digest=request.payload_digest,
-            routing_hash_key=request.routing_hash_key,
-            expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-            write_token=token,
-            payload=request.payload or None,
-        )
-
-    def _judge(
-        self, pending: Sequence[PendingClaim], now_ms: int
-    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
-        """One read's worth of pending claims (at most 100 keys: one BatchGetItem, its
-        unprocessed keys asked again), judged."""
-        pks = [ledger_pk(p.request.stream, p.request.key) for p in pending]
-        try:
-            items = self._table.batch_get_items(pks, "read keys a batch did not claim")
-        except LedgerError as exc:
-            return [exc] * len(pending)
-        by_pk = {str(item["pk"]["S"]): _claim_of(item) for item in items}
-        return [
-            batch_claims.judged(p, by_pk.get(pk), now_ms=now_ms)
-            for p, pk in zip(pending, pks, strict=True)
-        ]
-
-    def _claim_or_error(
-        self, request: ClaimRequest, group: Group, *, now_ms: int
-    ) -> ClaimResult | LedgerError:
-        try:
-            return self.claim(request, group, now_ms=now_ms)
-        except LedgerError as exc:
-            return exc
-
-    # --- keys -------------------------------------------------------------------------------
-
-    def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
-        """Claim a key for ``group``, if it is absent, RELEASED, or past its dedupe TTL."""
-        state = next_key_state(None, KeyTransition.CLAIM)
-        values: dict[str, Any] = {
-            ":claimed": x.s(state.value),
-            ":released": x.s(KeyState.RELEASED.value),
-            ":zero": x.n(0),
-            ":one": x.n(1),
-            ":group": x.s(group.group_id),
-            ":now": x.n(now_ms),
-            ":now_s": x.n(now_ms // 1000),
-            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
-            ":digest": x.s(request.payload_digest),
-            ":routing": x.s(request.routing_hash_key),
-        }
-        update = x.CLAIM
-        if request.payload:
-            update = x.CLAIM_WITH_PAYLOAD
-            values[":payload"] = x.b(request.payload)
-        # A won claim wrote every attribute of the item but its attempt, so DynamoDB is asked
-        # for the old values only (none for a new key) rather than the whole new item: the
-        # response every message waits for stays empty, and botocore parses nothing.
-        applied, item = self._table.update(
-            ledger_pk(request.stream, request.key),
-            request.key,
-            update,
-            x.CLAIMABLE,
-            values,
-            returns="UPDATED_OLD",
-        )
-        if not applied:
-            return ClaimResult.lost(None if item is None else _claim_of(item))
-        if item is not None and "pk" in item:
-            return ClaimResult.won(_claim_of(item))  # a retry of ours: the item as it is
-        before = item or {}
-        return ClaimResult.won(
-            KeyClaim(
-                stream=request.stream,
-                key=request.key,
-                state=state,
-                attempt=int(before["attempt"]["N"]) + 1 if "attempt" in before else 1,
-                group_id=group.group_id,
-                claimed_at_ms=now_ms,
-                payload_digest=request.payload_digest,
-                routing_hash_key=request.routing_hash_key,
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                write_token=values[":token"]["S"],
-                payload=request.payload or None,
-            )
-        )
-
-    def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
-        """CLAIMED(n, G) -> CLAIMED(n + 1, ``group``), conditional on the attempt and group seen."""
-        next_key_state(seen.state, KeyTransition.TAKE_OVER)
-        values = {
-            **_key_held(seen),
-            ":next": x.n(seen.attempt + 1),
-            ":group": x.s(group.group_id),
-            ":now": x.n(now_ms),
-            ":expires": x.n(now_ms // 1000 + self.dedupe_ttl_s),
-        }
-        applied, item = self._table.update(
-            ledger_pk(seen.stream, seen.key), seen.key, x.TAKE_OVER_KEY, x.KEY_HELD, values
-        )
-        current = None if item is None else _claim_of(item)
-        return ClaimResult.won(_require(current)) if applied else ClaimResult.lost(current)
-
-    def release(self, seen: KeyClaim) -> KeyUpdate:
-        """CLAIMED -> RELEASED: not in the stream and no data to resend."""
-        return self._settle_key(seen, KeyTransition.RELEASE)
-
-    def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
-        """CLAIMED -> UNVERIFIABLE: the read-back window reaches past the stream's retention."""
-        return self._settle_key(seen, KeyTransition.MARK_UNVERIFIABLE)
-
-    def _settle_key(self, seen: KeyClaim, transition: KeyTransition) -> KeyUpdate:
-        target = next_key_state(seen.state, transition)
-        values = {":target": x.s(target.value), **_key_held(seen)}
-        applied, item = self._table.update(
-            ledger_pk(seen.stream, seen.key), seen.key, x.SETTLE_KEY, x.KEY_HELD, values
-        )
-        return KeyUpdate(applied, None if item is None else _claim_of(item))
-
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests and operators only; the protocol never deletes)."""
-        with self._table.translated("delete", key):
-            self.client.delete_item(
-                TableName=self.table_name, Key={"pk": x.s(ledger_pk(stream, key))}
-            )
-
-
-def _key_held(seen: KeyClaim) -> dict[str, dict[str, str]]:
-    return {
-        ":claimed": x.s(KeyState.CLAIMED.value),
-        ":seen": x.n(seen.attempt),
-        ":seen_group": x.s(seen.group_id),
-    }
+        self._claim_ledger.delete(stream, key)
 
 
 def _another_version(table: str, found: int | None) -> LedgerSchemaError:
@@ -737,31 +478,4 @@ def _another_version(table: str, found: int | None) -> LedgerSchemaError:
         f"reads version {LEDGER_SCHEMA_VERSION} only: use the keo release that wrote it, "
         "or a new table ('Upgrading' in the README)",
         table=table,
-    )
-
-
-def _require(claim: KeyClaim | None) -> KeyClaim:
-    if claim is None:
-        raise LedgerUnavailableError("DynamoDB returned no item for an applied update")
-    return claim
-
-
-# --- items from DynamoDB's wire format (the hot path skips pynamodb's deserialization) ---------
-
-
-def _claim_of(item: Mapping[str, Any]) -> KeyClaim:
-    stream, _, key = str(item["pk"]["S"]).partition("#")
-    payload = item.get("payload")
-    return KeyClaim(
-        stream=stream,
-        key=key,
-        state=KeyState(item["state"]["S"]),
-        attempt=int(item["attempt"]["N"]),
-        group_id=str(item["group"]["S"]),
-        claimed_at_ms=int(item["claimed_at_ms"]["N"]),
-        payload_digest=str(item["payload_digest"]["S"]),
-        routing_hash_key=str(item["routing_hash_key"]["S"]),
-        expires_at_s=int(item[TTL_ATTRIBUTE]["N"]),
-        write_token=text_of(item, "write_token"),
-        payload=binary_of(payload["B"]) if payload is not None else None,
     )

@@ -1,13 +1,8 @@
 """``InMemoryLedger``: the :class:`dedupe_store.contract.Ledger` in dicts, for tests.
 
-Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledger schema v2)::
-
-    claim:          key absent, RELEASED or past its TTL        ──> CLAIMED #n+1 in group G
-    take over key:  CLAIMED and attempt = seen and group = seen ──> CLAIMED #seen+1 in G2
-    release / mark unverifiable: CLAIMED and attempt = seen and group = seen
-
-and those of its parts: the claim groups (:mod:`fakes.groups`), the replay-mode runs
-(:mod:`fakes.runs`), to which it hands their calls on.
+Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledger schema v2),
+in its parts, to which it hands their calls on: the key claims (:mod:`fakes.claims`), the claim
+groups (:mod:`fakes.groups`), the replay-mode runs (:mod:`fakes.runs`).
 
 Every write carries a fresh ``write_token``; a write whose condition fails reports "applied"
 only when the current item carries its own token (a retried request whose first try applied).
@@ -28,41 +23,31 @@ Fault knobs (:meth:`InMemoryLedger.inject`) make the next call of an operation:
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 
-from dedupe_store import batch_claims
+from dedupe_store.claims import ClaimsHandedOn
 from dedupe_store.errors import (
-    LedgerError,
     LedgerThrottledError,
     LedgerUnavailableError,
 )
 from dedupe_store.groups import GroupsHandedOn
-from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     BatchRecord,
     ClaimRequest,
     ClaimResult,
     Group,
-    KeyClaim,
-    KeyUpdate,
     LedgerRecord,
-    PendingClaim,
     RunAttempt,
     RunRecord,
 )
 from dedupe_store.runs import RunsHandedOn
-from dedupe_store.states import (
-    KeyState,
-    KeyTransition,
-    next_key_state,
-)
+from fakes.claims import InMemoryClaimLedger
 from fakes.groups import InMemoryGroupLedger
-from fakes.items import Item, require
+from fakes.items import Item
 from fakes.runs import InMemoryRunLedger
 
 KEY_WRITES = frozenset({"claim", "take_over_key", "release", "mark_unverifiable"})
@@ -106,7 +91,7 @@ class LedgerFault(StrEnum):
 READ_FAULTS = frozenset({LedgerFault.UNAVAILABLE, LedgerFault.THROTTLED})
 
 
-class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
+class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
     """The ledger of one process's imagination. Thread-safe: one lock around every call."""
 
     def __init__(
@@ -122,7 +107,6 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         self._lock = threading.RLock()
-        self._claims: dict[tuple[str, str], KeyClaim] = {}
         self._runs: dict[str, RunRecord] = {}
         self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
@@ -145,12 +129,20 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
             dedupe_ttl_s=dedupe_ttl_s,
             inflight_buckets=inflight_buckets,
         )
-        # the groups the reads join a key's claim with (the groups part's own, under the lock)
+        self._claim_ledger = InMemoryClaimLedger(
+            self._lock, self._read_fault, self.write, self._claim_one, dedupe_ttl_s=dedupe_ttl_s
+        )
+        # what the reads join (the parts' own items, under the lock)
+        self._claims = self._claim_ledger.claims
         self._groups = self._group_ledger.groups
 
     def _between_registration_writes(self, attempt: RunAttempt) -> None:
         # looked up on the ledger at each registration: a test sets its race there
         self.between_registration_writes(attempt)
+
+    def _claim_one(self, request: ClaimRequest, group: Group, now_ms: int) -> ClaimResult:
+        # looked up on the ledger at each claim of a batch: a test's ledger wraps its claim
+        return self.claim(request, group, now_ms=now_ms)
 
     @property
     def table_name(self) -> str:
@@ -244,18 +236,6 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
             ]
         return iter(records)
 
-    def get_claim(self, stream: str, key: str) -> KeyClaim | None:
-        with self._lock:
-            self._read_fault("get_claim", key)
-            return self._claims.get((check_stream_name(stream), key))
-
-    def batch_get_claims(self, stream: str, keys: Iterable[str]) -> dict[str, KeyClaim]:
-        with self._lock:
-            self._read_fault("batch_get_claims")
-            return {
-                key: claim for key in keys if (claim := self._claims.get((stream, key))) is not None
-            }
-
     # --- run records --------------------------------------------------------------------------
 
     def record_run(
@@ -287,124 +267,11 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
             record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
             self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
 
-    # --- keys ---------------------------------------------------------------------------------
-
-    @property
-    def claims_per_request(self) -> int:
-        return 1
-
-    def insert_claims(
-        self, requests: Sequence[ClaimRequest], group: Group, *, now_ms: int
-    ) -> list[ClaimResult | LedgerError | PendingClaim]:
-        # a backend without PartiQL batches (dynalite's kind): one claim a key, none pending
-        results: list[ClaimResult | LedgerError | PendingClaim] = []
-        for request in requests:
-            try:
-                results.append(self.claim(request, group, now_ms=now_ms))
-            except LedgerError as exc:
-                results.append(exc)
-        return results
-
-    @property
-    def judged_per_request(self) -> int:
-        return batch_claims.MAX_READS
-
-    def judge_claims(
-        self, pending: Sequence[PendingClaim], *, now_ms: int
-    ) -> list[ClaimResult | LedgerError | ClaimRequest]:
-        verdicts: list[ClaimResult | LedgerError | ClaimRequest] = []
-        for start in range(0, len(pending), self.judged_per_request):
-            read = pending[start : start + self.judged_per_request]
-            with self._lock:
-                try:
-                    self._read_fault("judge_claims")
-                except LedgerError as exc:
-                    verdicts.extend([exc] * len(read))
-                    continue
-                verdicts.extend(
-                    batch_claims.judged(
-                        p, self._claims.get((p.request.stream, p.request.key)), now_ms=now_ms
-                    )
-                    for p in read
-                )
-        return verdicts
-
-    def claim(self, request: ClaimRequest, group: Group, *, now_ms: int) -> ClaimResult:
-        def claimable(current: KeyClaim | None) -> bool:
-            # the DynamoDB condition, including its second granularity for the TTL
-            return (
-                current is None or current.state is KeyState.RELEASED or current.is_expired(now_ms)
-            )
-
-        def change(current: KeyClaim | None, token: str) -> KeyClaim:
-            return KeyClaim(
-                stream=request.stream,
-                key=request.key,
-                state=next_key_state(None, KeyTransition.CLAIM),
-                attempt=(current.attempt if current is not None else 0) + 1,
-                group_id=group.group_id,
-                claimed_at_ms=now_ms,
-                payload_digest=request.payload_digest,
-                routing_hash_key=request.routing_hash_key,
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                write_token=token,
-                payload=request.payload or None,
-            )
-
-        applied, current = self._write_key("claim", request.stream, request.key, claimable, change)
-        return ClaimResult.won(require(current)) if applied else ClaimResult.lost(current)
-
-    def take_over_key(self, seen: KeyClaim, group: Group, *, now_ms: int) -> ClaimResult:
-        next_key_state(seen.state, KeyTransition.TAKE_OVER)
-
-        def change(current: KeyClaim | None, token: str) -> KeyClaim:
-            return dataclasses.replace(
-                require(current),
-                attempt=seen.attempt + 1,
-                group_id=group.group_id,
-                claimed_at_ms=now_ms,
-                expires_at_s=now_ms // 1000 + self.dedupe_ttl_s,
-                write_token=token,
-            )
-
-        applied, current = self._write_key(
-            "take_over_key", seen.stream, seen.key, _held(seen), change
-        )
-        return ClaimResult.won(require(current)) if applied else ClaimResult.lost(current)
-
-    def release(self, seen: KeyClaim) -> KeyUpdate:
-        return self._settle_key("release", seen, KeyTransition.RELEASE)
-
-    def mark_unverifiable(self, seen: KeyClaim) -> KeyUpdate:
-        return self._settle_key("mark_unverifiable", seen, KeyTransition.MARK_UNVERIFIABLE)
-
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests only, like ``DynamoDBLedger.delete``)."""
-        with self._lock:
-            self._claims.pop((stream, key), None)
-
-    def _settle_key(self, operation: str, seen: KeyClaim, transition: KeyTransition) -> KeyUpdate:
-        target = next_key_state(seen.state, transition)
-
-        def change(current: KeyClaim | None, token: str) -> KeyClaim:
-            return dataclasses.replace(require(current), state=target, write_token=token)
-
-        return KeyUpdate(*self._write_key(operation, seen.stream, seen.key, _held(seen), change))
+        self._claim_ledger.delete(stream, key)
 
     # --- one conditional write ----------------------------------------------------------------
-
-    def _write_key(
-        self,
-        operation: str,
-        stream: str,
-        key: str,
-        condition: Callable[[KeyClaim | None], bool],
-        change: Callable[[KeyClaim | None, str], KeyClaim],
-    ) -> tuple[bool, KeyClaim | None]:
-        # a key is built here, as DynamoDBLedger builds its item keys: the name is checked
-        return self.write(
-            operation, self._claims, (check_stream_name(stream), key), condition, change
-        )
 
     def write(
         self,
@@ -447,15 +314,3 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn):
         updated = change(current, token)
         items[at] = updated
         return True, updated
-
-
-def _held(seen: KeyClaim) -> Callable[[KeyClaim | None], bool]:
-    def condition(current: KeyClaim | None) -> bool:
-        return (
-            current is not None
-            and current.state is KeyState.CLAIMED
-            and current.attempt == seen.attempt
-            and current.group_id == seen.group_id
-        )
-
-    return condition
