@@ -32,6 +32,8 @@ from dedupe_store.records import (
 )
 
 __all__ = [
+    "BatchLedger",
+    "BatchReader",
     "ClaimLedger",
     "GroupLedger",
     "GroupReader",
@@ -280,9 +282,42 @@ class ClaimLedger(Protocol):
         ...
 
 
-class LedgerReader(RunReader, GroupReader, Protocol):
+class BatchReader(Protocol):
+    """What a reader needs of the run records (the API's summary)."""
+
+    def last_run(self, stream: str) -> RunRecord | None:
+        """The reconciler's last run over ``stream``, None before its first."""
+        ...
+
+
+class BatchLedger(BatchReader, Protocol):
+    """Spark's batch records (a streaming query's batch that settled every row) and the
+    reconciler's run records."""
+
+    def record_run(
+        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
+    ) -> None:
+        """Remember the reconciler's last run over ``stream`` (read by the API's summary)."""
+        ...
+
+    def completed_batch(
+        self, stream: str, query: str, batch_id: int, *, now_ms: int
+    ) -> BatchRecord | None:
+        """The record of a streaming query's batch that settled every row, if there is one
+        (one past its expiry by ``now_ms`` counts as absent)."""
+        ...
+
+    def mark_batch_complete(
+        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
+    ) -> None:
+        """Record a settled batch; it expires with the dedupe window, like the keys it sent."""
+        ...
+
+
+class LedgerReader(RunReader, GroupReader, BatchReader, Protocol):
     """What a reader needs (the API): it never writes the ledger. Its replay-mode runs are
-    :class:`RunReader`'s, its claim groups :class:`GroupReader`'s."""
+    :class:`RunReader`'s, its claim groups :class:`GroupReader`'s, its run records
+    :class:`BatchReader`'s."""
 
     dedupe_ttl_s: int
     inflight_buckets: int
@@ -298,28 +333,12 @@ class LedgerReader(RunReader, GroupReader, Protocol):
 
     def batch_get(self, stream: str, keys: Iterable[str]) -> dict[str, LedgerRecord]: ...
 
-    def last_run(self, stream: str) -> RunRecord | None: ...
 
-
-class Ledger(LedgerReader, RunLedger, GroupLedger, ClaimLedger, Protocol):
+class Ledger(LedgerReader, RunLedger, GroupLedger, ClaimLedger, BatchLedger, Protocol):
     """The whole ledger: the reads, and the conditional transitions of the protocol. Its
     replay-mode runs are :class:`RunLedger`'s, its claim groups :class:`GroupLedger`'s, its
-    key claims :class:`ClaimLedger`'s."""
+    key claims :class:`ClaimLedger`'s, its batch and run records :class:`BatchLedger`'s."""
 
     def scan(self, stream: str, *, page_size: int = 1000) -> Iterator[LedgerRecord]:
         """Every key of ``stream`` with its delivery (a full table scan: for audits only)."""
         ...
-
-    # --- run and batch records ---------------------------------------------------------------
-
-    def record_run(
-        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
-    ) -> None: ...
-
-    def completed_batch(
-        self, stream: str, query: str, batch_id: int, *, now_ms: int
-    ) -> BatchRecord | None: ...
-
-    def mark_batch_complete(
-        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
-    ) -> None: ...

@@ -12,7 +12,9 @@ The kinds of item the table holds::
     run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run, and one item per task:
     task item   pk "__keo__/task/<stream>/..."       :mod:`dedupe_store.runs` reads and writes
                                                       them, the ledger hands its calls on
-    and the schema stamp, the reconciler's last run, Spark's batch records ("__keo__/...")
+    batch item  pk "__keo__/spark-batch/..."         Spark's batch records, and the reconciler's
+    run record  pk "__keo__/reconcile-run/<stream>"  last run: :mod:`dedupe_store.batches`
+    and the schema stamp ("__keo__/schema")
 
 A claim is one conditional write of a key item (no index attribute: 1 write unit under 1 KB).
 The group item is written when the group opens, when its lease is renewed or taken over, and
@@ -37,8 +39,6 @@ the vendor error kept as the cause.
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
@@ -48,6 +48,7 @@ from pynamodb.connection.table import TableConnection
 from pynamodb.exceptions import PynamoDBException
 
 from dedupe_store import expressions as x
+from dedupe_store.batches import BatchesHandedOn, DynamoDBBatchLedger
 from dedupe_store.claims import ClaimsHandedOn, DynamoDBClaimLedger, claim_of, ledger_pk
 from dedupe_store.errors import (
     LedgerSchemaError,
@@ -65,13 +66,10 @@ from dedupe_store.model import (
     LedgerItem,
     bind_ledger_model,
 )
-from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
-    BatchRecord,
     Group,
     KeyClaim,
     LedgerRecord,
-    RunRecord,
 )
 from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn, replay_run_pk, replay_task_pk
 from dedupe_store.table import (
@@ -96,27 +94,12 @@ __all__ = [
     "replay_task_pk",
 ]
 
-log = logging.getLogger(__name__)
-
 _TABLE_POLL_FIRST_S = 0.05  # a new table's status polled after 50 ms, doubling to 2 s
 _TABLE_POLL_MAX_S = 2.0
-BATCH_COMPLETE = "COMPLETE"
 SCHEMA_PK = "__keo__/schema"
 # The layout of the items this code reads and writes. A table stamped with another version is
 # refused, never misread; a table with items and no stamp predates stamps: version 1.
 LEDGER_SCHEMA_VERSION = 2
-
-
-# Every key is built from a stream name that passed the rule (no "/", no "#"): the keys of two
-# kinds of item, or of two streams, never meet. check_stream_name remembers the names it passed.
-
-
-def _run_pk(stream: str) -> str:
-    return f"__keo__/reconcile-run/{check_stream_name(stream)}"
-
-
-def _batch_pk(stream: str, query: str, batch_id: int) -> str:
-    return f"__keo__/spark-batch/{check_stream_name(stream)}/{query}/{batch_id}"
 
 
 class TtlStatus(StrEnum):
@@ -129,7 +112,7 @@ class TtlStatus(StrEnum):
     OFF = "off"
 
 
-class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
+class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn, BatchesHandedOn):
     """The ledger on one DynamoDB table. Thread-safe: share one per process."""
 
     # the pause before a batch's throttled part is sent again (a test records it instead)
@@ -158,6 +141,7 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
         self._group_ledger = DynamoDBGroupLedger(
             self._table, dedupe_ttl_s=dedupe_ttl_s, inflight_buckets=inflight_buckets
         )
+        self._batch_ledger = DynamoDBBatchLedger(self._table, dedupe_ttl_s=dedupe_ttl_s)
         self._claim_ledger = DynamoDBClaimLedger(
             self._table,
             dedupe_ttl_s=dedupe_ttl_s,
@@ -397,75 +381,6 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
             **(segments if total_segments > 1 else {}),
         ):
             yield group_of(item) if "members" in item else claim_of(item)
-
-    # --- run records (not keys: their pk cannot collide with "<stream>#<key>") ---------------
-
-    def record_run(
-        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
-    ) -> None:
-        """Remember the reconciler's last run over ``stream`` (read by the API's summary)."""
-        with self._table.translated("record a run"):
-            self.client.put_item(
-                TableName=self.table_name,
-                Item={
-                    "pk": {"S": _run_pk(stream)},
-                    "started_at_ms": {"N": str(started_ms)},
-                    "finished_at_ms": {"N": str(finished_ms)},
-                    "outcomes": {"S": json.dumps(outcomes, sort_keys=True)},
-                },
-            )
-
-    def last_run(self, stream: str) -> RunRecord | None:
-        item = self._table.get_item(_run_pk(stream), None, "read the last run", consistent=True)
-        if item is None:
-            return None
-        return RunRecord(
-            stream=stream,
-            started_ms=int(item["started_at_ms"]["N"]),
-            finished_ms=int(item["finished_at_ms"]["N"]),
-            outcomes={k: int(v) for k, v in json.loads(item["outcomes"]["S"]).items()},
-        )
-
-    # --- Spark batch records: (stream, query, batch_id) -> COMPLETE -------------------------
-
-    def completed_batch(
-        self, stream: str, query: str, batch_id: int, *, now_ms: int
-    ) -> BatchRecord | None:
-        """The record of a streaming query's batch that settled every row, if there is one."""
-        pk = _batch_pk(stream, query, batch_id)
-        item = self._table.get_item(pk, pk, "read a batch record", consistent=True)
-        if item is None or item.get("batch_state", {}).get("S") != BATCH_COMPLETE:
-            return None
-        expires_at = item.get(TTL_ATTRIBUTE, {}).get("N")
-        if expires_at is not None and int(expires_at) <= now_ms // 1000:
-            return None  # TTL deletion lags: an item past its expiry counts as absent
-        return BatchRecord(
-            stream=stream,
-            query=query,
-            batch_id=batch_id,
-            completed_ms=int(item["completed_at_ms"]["N"]),
-            counts={k: int(v) for k, v in json.loads(item["counts"]["S"]).items()},
-        )
-
-    def mark_batch_complete(
-        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
-    ) -> None:
-        """Record a settled batch; it expires with the dedupe window, like the keys it sent.
-
-        Unconditional: every writer of this item writes the same fact (COMPLETE).
-        """
-        pk = _batch_pk(stream, query, batch_id)
-        item: dict[str, Any] = {
-            "pk": {"S": pk},
-            "batch_state": {"S": BATCH_COMPLETE},
-            "query_id": {"S": query},
-            "batch_id": {"N": str(batch_id)},
-            "completed_at_ms": {"N": str(now_ms)},
-            TTL_ATTRIBUTE: {"N": str(now_ms // 1000 + self.dedupe_ttl_s)},
-            "counts": {"S": json.dumps(counts, sort_keys=True)},
-        }
-        with self._table.translated("record a batch", pk):
-            self.client.put_item(TableName=self.table_name, Item=item)
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests and operators only; the protocol never deletes)."""

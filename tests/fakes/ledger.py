@@ -2,7 +2,8 @@
 
 Same conditional semantics as :class:`dedupe_store.ledger.DynamoDBLedger` (ledger schema v2),
 in its parts, to which it hands their calls on: the key claims (:mod:`fakes.claims`), the claim
-groups (:mod:`fakes.groups`), the replay-mode runs (:mod:`fakes.runs`).
+groups (:mod:`fakes.groups`), the replay-mode runs (:mod:`fakes.runs`), Spark's batch records
+and the reconciler's last run (:mod:`fakes.batches`).
 
 Every write carries a fresh ``write_token``; a write whose condition fails reports "applied"
 only when the current item carries its own token (a retried request whose first try applied).
@@ -29,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 
+from dedupe_store.batches import BatchesHandedOn
 from dedupe_store.claims import ClaimsHandedOn
 from dedupe_store.errors import (
     LedgerThrottledError,
@@ -36,15 +38,14 @@ from dedupe_store.errors import (
 )
 from dedupe_store.groups import GroupsHandedOn
 from dedupe_store.records import (
-    BatchRecord,
     ClaimRequest,
     ClaimResult,
     Group,
     LedgerRecord,
     RunAttempt,
-    RunRecord,
 )
 from dedupe_store.runs import RunsHandedOn
+from fakes.batches import InMemoryBatchLedger
 from fakes.claims import InMemoryClaimLedger
 from fakes.groups import InMemoryGroupLedger
 from fakes.items import Item
@@ -91,7 +92,7 @@ class LedgerFault(StrEnum):
 READ_FAULTS = frozenset({LedgerFault.UNAVAILABLE, LedgerFault.THROTTLED})
 
 
-class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
+class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn, BatchesHandedOn):
     """The ledger of one process's imagination. Thread-safe: one lock around every call."""
 
     def __init__(
@@ -107,8 +108,6 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         self._lock = threading.RLock()
-        self._runs: dict[str, RunRecord] = {}
-        self._batches: dict[tuple[str, str, int], tuple[BatchRecord, int]] = {}  # expires_at_s
         self._faults: deque[tuple[str, LedgerFault, int]] = deque()  # ..., delay_ms
         self.injected: list[tuple[str, LedgerFault]] = []
         self.write_calls = 0
@@ -128,6 +127,9 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
             self.write,
             dedupe_ttl_s=dedupe_ttl_s,
             inflight_buckets=inflight_buckets,
+        )
+        self._batch_ledger = InMemoryBatchLedger(
+            self._lock, self._read_fault, dedupe_ttl_s=dedupe_ttl_s
         )
         self._claim_ledger = InMemoryClaimLedger(
             self._lock, self._read_fault, self.write, self._claim_one, dedupe_ttl_s=dedupe_ttl_s
@@ -235,37 +237,6 @@ class InMemoryLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn):
                 if s == stream
             ]
         return iter(records)
-
-    # --- run records --------------------------------------------------------------------------
-
-    def record_run(
-        self, stream: str, *, started_ms: int, finished_ms: int, outcomes: dict[str, int]
-    ) -> None:
-        with self._lock:
-            self._read_fault("record_run")
-            self._runs[stream] = RunRecord(stream, started_ms, finished_ms, dict(outcomes))
-
-    def last_run(self, stream: str) -> RunRecord | None:
-        with self._lock:
-            return self._runs.get(stream)
-
-    def completed_batch(
-        self, stream: str, query: str, batch_id: int, *, now_ms: int
-    ) -> BatchRecord | None:
-        with self._lock:
-            self._read_fault("completed_batch")
-            found = self._batches.get((stream, query, batch_id))
-        if found is None or found[1] <= now_ms // 1000:
-            return None
-        return found[0]
-
-    def mark_batch_complete(
-        self, stream: str, query: str, batch_id: int, *, counts: dict[str, int], now_ms: int
-    ) -> None:
-        with self._lock:
-            self._read_fault("mark_batch_complete")
-            record = BatchRecord(stream, query, batch_id, now_ms, dict(counts))
-            self._batches[(stream, query, batch_id)] = (record, now_ms // 1000 + self.dedupe_ttl_s)
 
     def delete(self, stream: str, key: str) -> None:
         """Remove a key's item outright (tests only, like ``DynamoDBLedger.delete``)."""

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from api.main import create_app
 from api.settings import ApiSettings
+from dedupe_store.batches import reconcile_run_pk, spark_batch_pk
 from dedupe_store.errors import ConfigurationError, InvalidStreamNameError, KeoError
-from dedupe_store.ledger import _batch_pk, _run_pk, group_pk, ledger_pk
+from dedupe_store.ledger import group_pk, ledger_pk
 from dedupe_store.names import MAX_STREAM_NAME_CHARS, STREAM_NAME_PATTERN, check_stream_name
 from producer.settings import ProducerSettings
 
@@ -62,8 +63,8 @@ def test_a_name_outside_the_rule_is_refused_with_the_name_and_why(name: str, rea
     [
         lambda stream: ledger_pk(stream, "k-1"),
         lambda stream: group_pk(stream, "g-1"),
-        _run_pk,
-        lambda stream: _batch_pk(stream, "query", 7),
+        reconcile_run_pk,
+        lambda stream: spark_batch_pk(stream, "query", 7),
     ],
     ids=["key item", "group item", "run record", "batch record"],
 )
