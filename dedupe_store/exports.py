@@ -15,9 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, names: Mapping[str, Sequence[str]]) -> Callable[[str], object]:
+def lazy_exports(
+    package: str, names: Mapping[str, Sequence[str]], *, own: Sequence[str] = ()
+) -> tuple[Callable[[str], object], list[str]]:
     """The ``__getattr__`` of ``package``, which exports ``names`` (by the module that holds
-    them): a name is imported on first use, then kept on the package."""
+    them): a name is imported on first use, then kept on the package; and its ``__all__``:
+    those names and the package's ``own`` (defined in its ``__init__``). A package lists each
+    name here and in its ``TYPE_CHECKING`` imports (``X as X``: what type checkers read), which
+    a test holds equal."""
     module_of = {name: module for module, exported in names.items() for name in exported}
 
     def attribute(name: str) -> object:
@@ -28,4 +33,4 @@ def lazy_exports(package: str, names: Mapping[str, Sequence[str]]) -> Callable[[
         setattr(sys.modules[package], name, value)
         return value
 
-    return attribute
+    return attribute, sorted([*module_of, *own])

@@ -19,34 +19,100 @@ from typing import TYPE_CHECKING
 from dedupe_store.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from kinesis_store.client import kinesis_client_for
+    from kinesis_store.client import kinesis_client_for as kinesis_client_for
     from kinesis_store.entries import (
-        DEFAULT_MAX_RECORD_BYTES,
-        MAX_HASH_KEY,
-        MAX_PUT_REQUEST_BYTES,
-        MAX_RECORDS_PER_PUT,
-        hash_key_of,
-        put_entry,
-        record_size,
+        DEFAULT_MAX_RECORD_BYTES as DEFAULT_MAX_RECORD_BYTES,
+    )
+    from kinesis_store.entries import (
+        MAX_HASH_KEY as MAX_HASH_KEY,
+    )
+    from kinesis_store.entries import (
+        MAX_PUT_REQUEST_BYTES as MAX_PUT_REQUEST_BYTES,
+    )
+    from kinesis_store.entries import (
+        MAX_RECORDS_PER_PUT as MAX_RECORDS_PER_PUT,
+    )
+    from kinesis_store.entries import (
+        hash_key_of as hash_key_of,
+    )
+    from kinesis_store.entries import (
+        put_entry as put_entry,
+    )
+    from kinesis_store.entries import (
+        record_size as record_size,
     )
     from kinesis_store.errors import (
-        AggregationFormatError,
-        PutFencedError,
-        ShardPositionLostError,
-        StreamError,
-        StreamNotFoundError,
-        StreamThrottledError,
-        StreamUnavailableError,
+        AggregationFormatError as AggregationFormatError,
     )
-    from kinesis_store.kpl import Aggregate, MalformedAggregate, UserRecord
-    from kinesis_store.positions import SeenRecord, ShardStart
-    from kinesis_store.provisioning import StreamSpec, create_stream, provision_stream, wait_active
-    from kinesis_store.reader import KinesisReader
-    from kinesis_store.results import PutResultKind, RecordResult, TransportFailure
-    from kinesis_store.shards import Shard, StreamInfo, kcl_view, lineage, open_shards
-    from kinesis_store.writer import KinesisWriter
+    from kinesis_store.errors import (
+        PutFencedError as PutFencedError,
+    )
+    from kinesis_store.errors import (
+        ShardPositionLostError as ShardPositionLostError,
+    )
+    from kinesis_store.errors import (
+        StreamError as StreamError,
+    )
+    from kinesis_store.errors import (
+        StreamNotFoundError as StreamNotFoundError,
+    )
+    from kinesis_store.errors import (
+        StreamThrottledError as StreamThrottledError,
+    )
+    from kinesis_store.errors import (
+        StreamUnavailableError as StreamUnavailableError,
+    )
+    from kinesis_store.kpl import (
+        Aggregate as Aggregate,
+    )
+    from kinesis_store.kpl import (
+        MalformedAggregate as MalformedAggregate,
+    )
+    from kinesis_store.kpl import (
+        UserRecord as UserRecord,
+    )
+    from kinesis_store.positions import SeenRecord as SeenRecord
+    from kinesis_store.positions import ShardStart as ShardStart
+    from kinesis_store.provisioning import (
+        StreamSpec as StreamSpec,
+    )
+    from kinesis_store.provisioning import (
+        create_stream as create_stream,
+    )
+    from kinesis_store.provisioning import (
+        provision_stream as provision_stream,
+    )
+    from kinesis_store.provisioning import (
+        wait_active as wait_active,
+    )
+    from kinesis_store.reader import KinesisReader as KinesisReader
+    from kinesis_store.results import (
+        PutResultKind as PutResultKind,
+    )
+    from kinesis_store.results import (
+        RecordResult as RecordResult,
+    )
+    from kinesis_store.results import (
+        TransportFailure as TransportFailure,
+    )
+    from kinesis_store.shards import (
+        Shard as Shard,
+    )
+    from kinesis_store.shards import (
+        StreamInfo as StreamInfo,
+    )
+    from kinesis_store.shards import (
+        kcl_view as kcl_view,
+    )
+    from kinesis_store.shards import (
+        lineage as lineage,
+    )
+    from kinesis_store.shards import (
+        open_shards as open_shards,
+    )
+    from kinesis_store.writer import KinesisWriter as KinesisWriter
 
-__getattr__ = lazy_exports(
+__getattr__, __all__ = lazy_exports(
     __name__,
     {
         "kinesis_store.client": ("kinesis_client_for",),
@@ -99,40 +165,3 @@ __getattr__ = lazy_exports(
         "kinesis_store.writer": ("KinesisWriter",),
     },
 )
-
-__all__ = [
-    "DEFAULT_MAX_RECORD_BYTES",
-    "MAX_HASH_KEY",
-    "MAX_PUT_REQUEST_BYTES",
-    "MAX_RECORDS_PER_PUT",
-    "Aggregate",
-    "AggregationFormatError",
-    "KinesisReader",
-    "KinesisWriter",
-    "MalformedAggregate",
-    "PutFencedError",
-    "PutResultKind",
-    "RecordResult",
-    "SeenRecord",
-    "Shard",
-    "ShardPositionLostError",
-    "ShardStart",
-    "StreamError",
-    "StreamInfo",
-    "StreamNotFoundError",
-    "StreamSpec",
-    "StreamThrottledError",
-    "StreamUnavailableError",
-    "TransportFailure",
-    "UserRecord",
-    "create_stream",
-    "hash_key_of",
-    "kcl_view",
-    "kinesis_client_for",
-    "lineage",
-    "open_shards",
-    "provision_stream",
-    "put_entry",
-    "record_size",
-    "wait_active",
-]

@@ -18,32 +18,74 @@ from typing import TYPE_CHECKING
 from dedupe_store.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from kinesis_store.reader import KinesisReader
-    from kinesis_store.writer import KinesisWriter
-    from producer.audit.rows import RowAuditReport
-    from producer.audit.stream import Anomaly, AuditReport, audit_rows, audit_stream
-    from producer.errors import (
-        AuditTooLargeError,
-        ConfigurationError,
-        KeoError,
-        ReplayWindowTrimmedError,
-        StreamError,
-        StreamNotFoundError,
-        StreamUnavailableError,
-        UnresolvedKeysError,
+    from kinesis_store.reader import KinesisReader as KinesisReader
+    from kinesis_store.writer import KinesisWriter as KinesisWriter
+    from producer.audit.rows import RowAuditReport as RowAuditReport
+    from producer.audit.stream import (
+        Anomaly as Anomaly,
     )
-    from producer.hooks import NO_HOOKS, Hooks, Step
-    from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
-    from producer.outcomes import Outcome, OutcomeStatus
-    from producer.protocol import LeasePolicy, Message
-    from producer.reconcile.reconciler import Reconciler, ReconcileReport
-    from producer.replay.attempt import ReplayAttempt
-    from producer.replay.context import ReplayPolicy, ReplayTask
-    from producer.replay.producer import ReplayProducer
-    from producer.settings import Dedupe, ProducerSettings
-    from producer.wiring import Stack, build_stack
+    from producer.audit.stream import (
+        AuditReport as AuditReport,
+    )
+    from producer.audit.stream import (
+        audit_rows as audit_rows,
+    )
+    from producer.audit.stream import (
+        audit_stream as audit_stream,
+    )
+    from producer.errors import (
+        AuditTooLargeError as AuditTooLargeError,
+    )
+    from producer.errors import (
+        ConfigurationError as ConfigurationError,
+    )
+    from producer.errors import (
+        KeoError as KeoError,
+    )
+    from producer.errors import (
+        ReplayWindowTrimmedError as ReplayWindowTrimmedError,
+    )
+    from producer.errors import (
+        StreamError as StreamError,
+    )
+    from producer.errors import (
+        StreamNotFoundError as StreamNotFoundError,
+    )
+    from producer.errors import (
+        StreamUnavailableError as StreamUnavailableError,
+    )
+    from producer.errors import (
+        UnresolvedKeysError as UnresolvedKeysError,
+    )
+    from producer.hooks import NO_HOOKS as NO_HOOKS
+    from producer.hooks import Hooks as Hooks
+    from producer.hooks import Step as Step
+    from producer.key.producer import (
+        ExactlyOnceProducer as ExactlyOnceProducer,
+    )
+    from producer.key.producer import (
+        ProducerPolicy as ProducerPolicy,
+    )
+    from producer.outcomes import Outcome as Outcome
+    from producer.outcomes import OutcomeStatus as OutcomeStatus
+    from producer.protocol import LeasePolicy as LeasePolicy
+    from producer.protocol import Message as Message
+    from producer.reconcile.reconciler import (
+        Reconciler as Reconciler,
+    )
+    from producer.reconcile.reconciler import (
+        ReconcileReport as ReconcileReport,
+    )
+    from producer.replay.attempt import ReplayAttempt as ReplayAttempt
+    from producer.replay.context import ReplayPolicy as ReplayPolicy
+    from producer.replay.context import ReplayTask as ReplayTask
+    from producer.replay.producer import ReplayProducer as ReplayProducer
+    from producer.settings import Dedupe as Dedupe
+    from producer.settings import ProducerSettings as ProducerSettings
+    from producer.wiring import Stack as Stack
+    from producer.wiring import build_stack as build_stack
 
-__getattr__ = lazy_exports(
+__getattr__, __all__ = lazy_exports(
     __name__,
     {
         "kinesis_store.reader": ("KinesisReader",),
@@ -102,40 +144,3 @@ __getattr__ = lazy_exports(
         ),
     },
 )
-
-__all__ = [
-    "NO_HOOKS",
-    "Anomaly",
-    "AuditReport",
-    "AuditTooLargeError",
-    "ConfigurationError",
-    "Dedupe",
-    "ExactlyOnceProducer",
-    "Hooks",
-    "KeoError",
-    "KinesisReader",
-    "KinesisWriter",
-    "LeasePolicy",
-    "Message",
-    "Outcome",
-    "OutcomeStatus",
-    "ProducerPolicy",
-    "ProducerSettings",
-    "ReconcileReport",
-    "Reconciler",
-    "ReplayAttempt",
-    "ReplayPolicy",
-    "ReplayProducer",
-    "ReplayTask",
-    "ReplayWindowTrimmedError",
-    "RowAuditReport",
-    "Stack",
-    "Step",
-    "StreamError",
-    "StreamNotFoundError",
-    "StreamUnavailableError",
-    "UnresolvedKeysError",
-    "audit_rows",
-    "audit_stream",
-    "build_stack",
-]

@@ -19,18 +19,29 @@ from dedupe_store.exports import lazy_exports
 from producer.hooks import NO_HOOKS, Hooks
 
 if TYPE_CHECKING:
-    from spark_jobs.batch_read import read_records
-    from spark_jobs.errors import OptionsError, SparkVersionError
-    from spark_jobs.session import local_session
-    from spark_jobs.sink import ExactlyOnceSink
+    from spark_jobs.batch_read import read_records as read_records
+    from spark_jobs.errors import (
+        OptionsError as OptionsError,
+    )
+    from spark_jobs.errors import (
+        SparkVersionError as SparkVersionError,
+    )
+    from spark_jobs.session import local_session as local_session
+    from spark_jobs.sink import ExactlyOnceSink as ExactlyOnceSink
     from spark_jobs.writer import (
-        BatchReport,
-        DeadLetter,
-        producer_settings,
-        settings_from_env,
+        BatchReport as BatchReport,
+    )
+    from spark_jobs.writer import (
+        DeadLetter as DeadLetter,
+    )
+    from spark_jobs.writer import (
+        producer_settings as producer_settings,
+    )
+    from spark_jobs.writer import (
+        settings_from_env as settings_from_env,
     )
 
-__getattr__ = lazy_exports(
+__getattr__, __all__ = lazy_exports(
     __name__,
     {
         "spark_jobs.batch_read": ("read_records",),
@@ -44,20 +55,8 @@ __getattr__ = lazy_exports(
             "settings_from_env",
         ),
     },
+    own=["register"],
 )
-
-__all__ = [
-    "BatchReport",
-    "DeadLetter",
-    "ExactlyOnceSink",
-    "OptionsError",
-    "SparkVersionError",
-    "local_session",
-    "producer_settings",
-    "read_records",
-    "register",
-    "settings_from_env",
-]
 
 
 def register(spark: Any, *, hooks: Hooks = NO_HOOKS) -> None:

@@ -6,6 +6,7 @@ import statement, those inside functions included, so a lazy import cannot hide 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -43,6 +44,39 @@ def test_every_package_names_its_public_api(package: str) -> None:
     # THEN it is named with __all__, and every name it lists is there
     assert public, f"{package}/__init__.py has no __all__"
     assert [name for name in public if not hasattr(module, name)] == []
+
+
+def _type_checking_imports(package: str) -> tuple[set[str], set[str]]:
+    """The names ``package``'s ``__init__`` imports under ``if TYPE_CHECKING:``, and the
+    functions and classes it defines itself."""
+    tree = ast.parse((ROOT / package / "__init__.py").read_text(encoding="utf-8"))
+    imported = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for statement in node.body
+        if isinstance(statement, ast.ImportFrom)
+        for alias in statement.names
+    }
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_")
+    }
+    return imported, defined
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_package_lists_what_it_imports_lazily_as_type_checkers_see_it(package: str) -> None:
+    # GIVEN a package whose names are imported on first use (dedupe_store.exports)
+    module = importlib.import_module(package)
+    lazy = getattr(module, "__getattr__", None)
+    if lazy is None:
+        pytest.skip(f"{package} imports its names at once")
+    # WHEN its TYPE_CHECKING imports (what type checkers read) are compared with __all__
+    checked, own = _type_checking_imports(package)
+    # THEN they name the same names, but for what the package defines itself
+    assert checked == set(module.__all__) - own
 
 
 def test_importing_every_package_leaves_pyspark_unimported() -> None:
