@@ -16,20 +16,26 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, names: Mapping[str, Sequence[str]], *, own: Sequence[str] = ()
+    package: str,
+    names: Mapping[str, Sequence[str]],
+    *,
+    own: Sequence[str] = (),
+    submodules: Sequence[str] = (),
 ) -> tuple[Callable[[str], object], list[str]]:
     """The ``__getattr__`` of ``package``, which exports ``names`` (by the module that holds
-    them): a name is imported on first use, then kept on the package; and its ``__all__``:
-    those names and the package's ``own`` (defined in its ``__init__``). A package lists each
-    name here and in its ``TYPE_CHECKING`` imports (``X as X``: what type checkers read), which
-    a test holds equal."""
+    them) and its ``submodules``: a name is imported on first use, then kept on the package;
+    and its ``__all__``: those names and the package's ``own`` (defined in its ``__init__``).
+    A package lists each name here and in its ``TYPE_CHECKING`` imports (``X as X``: what type
+    checkers read), which a test holds equal."""
     module_of = {name: module for module, exported in names.items() for name in exported}
+    module_of.update({name: f"{package}.{name}" for name in submodules})
 
     def attribute(name: str) -> object:
         module = module_of.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        imported = importlib.import_module(module)
+        value = imported if module == f"{package}.{name}" else getattr(imported, name)
         setattr(sys.modules[package], name, value)
         return value
 
