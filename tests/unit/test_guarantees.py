@@ -1,0 +1,102 @@
+"""The two guarantees as objects (producer.guarantees): chosen once from the settings, each
+gives a party its sender, says whether a batch is done before, and records it complete. Over
+the fakes: InMemoryLedger, FakeKinesisClient and a manual clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, cast
+
+import pytest
+from fakes.kinesis import FakeKinesisClient
+from fakes.ledger import InMemoryLedger
+
+from dedupe_store.clock import ManualClock
+from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import StreamInfo
+from kinesis_store.writer import KinesisWriter
+from producer.guarantees import KEY, REPLAY, Party, guarantee_of
+from producer.protocol import Message
+from producer.settings import Dedupe, ProducerSettings
+from producer.wiring import Stack
+
+STREAM = "orders"
+
+
+def stack_over(dedupe: Dedupe) -> tuple[Stack, FakeKinesisClient]:
+    clock = ManualClock(1_700_000_000_000)
+    kinesis = FakeKinesisClient(stream=STREAM, clock=clock, fault_weights={})
+    settings = ProducerSettings(stream=STREAM, table="orders-ledger", dedupe=dedupe)
+    stack = Stack(
+        settings=settings,
+        ledger=cast(Any, InMemoryLedger(inflight_buckets=4)),
+        writer=KinesisWriter(kinesis, STREAM),
+        reader=KinesisReader(kinesis, STREAM, sleep=kinesis.sleep),
+        info=StreamInfo(STREAM, 24, 1024 * 1024, 2),
+        clock=clock,
+    )
+    return stack, kinesis
+
+
+def rows(count: int) -> list[Message]:
+    return [Message(f"k{i}", f"data-{i}".encode()) for i in range(count)]
+
+
+def statuses(outcomes: list[Any]) -> Counter[str]:
+    return Counter(o.status.value for o in outcomes)
+
+
+@pytest.mark.parametrize(("dedupe", "guarantee"), [(Dedupe.KEY, KEY), (Dedupe.REPLAY, REPLAY)])
+def test_the_settings_choose_the_guarantee(dedupe: Dedupe, guarantee: object) -> None:
+    settings = ProducerSettings(stream=STREAM, table="orders-ledger", dedupe=dedupe)
+    assert guarantee_of(settings) is guarantee
+
+
+def test_a_replay_party_that_sends_its_whole_run_completes_it_and_a_re_run_sends_nothing() -> None:
+    # GIVEN the replay guarantee and a party that is a whole run (keo send --run-id)
+    stack, kinesis = stack_over(Dedupe.REPLAY)
+    guarantee = guarantee_of(stack.settings)
+    # WHEN it sends its rows and settles its run, and the run is sent again
+    with guarantee.sender(stack, Party("nightly", task="cli")) as sender:
+        first = sender.send(rows(5))
+        settled = sender.settle_run(statuses(first), delivered=True)
+    with guarantee.sender(stack, Party("nightly", task="cli")) as again:
+        second = again.send(rows(5))
+        end = again.finish()
+    # THEN the first sends every row and leaves the run COMPLETE; the second sends nothing,
+    # says it skipped, and the stream holds each row once
+    assert statuses(first) == {"SENT": 5}
+    assert settled is not None
+    assert settled.complete
+    assert statuses(second) == {"DUPLICATE": 5}
+    assert end.skipped
+    assert len(kinesis.visible()) == 5
+    # and a batch is never done before its tasks ask their run
+    assert not guarantee.done_before(stack, "query", 0)
+
+
+def test_a_key_party_sends_through_the_claims_and_a_completed_batch_is_done_before() -> None:
+    # GIVEN the key guarantee, a party of a query's batch, and that batch's completer
+    stack, kinesis = stack_over(Dedupe.KEY)
+    guarantee = guarantee_of(stack.settings)
+    complete = guarantee.completer(stack, query="query", run="query/3")
+    assert complete is not None
+    # WHEN the party sends rows, twice, and the batch is recorded complete
+    with guarantee.sender(stack, Party("query/3", owner="task-0")) as sender:
+        first = sender.send(rows(4))
+        second = sender.send(rows(4))
+        end = sender.finish()
+        settled = sender.settle_run(statuses(first), delivered=True)
+    before = guarantee.done_before(stack, "query", 3)
+    complete(statuses(first), 3)
+    # THEN each key is sent once (the repeat is DUPLICATE), key mode has no run to settle, and
+    # the batch is done before once it is recorded (not for a write no query names)
+    assert statuses(first) == {"SENT": 4}
+    assert statuses(second) == {"DUPLICATE": 4}
+    assert not end.skipped
+    assert settled is None
+    assert not before
+    assert guarantee.done_before(stack, "query", 3)
+    assert not guarantee.done_before(stack, None, 3)
+    assert guarantee.completer(stack, query=None, run="write/x") is None
+    assert len(kinesis.visible()) == 4
