@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from dedupe_store.clock import Clock
@@ -37,6 +37,7 @@ from kinesis_store.shards import Shard, kcl_view, lineage
 from producer import metrics
 from producer.protocol import PreparedMessage
 from producer.replay.plan import match_since, possibly_others
+from producer.replay.shared_reads import RecordRead, shared_by
 
 __all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id", "row_tag_of"]
 
@@ -88,16 +89,14 @@ def _shards_of(items: Iterable[PreparedMessage], shards: Sequence[Shard]) -> set
     }
 
 
-def _read_shard(
+def _records_in(
     reader: KinesisReader,
     shard: Shard,
     windows: Sequence[tuple[int, int]],
     now_ms: int,
-    into: FoundRows,
     *,
-    wanted: Callable[[RowId], bool] | None = None,
     keep_alive: Callable[[], object] = lambda: None,
-) -> None:
+) -> Iterator[RecordRead]:
     """The shard's KCL-visible records that arrived in one of ``windows``, read up to
     ``now_ms`` (never waiting for the future: the caller knows whether more may land).
     ``keep_alive`` is called before each window and each record (it must be cheap: a clock
@@ -121,13 +120,23 @@ def _read_shard(
                 # a stray aggregate: written, never delivered to a KCL consumer
                 metrics.READ_DROPPED.labels(reader.stream, metrics.DROPPED_OUTSIDE_SHARD).inc()
                 continue
-            row = row_id(record.partition_key, record.data)
-            if wanted is None or wanted(row):
-                into.add(
-                    row,
-                    Position(record.shard_id, record.sequence_number, record.sub_sequence_number),
-                    record.arrival_ms,
-                )
+            position = Position(record.shard_id, record.sequence_number, record.sub_sequence_number)
+            yield row_id(record.partition_key, record.data), position, record.arrival_ms
+
+
+def _read_shard(
+    reader: KinesisReader,
+    shard: Shard,
+    windows: Sequence[tuple[int, int]],
+    now_ms: int,
+    into: FoundRows,
+    *,
+    wanted: Callable[[RowId], bool] | None = None,
+) -> None:
+    """The shard's records in ``windows`` (:func:`_records_in`) of the ``wanted`` rows."""
+    for row, position, arrival_ms in _records_in(reader, shard, windows, now_ms):
+        if wanted is None or wanted(row):
+            into.add(row, position, arrival_ms)
 
 
 class EarlierPuts:
@@ -149,10 +158,13 @@ class EarlierPuts:
         windows: Sequence[tuple[int, int]],
         *,
         final: bool,
+        skew_ms: int = 0,
         keep_alive: Callable[[], object] = lambda: None,
         before_read: Callable[[int], object] = lambda _now_ms: None,
     ) -> None:
         self._reader = reader
+        self._shared = shared_by(reader)
+        self._skew_ms = skew_ms
         self._keep_alive = keep_alive
         self._before_read = before_read
         self._clock = clock
@@ -209,7 +221,10 @@ class EarlierPuts:
 
     def _shard_map(self) -> list[Shard]:
         if self._shards is None:
-            self._shards = self._reader.shards()
+            until_ms = max((end_ms for _, end_ms in self._windows), default=0)
+            self._shards = self._shared.shard_map(
+                self._reader, self._clock, until_ms=until_ms, skew_ms=self._skew_ms
+            )
         return self._shards
 
     def _read_shards(self, shard_ids: set[str]) -> None:
@@ -217,15 +232,25 @@ class EarlierPuts:
         for shard_id in sorted(shard_ids):
             now_ms = self._clock.now_ms()
             self._before_read(now_ms)
-            _read_shard(
-                self._reader,
-                by_id[shard_id],
-                self._windows,
-                now_ms,
-                self._found,
-                keep_alive=self._keep_alive,
-            )
+            for row, position, arrival_ms in self._records(by_id[shard_id], now_ms):
+                self._found.add(row, position, arrival_ms)
             self._read.add(shard_id)
+
+    def _records(self, shard: Shard, now_ms: int) -> list[RecordRead]:
+        """The shard's records in the windows: read now, or, once the reads are final and
+        every window ended before now (plus the skew), as this process read them before
+        (:mod:`producer.replay.shared_reads`: a replayed batch's tasks in one worker read
+        each shard once)."""
+
+        def read() -> list[RecordRead]:
+            return list(
+                _records_in(self._reader, shard, self._windows, now_ms, keep_alive=self._keep_alive)
+            )
+
+        ended = all(end_ms + self._skew_ms < now_ms for _, end_ms in self._windows)
+        if not (self.final and ended):
+            return read()
+        return self._shared.records(shard.shard_id, self._windows, read)
 
     def positions(self) -> set[Position]:
         """Every record read, taken or not: an attempt's own read-back must not count them."""

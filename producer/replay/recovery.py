@@ -177,6 +177,7 @@ class Recovery:
             context.clock,
             start.windows,
             final=start.step is RecoveryStep.RECOVER,
+            skew_ms=context.lease.skew_ms,
             keep_alive=lease.keep,
             before_read=self.check_retention,
         )

@@ -28,6 +28,7 @@ from producer.protocol import LeasePolicy, Message
 from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer
+from producer.replay.shared_reads import shared_by
 
 STREAM = "orders"
 LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=2_000)
@@ -668,3 +669,34 @@ def test_a_recovery_that_waits_past_the_trim_horizon_fails_before_reading_again(
     with pytest.raises(ReplayWindowTrimmedError):
         third.send(messages)
     assert in_stream(kinesis) == as_multiset(messages[:6])
+
+
+def test_a_replayed_batchs_tasks_in_one_worker_read_each_shard_and_list_the_shards_once(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an execution whose 6 tasks put their rows on both shards and died (the driver
+    killed), their leases since over WHEN a replay runs the 6 tasks one after another in one
+    worker (one reader, as a Spark Python worker keeps one client set) THEN each recovers its
+    own rows (DUPLICATE), and the worker listed the shards once and read each shard's windows
+    once, not once per task (issue 39: T tasks read each shard T times)."""
+    first = producer_over(ledger, kinesis, clock)
+    for task in range(6):
+        first.attempt(ReplayTask(RUN, "exec-1", task=str(task))).send(rows(10, f"t{task}-"))
+    clock.advance(3 * LEASE.lease_ms)
+    worker = producer_over(ledger, kinesis, clock)
+
+    found = Counter[str]()
+    reads: list[int] = []  # GetRecords calls, per task
+    for task in range(6):
+        reads_before = kinesis.get_records_calls
+        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
+            found += statuses(replay.send(rows(10, f"t{task}-")))
+        reads.append(kinesis.get_records_calls - reads_before)
+
+    shared = shared_by(worker._context.reader)
+    assert found == {"DUPLICATE": 60}
+    assert shared.listings == 1
+    assert shared.reads == len(kinesis.list_shards(StreamName=STREAM)["Shards"])
+    assert reads[0] > 0
+    assert reads[1:] == [0] * 5
+    assert in_stream(kinesis) == sum((as_multiset(rows(10, f"t{t}-")) for t in range(6)), Counter())
