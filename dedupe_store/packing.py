@@ -23,7 +23,8 @@ Byte 0, the header, the same for both fields::
 
 Bytes 1..end: the payload, and nothing after it. The encoder keeps whichever is smaller, the
 payload or its zlib stream (the payload on a tie). Of zlib streams it tries Huffman coding
-only and level 6 deflate and keeps the smaller (see :func:`_compress`); any zlib stream reads.
+only and level 6 deflate and keeps the smaller (see ``packing_wire._compress``); any zlib
+stream reads. :mod:`dedupe_store.packing_wire` writes and reads these bytes.
 
 Members payload, plain::
 
@@ -104,10 +105,26 @@ frozen Position's constructor (0.43 us each).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
 
-from dedupe_store.errors import LedgerError
+from dedupe_store.packing_wire import (
+    FLAG_FRONT_CODED,
+    FLAG_POSITIONS,
+    FORMAT_VERSION,
+    HEADER_MEMBERS,
+    HEADER_POSITIONS,
+    MAX_PAYLOAD_BYTES,
+    PackingError,
+    Reader,
+    decode_utf8,
+    open_blob,
+    put_bytes,
+    put_varint,
+    seal,
+    utf8_text,
+    varint_size,
+    varints,
+)
 from dedupe_store.records import Position
 
 __all__ = [
@@ -123,41 +140,15 @@ __all__ = [
     "unpack_positions",
 ]
 
-FORMAT_VERSION = 1
-# bounds the decoder's memory on a hostile blob (a DynamoDB item is at most 400 KB, and
-# 500 keys of 256 four-byte characters are 514 KB raw); the encoder refuses what it bounds
-MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 # Kinesis's API pattern for a sequence number is 0|([1-9]\d{0,128}): up to 129 digits
 MAX_SEQUENCE_DIGITS = 129
 # sub-sequence numbers are Java longs in the KPL's aggregation format
 MAX_SUB_SEQUENCE_NUMBER = 2**63 - 1
-ZLIB_LEVEL = 6
-_PROBE_BYTES = 4096  # the head of a large payload that decides whether level 6 is worth it
-
-_FLAG_ZLIB = 0x01
-_FLAG_FRONT_CODED = 0x02
-_FLAG_RESERVED = 0x04
-_FLAG_POSITIONS = 0x08
-_HEADER_MEMBERS = FORMAT_VERSION << 4
-_HEADER_POSITIONS = FORMAT_VERSION << 4 | _FLAG_POSITIONS
 
 _SEQUENCE_LIMIT = 10**MAX_SEQUENCE_DIGITS  # canonical sequence numbers are below it
-# varint lengths the decoder accepts: a longer varint is corrupt, and would cost quadratic time
-_SMALL_VARINT_MAX_BYTES = 10  # up to 2**70: counts, lengths, tags, sub-sequence numbers
-_SEQUENCE_VARINT_MAX_BYTES = (
-    64  # 448 bits: the zigzag of a difference of two 129-digit numbers fits
-)
-
-
-class PackingError(LedgerError, ValueError):
-    """A blob that is corrupt or of an unknown format version, or an input that cannot be packed.
-
-    A ledger error (a corrupt group item is not a settings problem), and a ValueError for
-    callers that catch those."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+# the longest sequence varint the decoder accepts (a longer one is corrupt, and would cost
+# quadratic time): 448 bits, which the zigzag of a difference of two 129-digit numbers fits
+_SEQUENCE_VARINT_MAX_BYTES = 64
 
 
 # --- members --------------------------------------------------------------------------------
@@ -170,17 +161,17 @@ def pack_members(keys: Sequence[str]) -> bytes:
     encoded = _utf8_keys(keys)
     shared = _shared_prefixes(encoded)
     if _front_coded_saving_bytes(encoded, shared) > 0:
-        return _seal(_HEADER_MEMBERS | _FLAG_FRONT_CODED, _front_coded(encoded, shared), "members")
-    return _seal(_HEADER_MEMBERS, _plain(encoded), "members")
+        return seal(HEADER_MEMBERS | FLAG_FRONT_CODED, _front_coded(encoded, shared), "members")
+    return seal(HEADER_MEMBERS, _plain(encoded), "members")
 
 
 def unpack_members(blob: bytes) -> list[str]:
     """The keys :func:`pack_members` was given, in order. Raises :class:`PackingError`."""
-    header, payload = _open(blob, kind=0)
-    reader = _Reader(payload)
+    header, payload = open_blob(blob, kind=0)
+    reader = Reader(payload)
     count = reader.count("members")
     raw_keys: list[bytes] = []
-    if header & _FLAG_FRONT_CODED:
+    if header & FLAG_FRONT_CODED:
         previous = b""
         for index in range(count):
             shared = reader.varint()
@@ -258,37 +249,37 @@ def _front_coded_saving_bytes(encoded: list[bytes], shared: list[int]) -> int:
         # key (its shared length) and saves its shared bytes
         return sum(shared) - len(encoded)
     return sum(
-        _varint_size(len(key))
+        varint_size(len(key))
         + shared_bytes
-        - _varint_size(shared_bytes)
-        - _varint_size(len(key) - shared_bytes)
+        - varint_size(shared_bytes)
+        - varint_size(len(key) - shared_bytes)
         for key, shared_bytes in zip(encoded, shared, strict=True)
     )
 
 
 def _plain(encoded: list[bytes]) -> bytearray:
     payload = bytearray()
-    _put_varint(payload, len(encoded))
+    put_varint(payload, len(encoded))
     for key in encoded:
         if len(key) < 0x80:
             payload.append(len(key))
         else:
-            _put_varint(payload, len(key))
+            put_varint(payload, len(key))
         payload += key
     return payload
 
 
 def _front_coded(encoded: list[bytes], shared: list[int]) -> bytearray:
     payload = bytearray()
-    _put_varint(payload, len(encoded))
+    put_varint(payload, len(encoded))
     for key, shared_bytes in zip(encoded, shared, strict=True):
         suffix = key[shared_bytes:] if shared_bytes else key
         if len(key) < 0x80:  # so are both varints
             payload.append(shared_bytes)
             payload.append(len(suffix))
         else:
-            _put_varint(payload, shared_bytes)
-            _put_varint(payload, len(suffix))
+            put_varint(payload, shared_bytes)
+            put_varint(payload, len(suffix))
         payload += suffix
     return payload
 
@@ -303,14 +294,14 @@ def pack_positions(count: int, positions: Mapping[int, Position]) -> bytes:
     """
     slots, tags, sequences, subs = _position_columns(count, positions)
     payload = bytearray()
-    _put_varint(payload, count)
-    _put_varint(payload, len(slots))
+    put_varint(payload, count)
+    put_varint(payload, len(slots))
     for shard_id in slots:
-        _put_bytes(payload, _utf8_text(shard_id, None, "shard id"))
-    payload += _varints(tags)
+        put_bytes(payload, utf8_text(shard_id, None, "shard id"))
+    payload += varints(tags)
     payload += sequences
-    payload += _varints(subs)
-    return _seal(_HEADER_POSITIONS, payload, "positions")
+    payload += varints(subs)
+    return seal(HEADER_POSITIONS, payload, "positions")
 
 
 def _position_columns(
@@ -330,14 +321,10 @@ def _position_columns(
     last_strings: dict[int, str] = {}
     last_sequences: dict[int, int] = {}
     last_subs: dict[int, int | None] = {}
-    for index in _sorted_indexes(count, positions):
+    for index in _storable_indexes(count, positions):
         position = positions[index]
         slot = slots.setdefault(position.shard_id, len(slots))
         sub = position.sub_sequence_number
-        if sub is not None and not 0 <= sub <= MAX_SUB_SEQUENCE_NUMBER:
-            raise PackingError(
-                f"member {index} has sub-sequence number {sub}, outside [0, {MAX_SUB_SEQUENCE_NUMBER}]"
-            )
         sequence_number = position.sequence_number
         last_string = last_strings.get(slot)
         expected_sub = 0
@@ -356,11 +343,11 @@ def _position_columns(
         ):
             sequence = int(sequence_number)
             if last_string is None:
-                _put_varint(sequences, sequence)  # the first of its shard, in full
+                put_varint(sequences, sequence)  # the first of its shard, in full
             else:
                 delta = sequence - last_sequences[slot]
                 zigzag = delta << 1 if delta >= 0 else ((-delta) << 1) - 1
-                while zigzag >= 0x80:  # _put_varint inlined: a call costs as much as a byte
+                while zigzag >= 0x80:  # put_varint inlined: a call costs as much as a byte
                     append_sequence((zigzag & 0x7F) | 0x80)
                     zigzag >>= 7
                 append_sequence(zigzag)
@@ -369,7 +356,7 @@ def _position_columns(
         else:
             # escaped: stored as its string; the shard's last position stays as it was
             tags[index] = 2 * slot + 2
-            _put_bytes(sequences, _utf8_text(sequence_number, index, "sequence number"))
+            put_bytes(sequences, utf8_text(sequence_number, index, "sequence number"))
             subs.append(0 if sub is None else 2 * sub + 1)  # zigzag(sub - 0) + 1
             continue
         tags[index] = 2 * slot + 1
@@ -384,12 +371,11 @@ def _position_columns(
 
 def unpack_positions(blob: bytes) -> dict[int, Position]:
     """The positions :func:`pack_positions` was given. Raises :class:`PackingError`."""
-    _, payload = _open(blob, kind=_FLAG_POSITIONS)
-    reader = _Reader(payload)
+    _, payload = open_blob(blob, kind=FLAG_POSITIONS)
+    reader = Reader(payload)
     count = reader.count("members")
     shard_ids = [
-        _decode_utf8(reader.take(reader.varint()), "shard id")
-        for _ in range(reader.count("shards"))
+        decode_utf8(reader.take(reader.varint()), "shard id") for _ in range(reader.count("shards"))
     ]
     # (member index, 2 x shard slot + escaped) of every member with a position
     placed = [(index, tag - 1) for index, tag in enumerate(reader.varints(count)) if tag]
@@ -403,7 +389,7 @@ def unpack_positions(blob: bytes) -> dict[int, Position]:
 
 
 def _read_sequences(
-    reader: _Reader, placed: list[tuple[int, int]], shard_count: int
+    reader: Reader, placed: list[tuple[int, int]], shard_count: int
 ) -> tuple[list[str], list[int | None]]:
     """The sequences column: each placed member's sequence number string, and its integer
     (None when the string was escaped)."""
@@ -415,7 +401,7 @@ def _read_sequences(
         if slot >= shard_count:
             raise PackingError(f"member {index} names shard slot {slot} of {shard_count}")
         if code & 1:
-            strings.append(_decode_utf8(reader.take(reader.varint()), "sequence number"))
+            strings.append(decode_utf8(reader.take(reader.varint()), "sequence number"))
             sequences.append(None)
             continue
         value = reader.varint(_SEQUENCE_VARINT_MAX_BYTES)
@@ -457,175 +443,19 @@ def _read_subs(
     return subs
 
 
-def _sorted_indexes(count: int, positions: Mapping[int, Position]) -> list[int]:
+def _storable_indexes(count: int, positions: Mapping[int, Position]) -> list[int]:
+    """The member indexes of ``positions`` in order, once each is known to be inside the group
+    and its sub-sequence number to fit a Java long."""
     if not 0 <= count <= MAX_PAYLOAD_BYTES:  # every member takes a byte of the payload
         raise PackingError(f"members count {count} is outside [0, {MAX_PAYLOAD_BYTES}]")
     indexes = sorted(positions)
     if indexes and not (indexes[0] >= 0 and indexes[-1] < count):
         bad = indexes[0] if indexes[0] < 0 else indexes[-1]
         raise PackingError(f"member index {bad} is outside [0, {count})")
+    for index in indexes:
+        sub = positions[index].sub_sequence_number
+        if sub is not None and not 0 <= sub <= MAX_SUB_SEQUENCE_NUMBER:
+            raise PackingError(
+                f"member {index} has sub-sequence number {sub}, outside [0, {MAX_SUB_SEQUENCE_NUMBER}]"
+            )
     return indexes
-
-
-def _utf8_text(text: str, index: int | None, what: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        where = f"member {index}'s " if index is not None else ""
-        raise PackingError(f"{where}{what} has a lone surrogate: not Unicode text") from exc
-
-
-def _decode_utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PackingError(f"a {what} is not valid UTF-8") from exc
-
-
-# --- the envelope: header byte, optional zlib -----------------------------------------------
-
-
-def _seal(header: int, payload: bytearray, what: str) -> bytes:
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise PackingError(f"{what} take {len(payload)} bytes, over {MAX_PAYLOAD_BYTES}")
-    compressed = _compress(payload)
-    if len(compressed) < len(payload):
-        return bytes((header | _FLAG_ZLIB,)) + compressed
-    return bytes((header,)) + payload
-
-
-def _compress(payload: bytearray) -> bytes:
-    """The smaller of two zlib streams: Huffman coding only, or deflate at ``ZLIB_LEVEL``.
-
-    Random keys (UUIDs) have no repeats worth a match: Huffman coding alone packs them 10 %
-    smaller than level 6 deflate, in a quarter of the time. On a payload over
-    ``_PROBE_BYTES``, level 1 deflate of its head is a cheap probe for repeats: level 6 is spent
-    only when the probe packs tighter than Huffman coding did.
-    """
-    huffman = zlib.compressobj(ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_HUFFMAN_ONLY)
-    smallest = huffman.compress(payload) + huffman.flush()
-    if len(payload) > _PROBE_BYTES:
-        head = bytes(payload[:_PROBE_BYTES])
-        if len(zlib.compress(head, 1)) * len(payload) >= len(smallest) * len(head):
-            return smallest
-    return min(smallest, zlib.compress(payload, ZLIB_LEVEL), key=len)
-
-
-def _open(blob: bytes, *, kind: int) -> tuple[int, bytes]:
-    """The header byte and the (decompressed) payload of a blob of ``kind``."""
-    if not blob:
-        raise PackingError("empty blob")
-    header = blob[0]
-    version = header >> 4
-    if version != FORMAT_VERSION:
-        raise PackingError(f"unknown format version {version}")
-    if header & _FLAG_RESERVED:
-        raise PackingError("reserved header bit set")
-    if header & _FLAG_POSITIONS != kind:
-        raise PackingError("a positions blob, not members" if kind == 0 else "a members blob")
-    if kind and header & _FLAG_FRONT_CODED:
-        raise PackingError("front coding flag on a positions blob")
-    body = blob[1:]
-    if not header & _FLAG_ZLIB:
-        if len(body) > MAX_PAYLOAD_BYTES:
-            raise PackingError(f"payload over {MAX_PAYLOAD_BYTES} bytes")
-        return header, body
-    inflater = zlib.decompressobj()
-    try:
-        payload = inflater.decompress(body, MAX_PAYLOAD_BYTES + 1)
-    except zlib.error as exc:
-        raise PackingError(f"corrupt compressed payload: {exc}") from exc
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise PackingError(f"payload inflates to over {MAX_PAYLOAD_BYTES} bytes")
-    if not inflater.eof:
-        raise PackingError("truncated compressed payload")
-    if inflater.unused_data:
-        raise PackingError("bytes after the compressed payload")
-    return header, payload
-
-
-def _put_varint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def _varints(values: list[int]) -> bytes:
-    if max(values, default=0) < 0x80:
-        return bytes(values)  # the usual column: one byte a value, built in C
-    out = bytearray()
-    for value in values:
-        _put_varint(out, value)
-    return bytes(out)
-
-
-def _put_bytes(out: bytearray, raw: bytes) -> None:
-    _put_varint(out, len(raw))
-    out += raw
-
-
-class _Reader:
-    """A cursor over a payload; every overrun is a :class:`PackingError`."""
-
-    __slots__ = ("_data", "_offset")
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self._offset = 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self._data) - self._offset
-
-    def count(self, what: str) -> int:
-        """A count of things that take at least a byte each: never more than the bytes left."""
-        count = self.varint()
-        if count > len(self._data) - self._offset:
-            raise PackingError(f"{what} count {count} exceeds the payload")
-        return count
-
-    def varint(self, max_bytes: int = _SMALL_VARINT_MAX_BYTES) -> int:
-        data = self._data
-        offset = self._offset
-        if offset < len(data) and data[offset] < 0x80:  # most varints are one byte
-            self._offset = offset + 1
-            return data[offset]
-        end = min(len(data), offset + max_bytes)
-        value = 0
-        shift = 0
-        while offset < end:
-            byte = data[offset]
-            offset += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                self._offset = offset
-                return value
-            shift += 7
-        if end == len(data):
-            raise PackingError("truncated varint")
-        raise PackingError(f"varint longer than {max_bytes} bytes")
-
-    def varints(self, count: int) -> list[int]:
-        """``count`` small varints: a column of them."""
-        chunk = self._data[self._offset : self._offset + count]
-        if len(chunk) == count and (not chunk or max(chunk) < 0x80):
-            self._offset += count  # the usual column: one byte each, read in C
-            return list(chunk)
-        return [self.varint() for _ in range(count)]
-
-    def take(self, size: int) -> bytes:
-        end = self._offset + size
-        if end > len(self._data):
-            raise PackingError(f"{size} bytes wanted, {self.remaining} left")
-        chunk = self._data[self._offset : end]
-        self._offset = end
-        return chunk
-
-    def finish(self) -> None:
-        if self._offset != len(self._data):
-            raise PackingError(f"{self.remaining} bytes after the payload")
