@@ -57,7 +57,8 @@ from dedupe_store.groups import (
 )
 from dedupe_store.model import ConnectionOptions, LedgerItem, bind_ledger_model
 from dedupe_store.records import Group, KeyClaim, LedgerRecord
-from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn, replay_run_pk, replay_task_pk
+from dedupe_store.run_items import replay_run_pk, replay_task_pk
+from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn
 from dedupe_store.table import DynamoDBTable
 
 # the name tests/unit/test_ledger_translation.py imports from here

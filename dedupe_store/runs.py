@@ -10,31 +10,39 @@ Its two kinds of item::
                                                       one task's attempts in one execution (a
                                                       map each): small, whatever the run's size
 
-Every write is a conditional update of :class:`dedupe_store.table.DynamoDBTable` (its token
-recognises an SDK retry of an applied write); the conditions are in
-:mod:`dedupe_store.expressions`, the transitions in :mod:`dedupe_store.states`.
+:class:`DynamoDBRunReader` reads them, :class:`DynamoDBRunLedger` writes them too: every write
+is a conditional update of :class:`dedupe_store.table.DynamoDBTable` (its token recognises an
+SDK retry of an applied write); the conditions are in :mod:`dedupe_store.expressions`, the
+transitions in :mod:`dedupe_store.states`, the items' keys and attributes in
+:mod:`dedupe_store.run_items`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import LedgerUnavailableError
 from dedupe_store.inflight import Cursor, bucket_of, run_bucket_partition, walk_items
-from dedupe_store.model import TTL_ATTRIBUTE
-from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     AttemptRenewal,
     RenewalRefused,
     ReplayRun,
     RunAttempt,
-    RunExecution,
     RunRegistration,
     late_rows_of,
+)
+from dedupe_store.run_items import (
+    attempt_name,
+    attempt_value,
+    attempts_of,
+    execution_names,
+    replay_run_pk,
+    replay_task_pk,
+    run_of,
 )
 from dedupe_store.states import RunState, RunTransition, next_run_state
 from dedupe_store.table import DynamoDBTable
@@ -42,29 +50,87 @@ from dedupe_store.table import DynamoDBTable
 if TYPE_CHECKING:
     from dedupe_store.contract import RunLedger
 
-__all__ = ["DynamoDBRunLedger", "RunsHandedOn", "replay_run_pk", "replay_task_pk"]
+__all__ = ["DynamoDBRunLedger", "DynamoDBRunReader", "RunsHandedOn"]
 
 
-# Built from a stream name that passed the rule (no "/", no "#"): never another kind's key.
+class DynamoDBRunReader:
+    """The replay-mode runs of :class:`dedupe_store.contract.RunReader` on the ledger's table:
+    a run, a task's attempts, the runs left OPEN (the in-flight index), every run of a stream.
+    Thread-safe."""
+
+    def __init__(self, table: DynamoDBTable, *, inflight_buckets: int) -> None:
+        self._table = table
+        self.inflight_buckets = inflight_buckets
+
+    def get_run(self, stream: str, run: str) -> ReplayRun | None:
+        item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
+        return None if item is None else run_of(stream, run, item)
+
+    def open_runs(
+        self,
+        stream: str,
+        *,
+        now_ms: int | None,
+        buckets: Sequence[int] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[ReplayRun]:
+        """:meth:`dedupe_store.contract.RunReader.open_runs`: with ``now_ms``, the index
+        narrows the query to runs whose first lease ended before it, and each execution's own
+        lease is read from the run's item."""
+        prefix = replay_run_pk(stream, "")
+
+        def read_page(
+            bucket: int, limit: int, after: Cursor | None
+        ) -> tuple[list[ReplayRun], Cursor | None]:
+            page, cursor = self._table.query_index(
+                run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
+            )
+            items = self._table.batch_get_items([pk for _, pk in page], "get runs")
+            runs = [run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
+            return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
+
+        yield from walk_items(
+            read_page,
+            buckets=buckets,
+            inflight_buckets=self.inflight_buckets,
+            page_size=page_size,
+        )
+
+    def task_attempts(
+        self, stream: str, run: str, execution_id: str, task: str
+    ) -> tuple[RunAttempt, ...]:
+        item = self._table.get_item(
+            replay_task_pk(stream, run, execution_id, task),
+            None,
+            "read a task's attempts",
+            consistent=True,
+        )
+        return attempts_of(item or {})
+
+    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
+        prefix = replay_run_pk(stream, "")
+        for item in self._table.scan(
+            "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
+        ):
+            yield run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
 
 
-def replay_run_pk(stream: str, run: str) -> str:
-    return f"__keo__/run/{check_stream_name(stream)}/{run}"
+def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
+    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
+    attempt's lease ended before it."""
+    for run in runs:
+        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
+            yield run
 
 
-def replay_task_pk(stream: str, run: str, execution_id: str, task: str) -> str:
-    """The item of one task's attempts in one execution (the run last: it may hold "/")."""
-    return f"__keo__/task/{check_stream_name(stream)}/{execution_id}/{task}/{run}"
-
-
-class DynamoDBRunLedger:
-    """The replay-mode runs of :class:`dedupe_store.contract.RunLedger` on the ledger's table.
-    Thread-safe: :class:`dedupe_store.ledger.DynamoDBLedger` holds one and hands its calls on."""
+class DynamoDBRunLedger(DynamoDBRunReader):
+    """The replay-mode runs of :class:`dedupe_store.contract.RunLedger` on the ledger's table:
+    the reads of :class:`DynamoDBRunReader`, and the writes. Thread-safe:
+    :class:`dedupe_store.ledger.DynamoDBLedger` holds one and hands its calls on."""
 
     def __init__(self, table: DynamoDBTable, *, dedupe_ttl_s: int, inflight_buckets: int) -> None:
-        self._table = table
+        super().__init__(table, inflight_buckets=inflight_buckets)
         self.dedupe_ttl_s = dedupe_ttl_s
-        self.inflight_buckets = inflight_buckets
 
     def register_attempt(
         self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
@@ -90,13 +156,13 @@ class DynamoDBRunLedger:
             x.REGISTER_EXECUTION,
             x.EXECUTION_REGISTRABLE,
             values,
-            names=_execution_names(attempt.execution_id),
+            names=execution_names(attempt.execution_id),
         )
         if item is None:  # pragma: no cover - a lost condition always has an item
             raise LedgerUnavailableError(
                 f"run {run!r} vanished while registering", table=self._table.table_name
             )
-        current = _run_of(stream, run, item)
+        current = run_of(stream, run, item)
         if not applied:
             return RunRegistration(False, current)
         bound = self._execution_bound(stream, run, current, attempt, keep_s)
@@ -108,13 +174,13 @@ class DynamoDBRunLedger:
             x.TASK_REGISTRABLE,
             {
                 ":stream": x.s(stream),
-                ":attempt": _attempt_value(me),
+                ":attempt": attempt_value(me),
                 ":n": x.n(attempt.task_attempt),
                 ":expires": x.n(attempt.started_at_ms // 1000 + max(self.dedupe_ttl_s, keep_s)),
             },
-            names={"#me": _attempt_name(attempt.attempt_id)},
+            names={"#me": attempt_name(attempt.attempt_id)},
         )
-        task_attempts = _attempts_of(task_item or {})
+        task_attempts = attempts_of(task_item or {})
         if not registered and all(a.attempt_id != attempt.attempt_id for a in task_attempts):
             # a higher attempt of the task registered first: it owns the rows. Nothing of
             # this one is left open on its execution (a replay need not wait for it). (Its
@@ -156,7 +222,7 @@ class DynamoDBRunLedger:
         sets: list[str] = []
         conditions: list[str] = []
         for i, execution_id in enumerate(execution_ids):
-            field_names = _execution_names(execution_id)
+            field_names = execution_names(execution_id)
             names[f"#s{i}"] = field_names["#xsuperseded"]
             names[f"#o{i}"] = field_names["#xopen"]
             sets.append(f"#s{i} = :true")
@@ -169,7 +235,7 @@ class DynamoDBRunLedger:
             {":true": {"BOOL": True}},
             names=names,
         )
-        return None if item is None else _run_of(stream, run, item)
+        return None if item is None else run_of(stream, run, item)
 
     def supersede_attempts(
         self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
@@ -177,14 +243,14 @@ class DynamoDBRunLedger:
         pk = replay_task_pk(stream, run, me.execution_id, me.task)
         if not attempt_ids:
             item = self._table.get_item(pk, None, "read a task's attempts", consistent=True)
-            return _attempts_of(item or {})
-        names = {f"#a{i}": _attempt_name(a) for i, a in enumerate(attempt_ids)}
+            return attempts_of(item or {})
+        names = {f"#a{i}": attempt_name(a) for i, a in enumerate(attempt_ids)}
         update = "SET " + ", ".join(f"{n}.#superseded = :true" for n in names) + ", #token = :token"
         condition = " AND ".join(f"attribute_exists({n})" for n in names)
         _, item = self._table.update(
             pk, None, update, condition, {":true": {"BOOL": True}}, names=names
         )
-        return _attempts_of(item or {})
+        return attempts_of(item or {})
 
     def renew_attempt(
         self,
@@ -218,12 +284,12 @@ class DynamoDBRunLedger:
                 ":now_plus_skew": x.n(now_ms + skew_ms),
                 ":lease": x.n(lease),
             },
-            names={"#me": _attempt_name(attempt.attempt_id)},
+            names={"#me": attempt_name(attempt.attempt_id)},
         )
         if applied:
             return AttemptRenewal(True, lease)
         mine = next(
-            (a for a in _attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
+            (a for a in attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
         )
         superseded = mine is not None and mine.superseded
         refused = RenewalRefused.SUPERSEDED if superseded else RenewalRefused.LEASE_OVER
@@ -246,11 +312,11 @@ class DynamoDBRunLedger:
             x.EXTEND_EXECUTION,
             x.EXECUTION_EXTENDABLE,
             values,
-            names=_execution_names(execution_id),
+            names=execution_names(execution_id),
         )
         if applied:
             return wanted
-        current = None if item is None else _run_of(stream, run, item)
+        current = None if item is None else run_of(stream, run, item)
         execution = None if current is None else current.execution(execution_id)
         if current is None or execution is None or current.state is not RunState.OPEN:
             return RenewalRefused.RUN_NOT_OPEN
@@ -280,19 +346,8 @@ class DynamoDBRunLedger:
             update,
             x.EXECUTION_EXISTS,
             values,
-            names=_execution_names(attempt.execution_id),
+            names=execution_names(attempt.execution_id),
         )
-
-    def task_attempts(
-        self, stream: str, run: str, execution_id: str, task: str
-    ) -> tuple[RunAttempt, ...]:
-        item = self._table.get_item(
-            replay_task_pk(stream, run, execution_id, task),
-            None,
-            "read a task's attempts",
-            consistent=True,
-        )
-        return _attempts_of(item or {})
 
     def complete_run(
         self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
@@ -314,141 +369,10 @@ class DynamoDBRunLedger:
             raise LedgerUnavailableError(
                 f"run {run!r} vanished while completing", table=self._table.table_name
             )
-        return _run_of(stream, run, item)
-
-    def get_run(self, stream: str, run: str) -> ReplayRun | None:
-        item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
-        return None if item is None else _run_of(stream, run, item)
-
-    def open_runs(
-        self,
-        stream: str,
-        *,
-        now_ms: int | None,
-        buckets: Sequence[int] | None = None,
-        page_size: int = 100,
-    ) -> Iterator[ReplayRun]:
-        """:meth:`dedupe_store.contract.RunReader.open_runs`: with ``now_ms``, the index
-        narrows the query to runs whose first lease ended before it, and each execution's own
-        lease is read from the run's item."""
-        prefix = replay_run_pk(stream, "")
-
-        def read_page(
-            bucket: int, limit: int, after: Cursor | None
-        ) -> tuple[list[ReplayRun], Cursor | None]:
-            page, cursor = self._table.query_index(
-                run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
-            )
-            items = self._table.batch_get_items([pk for _, pk in page], "get runs")
-            runs = [_run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
-            return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
-
-        yield from walk_items(
-            read_page,
-            buckets=buckets,
-            inflight_buckets=self.inflight_buckets,
-            page_size=page_size,
-        )
+        return run_of(stream, run, item)
 
     def _run_bucket(self, stream: str, run: str) -> str:
         return run_bucket_partition(stream, bucket_of(run, self.inflight_buckets))
-
-    def replay_runs(self, stream: str, *, page_size: int = 1000) -> Iterator[ReplayRun]:
-        prefix = replay_run_pk(stream, "")
-        for item in self._table.scan(
-            "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
-        ):
-            yield _run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
-
-
-_ATTEMPT_PREFIX = "attempt:"
-_EXECUTION_PREFIX = "exec:"
-_EXECUTION_FIELDS = ("started", "lease", "superseded", "attempts", "open", "late")
-
-
-def _attempt_name(attempt_id: str) -> str:
-    return f"{_ATTEMPT_PREFIX}{attempt_id}"
-
-
-def _execution_names(execution_id: str) -> dict[str, str]:
-    """The placeholders of an execution's attributes on the run item: ``#xstarted`` and so on."""
-    return {f"#x{f}": f"{_EXECUTION_PREFIX}{execution_id}:{f}" for f in _EXECUTION_FIELDS}
-
-
-def _attempt_value(attempt: RunAttempt) -> dict[str, Any]:
-    return {
-        "M": {
-            "execution_id": x.s(attempt.execution_id),
-            "task": x.s(attempt.task),
-            "task_attempt": x.n(attempt.task_attempt),
-            "started_at_ms": x.n(attempt.started_at_ms),
-            "lease_expires_at_ms": x.n(attempt.lease_expires_at_ms),
-            "superseded": {"BOOL": attempt.superseded},
-        }
-    }
-
-
-def _attempts_of(item: Mapping[str, Any]) -> tuple[RunAttempt, ...]:
-    attempts = []
-    for name, value in item.items():
-        if not name.startswith(_ATTEMPT_PREFIX):
-            continue
-        fields = value["M"]
-        attempts.append(
-            RunAttempt(
-                attempt_id=name.removeprefix(_ATTEMPT_PREFIX),
-                execution_id=fields["execution_id"]["S"],
-                task=fields["task"]["S"],
-                task_attempt=int(fields["task_attempt"]["N"]),
-                started_at_ms=int(fields["started_at_ms"]["N"]),
-                lease_expires_at_ms=int(fields["lease_expires_at_ms"]["N"]),
-                superseded=bool(fields["superseded"]["BOOL"]),
-            )
-        )
-    return tuple(sorted(attempts, key=lambda a: (a.task_attempt, a.started_at_ms, a.attempt_id)))
-
-
-def _executions_of(item: Mapping[str, Any]) -> tuple[RunExecution, ...]:
-    fields: dict[str, dict[str, Any]] = {}
-    for name, value in item.items():
-        if name.startswith(_EXECUTION_PREFIX):
-            execution_id, _, field_name = name.removeprefix(_EXECUTION_PREFIX).rpartition(":")
-            fields.setdefault(execution_id, {})[field_name] = value
-    executions = [
-        RunExecution(
-            execution_id=execution_id,
-            started_at_ms=int(f["started"]["N"]),
-            lease_expires_at_ms=int(f["lease"]["N"]),
-            superseded=bool(f.get("superseded", {}).get("BOOL", False)),
-            attempts=int(f["attempts"]["N"]),
-            open_tags=int(f["open"]["N"]),
-            late_rows=frozenset(f.get("late", {}).get("SS", ())),
-        )
-        for execution_id, f in fields.items()
-    ]
-    return tuple(sorted(executions, key=lambda e: (e.started_at_ms, e.execution_id)))
-
-
-def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
-    """The runs still OPEN (the index lags), and with ``now_ms`` only those whose every
-    attempt's lease ended before it."""
-    for run in runs:
-        if run.state is RunState.OPEN and (now_ms is None or run.leases_ended_before(now_ms)):
-            yield run
-
-
-def _run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
-    completed = item.get("completed_at_ms", {}).get("N")
-    counts = item.get("counts", {}).get("S")
-    return ReplayRun(
-        stream=stream,
-        run=run,
-        state=RunState(item["state"]["S"]),
-        executions=_executions_of(item),
-        completed_at_ms=int(completed) if completed is not None else None,
-        counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
-        expires_at_s=int(expires) if (expires := item.get(TTL_ATTRIBUTE, {}).get("N")) else None,
-    )
 
 
 class RunsHandedOn:
