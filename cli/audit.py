@@ -206,26 +206,16 @@ def audit(
             err=True,
         )
         raise typer.Exit(ExitCode.USAGE)
-    from producer.audit.stream import audit_rows, audit_stream
-    from producer.clients import kinesis_read_client
-    from producer.wiring import ledger_from
-
     show = progress if progress is not None else sys.stderr.isatty()
     report: AuditReport | RowAuditReport
     with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
         try:
             if dedupe is Dedupe.REPLAY and expected is not None:
-                reader = ReaderWithProgress(
-                    kinesis_read_client(settings),
-                    settings.stream,
+                report = _audit_rows(
+                    settings,
                     bar,
-                    then="comparing the rows",
-                )
-                report = audit_rows(
-                    reader,
                     read_expected_rows(expected, data_encoding),
                     strict=strict,
-                    progress=bar.advance,
                     listed=list_keys,
                     max_rows=max_keys,
                 )
@@ -235,18 +225,7 @@ def audit(
                     if expected is not None
                     else None
                 )
-                reader = ReaderWithProgress(kinesis_read_client(settings), settings.stream, bar)
-                ledger = ledger_from(settings)
-                ledger.ensure_ready()
-                report = audit_stream(
-                    reader,
-                    ledger,
-                    expected=wanted,
-                    progress=bar.advance,
-                    listed=list_keys,
-                    max_keys=max_keys,
-                    skew_ms=round(settings.clock_skew_s * 1000),
-                )
+                report = _audit_keys(settings, bar, wanted, listed=list_keys, max_keys=max_keys)
         except AuditTooLargeError as exc:
             spark = _spark_audit_command(
                 settings,
@@ -268,6 +247,54 @@ def audit(
     _summary(report, show_keys, to_stderr=as_json)
     if not report.clean:
         raise typer.Exit(ExitCode.FAILED)
+
+
+def _audit_rows(
+    settings: ProducerSettings,
+    bar: Progress,
+    expected: Iterator[ExpectedRow],
+    *,
+    strict: bool,
+    listed: int,
+    max_rows: int,
+) -> RowAuditReport:
+    """The replay audit: the stream's rows counted against the expected rows."""
+    from producer.audit.stream import audit_rows
+    from producer.clients import kinesis_read_client
+
+    reader = ReaderWithProgress(
+        kinesis_read_client(settings), settings.stream, bar, then="comparing the rows"
+    )
+    return audit_rows(
+        reader, expected, strict=strict, progress=bar.advance, listed=listed, max_rows=max_rows
+    )
+
+
+def _audit_keys(
+    settings: ProducerSettings,
+    bar: Progress,
+    expected: list[str] | None,
+    *,
+    listed: int,
+    max_keys: int,
+) -> AuditReport:
+    """The key audit: each key of the stream once, checked against the ledger."""
+    from producer.audit.stream import audit_stream
+    from producer.clients import kinesis_read_client
+    from producer.wiring import ledger_from
+
+    reader = ReaderWithProgress(kinesis_read_client(settings), settings.stream, bar)
+    ledger = ledger_from(settings)
+    ledger.ensure_ready()
+    return audit_stream(
+        reader,
+        ledger,
+        expected=expected,
+        progress=bar.advance,
+        listed=listed,
+        max_keys=max_keys,
+        skew_ms=round(settings.clock_skew_s * 1000),
+    )
 
 
 def _spark_audit_command(

@@ -278,6 +278,24 @@ def _load(machine: dict[str, Any]) -> str:
 
 
 def render_table(results: dict[str, Any]) -> str:
+    """The producer bench's figures: key mode against plain put_records (new keys and resent
+    ones), the resend path's bill, the DynamoDB cost, aggregation, the reconciler, keo's start,
+    and replay mode's figures when the run has them."""
+    lines = [
+        *_producer_rows(results),
+        *_resend_lines(results),
+        *_cost_rows(results),
+        *_aggregation_rows(results),
+        *_reconcile_rows(results),
+        *_startup_rows(results),
+    ]
+    if "replay" in results:
+        lines += ["", *render_replay(results)]
+    return "\n".join(lines)
+
+
+def _producer_rows(results: dict[str, Any]) -> list[str]:
+    """The machine, then key mode's table: each concurrency, new keys and resent ones."""
     baseline = results["baseline"]
     lines = [
         f"Measured {results['date']} on {results['machine']['cpus']} CPUs "
@@ -304,18 +322,28 @@ def render_table(results: dict[str, Any]) -> str:
                 f"| {path['billed_read_units_per_message']} "
                 f"| {path['client_cpu_ms_per_message']} | {run['mean_batch_fill']} |"
             )
-    if "resend" in results:
-        resend = results["resend"]
-        lines += [
-            "",
-            f"The resend path alone: {resend['messages']:,} delivered keys sent again (every "
-            f"one DUPLICATE) at concurrency {resend['concurrency']}, through the metering "
-            f"proxy: {resend['dynamodb_requests_per_message']} DynamoDB requests/msg "
-            f"({_operations(resend)}), {resend['billed_write_units_per_message']} billed "
-            f"WU/msg, {resend['billed_read_units_per_message']} billed RU/msg.",
-        ]
+    return lines
+
+
+def _resend_lines(results: dict[str, Any]) -> list[str]:
+    """The resend path's bill, measured alone (figures that have it)."""
+    if "resend" not in results:
+        return []
+    resend = results["resend"]
+    return [
+        "",
+        f"The resend path alone: {resend['messages']:,} delivered keys sent again (every "
+        f"one DUPLICATE) at concurrency {resend['concurrency']}, through the metering "
+        f"proxy: {resend['dynamodb_requests_per_message']} DynamoDB requests/msg "
+        f"({_operations(resend)}), {resend['billed_write_units_per_message']} billed "
+        f"WU/msg, {resend['billed_read_units_per_message']} billed RU/msg.",
+    ]
+
+
+def _cost_rows(results: dict[str, Any]) -> list[str]:
+    """DynamoDB's cost at the best concurrency, on demand and provisioned."""
     cost = results["best"]["cost"]
-    lines += [
+    return [
         "",
         f"DynamoDB cost at the best concurrency ({results['best']['concurrency']}), "
         f"{cost['prices']}:",
@@ -327,8 +355,12 @@ def render_table(results: dict[str, Any]) -> str:
         f"| provisioned (full utilisation) | ${cost['provisioned_per_million_messages_usd']} "
         f"| {_usd(cost['provisioned_per_day_at_2_billion_usd'])} |",
     ]
+
+
+def _aggregation_rows(results: dict[str, Any]) -> list[str]:
+    """Key mode with KPL aggregation off and on."""
     on = results["aggregation"]["on"]
-    lines += [
+    lines = [
         "",
         "| aggregation | msg/s | Kinesis records/msg | Kinesis requests/msg |",
         "|---|---|---|---|",
@@ -338,7 +370,12 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {label} | {run['messages_per_second']} | {run['kinesis_records_per_message']} "
             f"| {run['kinesis_requests_per_message']} |"
         )
-    lines += [
+    return lines
+
+
+def _reconcile_rows(results: dict[str, Any]) -> list[str]:
+    """The reconciler's rate and GetRecords calls for each number of stale claims."""
+    lines = [
         "",
         "| reconciler: stale claims | shards | claims/s | GetRecords calls | per claim | per shard |",
         "|---|---|---|---|---|---|",
@@ -349,23 +386,25 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {rec['get_records_calls']} | {rec['get_records_calls_per_claim']} "
             f"| {rec['get_records_calls_per_shard']} |"
         )
+    return lines
+
+
+def _startup_rows(results: dict[str, Any]) -> list[str]:
+    """keo's start in CPU seconds (figures that have it)."""
     startup = results.get("cli_startup_cpu_s")
-    if startup is not None:
-        lines += [
-            "",
-            "| keo's start, CPU s (median of 5) | --version | --help | send, an empty file |",
-            "|---|---|---|---|",
-            f"| | {startup['version']} | {startup['help']} | {startup['send_empty']} |",
-        ]
-    if "replay" in results:
-        lines += ["", *render_replay(results)]
-    return "\n".join(lines)
+    if startup is None:
+        return []
+    return [
+        "",
+        "| keo's start, CPU s (median of 5) | --version | --help | send, an empty file |",
+        "|---|---|---|---|",
+        f"| | {startup['version']} | {startup['help']} | {startup['send_empty']} |",
+    ]
 
 
 def render_replay(results: dict[str, Any]) -> list[str]:
     """Replay mode next to key mode: the bill, the rates, the cost, then its recoveries."""
     key, replay = results["best"], results["replay"]
-    producer, command = replay["producer"], replay["keo_send"]
     rounds = len(replay["rounds"])
     lines = [
         f"Key mode at concurrency {key['concurrency']} (above) and replay mode "
@@ -385,8 +424,15 @@ def render_replay(results: dict[str, Any]) -> list[str]:
             key["cost"],
         ),
     ]
+    return [*lines, *_replay_mode_rows(replay), "", *_recovery_rows(replay)]
+
+
+def _replay_mode_rows(replay: dict[str, Any]) -> list[str]:
+    """Replay mode's rows of the modes' table: the producer, keo send (its start in and out),
+    a batch in tasks."""
+    producer, command = replay["producer"], replay["keo_send"]
     medians = replay["median_ratios"]
-    lines += [
+    return [
         _mode_row(
             "replay: the producer (`send_run`)",
             f"{producer['rows_per_attempt']:,}",
@@ -423,7 +469,12 @@ def render_replay(results: dict[str, Any]) -> list[str]:
             )
             for batch in replay["batches"]
         ),
-        "",
+    ]
+
+
+def _recovery_rows(replay: dict[str, Any]) -> list[str]:
+    """Replay mode's recoveries: what an attempt found, sent and waited for."""
+    lines = [
         "| replay: recovery of | rows put before | rows found | rows sent | seconds "
         "| the first read | waiting | without the wait | GetRecords calls |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -545,17 +596,6 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
     the rounds (``machine``: the master and the load average of the run); then a line on a
     running query's planning and batches (figures that have them)."""
     read, relay = streaming["read"], streaming["relay"]
-    paced = read.get("ratios", {}).get(PACED_LOOP)
-    batches = read.get(READ_BATCHES)  # older figures do not have it
-
-    def row(label: str, figures: dict[str, Any], ratio: str) -> str:
-        seconds = ", ".join(f"{s:.2f}" for s in figures["seconds"])
-        return f"| {label} | {figures['records_per_s']:,.0f} | {seconds} | {ratio} |"
-
-    def ratio(pair: dict[str, Any]) -> str:
-        rounds = ", ".join(f"{r:.2f}" for r in pair["ratio_per_round"])
-        return f"**{pair['median_ratio']:.2f}** ({rounds})"
-
     return [
         f"Streaming: stream A of {streaming['records']:,} records of "
         f"{streaming['payload_bytes']} bytes, read in {streaming['rounds']} rounds, each "
@@ -564,52 +604,72 @@ def render_streaming(streaming: dict[str, Any], machine: dict[str, Any]) -> list
         "| streaming | records/s (median) | seconds per round | of the reference, median "
         "(per round) |",
         "|---|---|---|---|",
-        row(
+        _streaming_row(
             'readStream.format("keo"), `Trigger.AvailableNow`, into `noop`',
             read["keo_read_stream"],
-            ratio(read),
+            _of_reference(read),
         ),
-        *(
-            [
-                row(
-                    "the same query's batches alone (Spark's `triggerExecution`: no start, "
-                    "no tail search before its first batch)",
-                    batches,
-                    f"{ratio(batches['ratios'][LOOP])}{_paced_bound(read)}; of the paced "
-                    f"loop: {ratio(batches['ratios'][PACED_LOOP])}",
-                )
-            ]
-            if batches is not None
-            else []
-        ),
-        row(
+        *_batches_alone_rows(read),
+        _streaming_row(
             "reference: a boto3 GetRecords loop, a thread per shard",
             read[LOOP],
             "1",
         ),
-        *(
-            [
-                row(
-                    "reference: the same loop paced to 5 calls and 2 MB a second per shard "
-                    '(readStream.format("keo") against it in the last column)',
-                    read[PACED_LOOP],
-                    ratio(paced),
-                )
-            ]
-            if paced is not None
-            else []
-        ),
-        row(
+        *_paced_loop_rows(read),
+        _streaming_row(
             "relay A to B, exactly once (`dedupe=replay`)",
             relay["relay_exactly_once"],
-            ratio(relay),
+            _of_reference(relay),
         ),
-        row(
+        _streaming_row(
             "reference: relay A to B at least once (`foreachBatch` put_records)",
             relay["relay_at_least_once"],
             "1",
         ),
         *(_running(streaming["running"]) if "running" in streaming else []),
+    ]
+
+
+def _streaming_row(label: str, figures: dict[str, Any], of_reference: str) -> str:
+    """A row of the streaming table: the median rate, each round's seconds, the ratio."""
+    seconds = ", ".join(f"{s:.2f}" for s in figures["seconds"])
+    return f"| {label} | {figures['records_per_s']:,.0f} | {seconds} | {of_reference} |"
+
+
+def _of_reference(pair: dict[str, Any]) -> str:
+    """A pair's median ratio in bold, then the ratio of each round."""
+    rounds = ", ".join(f"{r:.2f}" for r in pair["ratio_per_round"])
+    return f"**{pair['median_ratio']:.2f}** ({rounds})"
+
+
+def _batches_alone_rows(read: dict[str, Any]) -> list[str]:
+    """The query's batches alone against both loops (older figures do not have them)."""
+    batches = read.get(READ_BATCHES)
+    if batches is None:
+        return []
+    return [
+        _streaming_row(
+            "the same query's batches alone (Spark's `triggerExecution`: no start, "
+            "no tail search before its first batch)",
+            batches,
+            f"{_of_reference(batches['ratios'][LOOP])}{_paced_bound(read)}; of the paced "
+            f"loop: {_of_reference(batches['ratios'][PACED_LOOP])}",
+        )
+    ]
+
+
+def _paced_loop_rows(read: dict[str, Any]) -> list[str]:
+    """The loop paced to AWS's read limits, the query against it (figures that have it)."""
+    paced = read.get("ratios", {}).get(PACED_LOOP)
+    if paced is None:
+        return []
+    return [
+        _streaming_row(
+            "reference: the same loop paced to 5 calls and 2 MB a second per shard "
+            '(readStream.format("keo") against it in the last column)',
+            read[PACED_LOOP],
+            _of_reference(paced),
+        )
     ]
 
 

@@ -31,6 +31,7 @@ from cli.stdout import write_json_line
 from dedupe_store.inflight import bucket_share
 
 if TYPE_CHECKING:
+    from producer.reconcile.reconciler import ReconcileReport
     from producer.wiring import Stack
 
 
@@ -138,32 +139,7 @@ def reconcile(
                 if show:
                     bar.set_total(_count_stale(stack, buckets))
                 report = reconciler.run_once(bar.advance)
-            if as_json:
-                write_json_line(report.as_json())
-                sys.stdout.flush()
-            summary = (
-                f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
-                f"{report.delivered} delivered, {report.resent} resent, "
-                f"{report.released} released, {report.unverifiable} unverifiable, "
-                f"{len(report.conflicts)} conflicts, {report.pending} pending, "
-                f"{report.lost_races} taken by others, {report.errors} errors "
-                f"({report.get_records_calls} GetRecords calls); "
-                f"{len(report.open_runs)} replay runs left open"
-            )
-            if as_json:  # the JSON report is the result: the summary is a log line
-                logs.report(
-                    summary,
-                    event="reconcile_pass",
-                    stream=report.stream,
-                    table=settings.table,
-                    counts={**report.counts(), "open_runs": len(report.open_runs)},
-                )
-            else:
-                typer.echo(summary)
-            for failed, why in report.failed_buckets.items():
-                typer.echo(f"keo reconcile: bucket {failed} not read: {why}", err=True)
-            if not report.run_recorded:
-                typer.echo("keo reconcile: the run could not be recorded in the ledger", err=True)
+            _report_pass(report, table=settings.table, as_json=as_json)
             if once:
                 break
             if metrics_file is not None:
@@ -173,6 +149,37 @@ def reconcile(
         raise typer.Exit(ExitCode.UNAVAILABLE)
     if report.unresolved:
         raise typer.Exit(ExitCode.FAILED)
+
+
+def _report_pass(report: ReconcileReport, *, table: str, as_json: bool) -> None:
+    """A pass's report: its summary on stdout (a log line instead, after the JSON report, with
+    ``as_json``), then on stderr the buckets not read and a run not recorded."""
+    if as_json:
+        write_json_line(report.as_json())
+        sys.stdout.flush()
+    summary = (
+        f"keo reconcile: stream {report.stream}: {report.scanned} stale claims: "
+        f"{report.delivered} delivered, {report.resent} resent, "
+        f"{report.released} released, {report.unverifiable} unverifiable, "
+        f"{len(report.conflicts)} conflicts, {report.pending} pending, "
+        f"{report.lost_races} taken by others, {report.errors} errors "
+        f"({report.get_records_calls} GetRecords calls); "
+        f"{len(report.open_runs)} replay runs left open"
+    )
+    if as_json:  # the JSON report is the result: the summary is a log line
+        logs.report(
+            summary,
+            event="reconcile_pass",
+            stream=report.stream,
+            table=table,
+            counts={**report.counts(), "open_runs": len(report.open_runs)},
+        )
+    else:
+        typer.echo(summary)
+    for failed, why in report.failed_buckets.items():
+        typer.echo(f"keo reconcile: bucket {failed} not read: {why}", err=True)
+    if not report.run_recorded:
+        typer.echo("keo reconcile: the run could not be recorded in the ledger", err=True)
 
 
 def _count_stale(stack: Stack, buckets: list[int] | None) -> int:
