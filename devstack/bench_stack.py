@@ -1,6 +1,8 @@
-"""What the Spark benches (:mod:`devstack.spark_bench`, :mod:`devstack.stream_bench`) stand
-on: the local stack's endpoints, a new stream and ledger table for each measure, their options
-as the ``KEO_*`` values the producer reads, and the file the figures go to.
+"""What the benches stand on (:mod:`devstack.spark_bench`, :mod:`devstack.stream_bench`, and
+beside the quota mode's proxies :mod:`devstack.quota_bench`, :mod:`devstack.scale_bench`): the
+local stack's endpoints, a new stream and ledger table for each measure, their options as the
+``KEO_*`` values the producer reads, the quota proxies' counters, a loop on a thread of its
+own, and the file the figures go to.
 """
 
 from __future__ import annotations
@@ -8,20 +10,33 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Self
+
+import httpx
 
 from devstack import emulators
+from devstack.fault_proxy import REPORT_PATH
 from kinesis_store.provisioning import create_stream
 from producer.clients import kinesis_client
 from producer.wiring import ledger_from
 from spark_jobs.writer import producer_settings
 
-__all__ = ["PARTITIONS", "as_env", "fresh_streams", "local_endpoints", "write"]
+__all__ = [
+    "PARTITIONS",
+    "Background",
+    "as_env",
+    "fresh_streams",
+    "local_endpoints",
+    "on_stream",
+    "proxy_counters",
+    "write",
+]
 
 # each bench stream's shards, and the Spark partitions spark_bench writes them from
 PARTITIONS: Final = 2
@@ -51,19 +66,26 @@ def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
     }
 
 
-def fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[str, dict[str, str]]:
-    """``format("keo")`` options per label, each naming a new stream and table, all ready.
+def fresh_streams(
+    settings: Mapping[str, str],
+    labels: Sequence[str],
+    *,
+    shards: int = PARTITIONS,
+    prefix: str = "bench-spark",
+) -> dict[str, dict[str, str]]:
+    """``format("keo")`` options per label, each naming a new stream of ``shards`` shards and
+    a new table, all ready.
 
     Created at once: dynalite takes about 2 s to make a table ACTIVE, whatever the load.
     """
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def fresh(label: str) -> dict[str, str]:
-        name = f"bench-spark-{label.replace('_', '-')}-{stamp}"
+        name = f"{prefix}-{label.replace('_', '-')}-{stamp}"
         options = {**settings, "stream": name, "table": name}
         parsed = producer_settings(as_env(options))
         ledger_from(parsed).create_table(wait=True)
-        create_stream(kinesis_client(parsed, for_put=False), name, PARTITIONS, timeout_s=60)
+        create_stream(kinesis_client(parsed, for_put=False), name, shards, timeout_s=60)
         return options
 
     with ThreadPoolExecutor(len(labels)) as pool:
@@ -73,6 +95,36 @@ def fresh_streams(settings: Mapping[str, str], labels: Sequence[str]) -> dict[st
 def as_env(options: Mapping[str, str]) -> dict[str, str]:
     """``format("keo")`` options as the ``KEO_*`` values the producer reads."""
     return {f"KEO_{name.upper()}": value for name, value in options.items()}
+
+
+def proxy_counters(proxy: str) -> dict[str, Any]:
+    """A quota proxy's counters (``GET /__keo/report``: a Kinesis or a DynamoDB one's)."""
+    report: dict[str, Any] = httpx.get(proxy + REPORT_PATH, timeout=10).json()["quotas"]
+    return report
+
+
+def on_stream(stream: str, counter: Mapping[str, int]) -> int:
+    """A counter by ``stream/shard`` summed over ``stream``'s shards."""
+    return sum(n for where, n in counter.items() if where.startswith(f"{stream}/"))
+
+
+class Background:
+    """``with`` it: its ``_run`` on a thread of its own until the block ends (``_stop``)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
 
 
 def write(results: Mapping[str, Any], path: Path) -> None:

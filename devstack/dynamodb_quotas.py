@@ -27,6 +27,9 @@ A write is admitted only while its key's and its table's buckets hold its units 
 them before it is written: a refused write writes nothing); a read, while both hold any, and
 it owes what it read once its answer is known (a read's size is known only then).
 
+Each partition key's admitted writes are counted, with the most it took in any one second
+(:class:`KeyWrites`): how hot the hottest item of a table runs, quota or not.
+
 Not modelled: secondary indexes' partitions (an index write is billed to the index, and a
 throttled index throttles the table's writes on AWS), adaptive capacity's splitting of a hot
 partition, transactions.
@@ -34,14 +37,14 @@ partition, transactions.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
 from devstack.quotas import ADMITTED, Admission, TokenBucket
 
-__all__ = ["Direction", "DynamoDbQuotaState", "DynamoDbQuotas"]
+__all__ = ["Direction", "DynamoDbQuotaState", "DynamoDbQuotas", "KeyWrites"]
 
 KEY_THROTTLED: Final = "ProvisionedThroughputExceededException"
 TABLE_THROTTLED: Final = "ThrottlingException"
@@ -86,10 +89,42 @@ class DynamoDbQuotas:
 
 
 @dataclass
+class KeyWrites:
+    """One partition key's admitted writes: how many, their units, and the most of each that
+    fell within one second (a sliding second: the writes of the last second are kept)."""
+
+    writes: int = 0
+    units: float = 0.0
+    peak_writes_per_s: int = 0
+    peak_units_per_s: float = 0.0
+    _last_second: deque[tuple[float, float]] = field(default_factory=deque)  # (time, units)
+    _units_in_last_second: float = 0.0
+
+    def add(self, units: float, now_s: float) -> None:
+        self.writes += 1
+        self.units += units
+        last = self._last_second
+        while last and last[0][0] <= now_s - 1.0:
+            self._units_in_last_second -= last.popleft()[1]
+        last.append((now_s, units))
+        self._units_in_last_second += units
+        self.peak_writes_per_s = max(self.peak_writes_per_s, len(last))
+        self.peak_units_per_s = max(self.peak_units_per_s, self._units_in_last_second)
+
+    def as_json(self) -> dict[str, float]:
+        return {
+            "writes": self.writes,
+            "units": self.units,
+            "peak_writes_per_s": self.peak_writes_per_s,
+            "peak_units_per_s": self.peak_units_per_s,
+        }
+
+
+@dataclass
 class DynamoDbQuotaState:
     """The buckets per (table, partition key) and per table, created on first use, and what
     they counted: calls and throttles by operation, units admitted by table, throttled
-    requests by key."""
+    requests by key, and each key's admitted writes (:class:`KeyWrites`)."""
 
     quotas: DynamoDbQuotas = field(default_factory=DynamoDbQuotas)
     _buckets: dict[tuple[str, ...], TokenBucket] = field(default_factory=dict)
@@ -98,6 +133,9 @@ class DynamoDbQuotaState:
     # units admitted (writes) and read, by (table, Read|Write)
     units: defaultdict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     throttled_keys: Counter[tuple[str, str]] = field(default_factory=Counter)
+    key_writes: defaultdict[tuple[str, str], KeyWrites] = field(
+        default_factory=lambda: defaultdict(KeyWrites)
+    )
 
     def _bucket(self, scope: tuple[str, ...], rate_per_s: float) -> TokenBucket:
         bucket = self._buckets.get(scope)
@@ -129,6 +167,7 @@ class DynamoDbQuotaState:
         per_key.take(units, now_s)
         per_table.take(units, now_s)
         self.units[(table, Direction.WRITE)] += units
+        self.key_writes[(table, key)].add(units, now_s)
         return ADMITTED
 
     def admit_read(self, operation: str, table: str, key: str | None, now_s: float) -> Admission:
@@ -157,6 +196,18 @@ class DynamoDbQuotaState:
         # the message is AWS's throttling reason: ResourceType + OperationType + LimitType
         return Admission(admitted=False, code=code, message=f"Table{direction}{limit}")
 
+    def busiest_write_keys(self) -> dict[str, dict[str, object]]:
+        """Per table, the key that took the most writes in one second, and its counts."""
+        busiest: dict[str, tuple[str, KeyWrites]] = {}
+        for (table, key), counted in self.key_writes.items():
+            held = busiest.get(table)
+            if held is None or counted.peak_writes_per_s > held[1].peak_writes_per_s:
+                busiest[table] = (key, counted)
+        return {
+            table: {"key": key, **counted.as_json()}
+            for table, (key, counted) in sorted(busiest.items())
+        }
+
     def snapshot(self) -> dict[str, object]:
         """The counters, as JSON-ready data (the proxy's ``GET /__keo/report``)."""
         return {
@@ -167,4 +218,5 @@ class DynamoDbQuotaState:
                 {"table": table, "key": key, "throttled": n}
                 for (table, key), n in self.throttled_keys.most_common(_HOT_KEYS_REPORTED)
             ],
+            "busiest_write_keys": self.busiest_write_keys(),
         }

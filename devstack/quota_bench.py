@@ -54,12 +54,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Final, Self
-
-import httpx
+from typing import IO, Any, Final
 
 from devstack.bench import CLI_COMMAND, settings_env
-from devstack.fault_proxy import REPORT_PATH
+from devstack.bench_stack import Background, on_stream, proxy_counters
 from devstack.quotas import MIB
 from kinesis_store.provisioning import create_stream
 from kinesis_store.read_pacing import GET_RECORDS_BYTES_PER_S
@@ -156,43 +154,15 @@ def _endpoint_of(process: subprocess.Popen[str]) -> str:
     raise RuntimeError(f"quota proxy did not start (exit {process.poll()}): {tail}")
 
 
-def _counters(kinesis_proxy: str) -> dict[str, Any]:
-    """The quota proxy's counters (``GET /__keo/report``)."""
-    report: dict[str, Any] = httpx.get(kinesis_proxy + REPORT_PATH, timeout=10).json()["quotas"]
-    return report
-
-
-def _on(stream: str, counter: Mapping[str, int]) -> int:
-    """A counter by ``stream/shard`` summed over ``stream``'s shards."""
-    return sum(n for where, n in counter.items() if where.startswith(f"{stream}/"))
-
-
 def _written(kinesis_proxy: str, stream: str) -> tuple[int, int]:
     """Records written and refused on ``stream``'s shards, as the proxy counted them."""
-    quotas = _counters(kinesis_proxy)
-    return _on(stream, quotas["records_written"]), _on(stream, quotas["records_refused"])
+    quotas = proxy_counters(kinesis_proxy)
+    return on_stream(stream, quotas["records_written"]), on_stream(
+        stream, quotas["records_refused"]
+    )
 
 
-class _Background:
-    """``with`` it: its ``_run`` on a thread of its own until the block ends (``_stop``)."""
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-
-class _Sampler(_Background):
+class _Sampler(Background):
     """Polls a count the proxy keeps (``count()``: records written on a stream, bytes read);
     the times it crossed 10% and 90% of its last value give the rate held."""
 
@@ -225,7 +195,7 @@ def _writing(kinesis_proxy: str, stream: str) -> _Sampler:
 
 
 def _reading(kinesis_proxy: str, stream: str) -> _Sampler:
-    return _Sampler(lambda: _on(stream, _counters(kinesis_proxy)["bytes_read"]))
+    return _Sampler(lambda: on_stream(stream, proxy_counters(kinesis_proxy)["bytes_read"]))
 
 
 # --- the writers ---------------------------------------------------------------------------
@@ -653,7 +623,7 @@ class ReaderFigures:
     other_throttled: int
 
 
-class _TipConsumer(_Background):
+class _TipConsumer(Background):
     """Another consumer of the shard, as a KCL worker at the tip is: a GetRecords a second
     (``Limit`` 10,000), one attempt each; what it read and how often it was refused."""
 
@@ -787,7 +757,7 @@ def measure_readers(
             ):
                 read(behind)
             seconds = time.monotonic() - started
-            throttled = int(_counters(kinesis_proxy)["throttles"].get("GetRecords", 0))
+            throttled = int(proxy_counters(kinesis_proxy)["throttles"].get("GetRecords", 0))
         other_per_s = other.bytes / seconds
         rate = sampler.rate() - other_per_s
         left = GET_RECORDS_BYTES_PER_S - other_per_s

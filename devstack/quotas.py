@@ -165,7 +165,8 @@ LIMITED: Final = "LimitExceededException"
 @dataclass
 class KinesisQuotaState:
     """Every bucket of the quota mode, created on first use, and what it counted: calls by
-    operation, throttles by operation, records and bytes admitted and refused by shard."""
+    operation, throttles by operation, records and bytes admitted and refused by shard, and
+    the read calls (GetShardIterator, GetRecords) by shard, refused ones included."""
 
     quotas: KinesisQuotas = field(default_factory=KinesisQuotas)
     account: str = "000000000000"
@@ -176,6 +177,7 @@ class KinesisQuotaState:
     written_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     refused: Counter[tuple[str, str]] = field(default_factory=Counter)  # records, by shard
     read_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    shard_calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # op, by shard
 
     def _bucket(self, key: tuple[str, ...], rate_per_s: float) -> TokenBucket:
         bucket = self._buckets.get(key)
@@ -220,6 +222,7 @@ class KinesisQuotaState:
         """A GetRecords call on ``shard``: refused past 5 calls a second, or while the shard's
         read bytes are owed."""
         self.calls["GetRecords"] += 1
+        self.shard_calls[("GetRecords", stream, shard)] += 1
         calls = self._bucket(("r-calls", stream, shard), self.quotas.shard_read_calls_per_s)
         volume = self._bucket(("r-bytes", stream, shard), self.quotas.shard_read_bytes_per_s)
         if volume.available(now_s) >= 0 and calls.take(1, now_s):
@@ -239,6 +242,7 @@ class KinesisQuotaState:
     def admit_iterator(self, stream: str, shard: str, now_s: float) -> Admission:
         """A GetShardIterator call for ``shard``."""
         self.calls["GetShardIterator"] += 1
+        self.shard_calls[("GetShardIterator", stream, shard)] += 1
         rate = self.quotas.shard_iterator_calls_per_s
         if self._bucket(("iterator", stream, shard), rate).take(1, now_s):
             return ADMITTED
@@ -268,8 +272,12 @@ class KinesisQuotaState:
         def by_shard(counter: Counter[tuple[str, str]]) -> dict[str, int]:
             return {f"{stream}/{shard}": n for (stream, shard), n in sorted(counter.items())}
 
+        calls_by_shard: dict[str, dict[str, int]] = {}
+        for (operation, stream, shard), n in sorted(self.shard_calls.items()):
+            calls_by_shard.setdefault(operation, {})[f"{stream}/{shard}"] = n
         return {
             "calls": dict(sorted(self.calls.items())),
+            "calls_by_shard": calls_by_shard,
             "throttles": dict(sorted(self.throttles.items())),
             "records_written": by_shard(self.written),
             "bytes_written": by_shard(self.written_bytes),

@@ -62,3 +62,21 @@ def test_a_table_is_its_own_read_quota_across_keys() -> None:
 def test_a_quota_must_be_a_positive_rate() -> None:
     with pytest.raises(ValueError, match="positive"):
         DynamoDbQuotas(key_write_units_per_s=0)
+
+
+def test_each_key_counts_its_writes_and_the_most_it_took_in_one_second() -> None:
+    state = DynamoDbQuotaState()
+    # GIVEN key "run" written 3 times within a second, then twice a second later; "task" once
+    for now_s in (0.0, 0.3, 0.9, 1.5, 1.6):
+        assert state.admit_write("UpdateItem", "t", "run", 2, now_s=now_s).admitted
+    state.admit_write("UpdateItem", "t", "task", 1, now_s=0.0)
+    # AND a refused write, which is not counted
+    state.admit_write("UpdateItem", "t", "run", 5000, now_s=1.6)
+    # THEN each key has its total and its busiest second (0.9 to 1.6 holds 3 writes too)
+    run = state.key_writes[("t", "run")]
+    assert (run.writes, run.units, run.peak_writes_per_s, run.peak_units_per_s) == (5, 10, 3, 6)
+    assert state.key_writes[("t", "task")].peak_writes_per_s == 1
+    # AND the report names each table's busiest key
+    assert state.snapshot()["busiest_write_keys"] == {
+        "t": {"key": "run", "writes": 5, "units": 10, "peak_writes_per_s": 3, "peak_units_per_s": 6}
+    }

@@ -57,6 +57,20 @@ def test_a_record_too_big_for_what_is_left_is_refused_and_a_smaller_one_after_it
     assert [d.admitted for d in decided] == [True, False, True]
 
 
+def test_read_calls_are_counted_by_shard_refused_ones_too() -> None:
+    state = KinesisQuotaState(KinesisQuotas(shard_read_calls_per_s=2))
+    # GIVEN three GetRecords on shard a (the third over its 2 a second) and one on b
+    for shard in ("a", "a", "a", "b"):
+        state.admit_read("s", shard, now_s=0.0)
+    state.admit_iterator("s", "a", now_s=0.0)
+    # THEN each shard's calls are counted, whatever the quota answered
+    assert state.snapshot()["calls_by_shard"] == {
+        "GetRecords": {"s/a": 3, "s/b": 1},
+        "GetShardIterator": {"s/a": 1},
+    }
+    assert state.throttles == {"GetRecords": 1}
+
+
 def test_control_plane_quotas_count_per_account_or_per_stream() -> None:
     state = KinesisQuotaState()
     # DescribeStreamSummary: 20 a second for the account, whichever stream
