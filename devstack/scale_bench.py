@@ -89,7 +89,6 @@ __all__ = [
     "render",
 ]
 
-log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
