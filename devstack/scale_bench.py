@@ -572,9 +572,9 @@ class Bench:
         arming: Arming = nothing_armed,
         kill_at_rows: int = 0,
     ) -> tuple[QueryFigures, TaskRun]:
-        """One execution of the write: planned here, its tasks in the workers, committed here
-        unless its workers were killed (once ``kill_at_rows`` rows were written) or a task
-        failed too often."""
+        """One execution of the write: planned and committed in driver processes, its tasks in
+        the workers. With ``kill_at_rows``, the workers are killed once that many rows were
+        written and nothing is committed; nor when a task failed too often."""
         from spark_jobs.datasource import KeoArrowWriter
 
         stack, shape = self.stack, self.shape
@@ -591,7 +591,9 @@ class Bench:
             ) as watch,
         ):
             run = run_tasks(workers, shape.tasks, arming)
-        if run.complete:
+        # an execution to be killed never commits, even when its tasks outran the kill: its
+        # driver is gone with its workers
+        if run.complete and not kill_at_rows:
             on_the_driver(commit_write, plan, run.messages())
             commit_s = time.monotonic() - started
         after = Counted.now(stack)
