@@ -67,9 +67,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from devstack import emulators
 from devstack.bench_stack import Background, as_env, fresh_streams, on_stream, proxy_counters, write
 from devstack.quotas import CONTROL_PLANE
-from producer.audit import audit_rows
+from producer.audit.rows import ExpectedRow, RowAnomaly
+from producer.audit.stream import audit_rows
 from producer.clients import kinesis_read_client
-from producer.row_audit import ExpectedRow, RowAnomaly
 from spark_jobs.writer import producer_settings
 
 if TYPE_CHECKING:
