@@ -80,9 +80,9 @@ demo-relay: setup ## the relay demo: stream A into stream B through Spark, under
 bench: setup ## keo bench: the producer, then the Spark data source; figures go to files
 	$(BIN)/keo bench
 
-bench-compare: setup ## this tree's producer against BEFORE=<rev>'s, alternating on one stack
-	@if [ -z '$(BEFORE)' ]; then echo "usage: make bench-compare BEFORE=<git revision>" >&2; exit 2; fi
-	$(BIN)/python -m devstack.compare --before '$(BEFORE)' --state-dir $(STATE_DIR)
+bench-compare: setup ## this tree's producer against BEFORE=<rev>'s, alternating on one stack (DEDUPE=key|replay)
+	@if [ -z '$(BEFORE)' ]; then echo "usage: make bench-compare BEFORE=<git revision> [DEDUPE=replay]" >&2; exit 2; fi
+	$(BIN)/python -m devstack.compare --before '$(BEFORE)' --state-dir $(STATE_DIR) --dedupe '$(or $(DEDUPE),key)'
 
 soak: setup ## a seeded mix of every fault, then the audit (SEEDS=1,2,3 MESSAGES=400 CHUNK=40)
 	SOAK_SEEDS='$(SEEDS)' SOAK_MESSAGES='$(MESSAGES)' SOAK_CHUNK='$(CHUNK)' $(BIN)/pytest tests/integration/test_soak.py -v $(PYTEST_ARGS)

@@ -42,17 +42,24 @@ from devstack.bench import Bench, _messages
 from producer.settings import ProducerSettings
 from producer.wiring import build_stack
 
-count, concurrency = int(sys.argv[1]), int(sys.argv[2])
+count, concurrency, dedupe = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 bench = Bench(ProducerSettings(stream="compare", table="compare"))
 settings = bench._fresh("compare", ledger_concurrency=concurrency)
 messages = _messages(count, 200, "compare")
-with build_stack(settings).producer(owner="compare") as producer:
+stack = build_stack(settings)
+if dedupe == "replay":  # one run, sent whole (send_run: every revision with replay mode has it)
     cpu, wall = time.process_time(), time.perf_counter()
-    delivered = 0
-    for start in range(0, count, 5000):
-        outcomes = producer.send(messages[start : start + 5000])
-        delivered += sum(1 for outcome in outcomes if outcome.delivered)
+    outcomes = stack.replay_producer().send_run(f"compare-{os.getpid()}", messages)
+    delivered = sum(1 for outcome in outcomes if outcome.delivered)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+else:
+    with stack.producer(owner="compare") as producer:
+        cpu, wall = time.process_time(), time.perf_counter()
+        delivered = 0
+        for start in range(0, count, 5000):
+            outcomes = producer.send(messages[start : start + 5000])
+            delivered += sum(1 for outcome in outcomes if outcome.delivered)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 print(json.dumps({
     "delivered": delivered,
     "messages_per_second": round(delivered / wall, 1),
@@ -64,10 +71,10 @@ print(json.dumps({
 _ROOT = Path(__file__).resolve().parent.parent  # the tree this module is in: "this tree"
 
 
-def producer_run(tree: Path, count: int, concurrency: int) -> dict[str, Any]:
-    """One producer run of the code in ``tree``, in a process of its own."""
+def producer_run(tree: Path, count: int, concurrency: int, dedupe: str = "key") -> dict[str, Any]:
+    """One producer run of the code in ``tree``, in ``dedupe`` mode, in a process of its own."""
     done = subprocess.run(
-        [sys.executable, "-c", _PRODUCER_RUN, str(count), str(concurrency)],
+        [sys.executable, "-c", _PRODUCER_RUN, str(count), str(concurrency), dedupe],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -162,6 +169,7 @@ def compare(
     concurrency: int,
     say: Callable[[str], None],
     warm_up: int = 0,
+    dedupe: str = "key",
 ) -> dict[str, Any]:
     from devstack.bench import Bench, load_average, machine
     from producer.settings import ProducerSettings
@@ -180,8 +188,8 @@ def compare(
         try:
             for n in range(1, warm_up + 1):
                 say(f"warm-up {n}/{warm_up} (untimed): {before}, this tree")
-                producer_run(tree, count, concurrency)
-                producer_run(here, count, concurrency)
+                producer_run(tree, count, concurrency, dedupe)
+                producer_run(here, count, concurrency, dedupe)
             for n in range(1, rounds + 1):
                 say(f"round {n}/{rounds}: ceilings, baseline, {before}, this tree")
                 ceiling = bench.ledger_ceiling(count, concurrency)
@@ -196,8 +204,8 @@ def compare(
                             else {}
                         ),
                         "baseline_messages_per_second": baseline["messages_per_second"],
-                        "before": producer_run(tree, count, concurrency),
-                        "after": producer_run(here, count, concurrency),
+                        "before": producer_run(tree, count, concurrency, dedupe),
+                        "after": producer_run(here, count, concurrency, dedupe),
                     }
                 )
         finally:
@@ -209,6 +217,7 @@ def compare(
         "machine": machine(load_at_start),
         "before": {"ref": before, "revision": _revision(before, here)},
         "after": {"ref": "this tree", "revision": _revision("HEAD", here)},
+        "dedupe": dedupe,
         "messages": count,
         "warm_up_rounds": warm_up,
         "message_bytes": 200,
@@ -232,6 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     )
     parser.add_argument("--concurrency", type=int, default=32, help="ledger concurrency")
+    parser.add_argument(
+        "--dedupe",
+        choices=("key", "replay"),
+        default="key",
+        help="the producers' mode: key (ExactlyOnceProducer) or replay (one run, send_run)",
+    )
     parser.add_argument("--state-dir", type=Path, default=Path(".keo"), help="local stack")
     parser.add_argument(
         "--dynamodb-emulator",
@@ -276,8 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         concurrency=args.concurrency,
         say=say,
         warm_up=args.warm_up,
+        dedupe=args.dedupe,
     )
-    target = args.output or Path("bench/results") / f"compare-{time.strftime('%Y-%m-%d')}.json"
+    name = f"compare-{time.strftime('%Y-%m-%d')}{'-replay' if args.dedupe == 'replay' else ''}"
+    target = args.output or Path("bench/results") / f"{name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results["summary"], indent=2))
