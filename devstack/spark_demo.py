@@ -218,14 +218,10 @@ def write_events(directory: Path, count: int, files: int = DEFAULT_EVENT_FILES) 
 # --- the plain at-least-once sink --------------------------------------------------------------
 
 
-def _put_client(values: Mapping[str, str]) -> Any:
+def _put_client(settings: ProducerSettings) -> Any:
     """One client per Python worker process and settings (rebuilt after a fork)."""
     # SDK retries off, short timeouts: this sink's loop below does the SDK's resending
-    return per_worker(
-        "plain-put-client",
-        values,
-        lambda: kinesis_client(producer_settings(values), for_put=True),
-    )
+    return per_worker("plain-put-client", settings, lambda: kinesis_client(settings, for_put=True))
 
 
 @dataclass(frozen=True)
@@ -233,7 +229,7 @@ class AtLeastOncePartitionWriter:
     """Executor side of the plain sink: ``(key, data)`` rows (data a string, or binary as
     ``readStream.format("keo")`` reads it), 500 records per request."""
 
-    settings: dict[str, str]
+    settings: ProducerSettings
     stream: str
 
     def __call__(self, rows: Iterable[Any]) -> Iterator[int]:
@@ -257,8 +253,8 @@ class AtLeastOnceSink:
     """``foreachBatch`` sink that puts every row, with the usual retry loop and no ledger."""
 
     def __init__(self, settings: Mapping[str, str]) -> None:
-        self.settings = dict(settings)
-        self.stream = producer_settings(self.settings).stream
+        self.settings = producer_settings(settings)
+        self.stream = self.settings.stream
 
     def __call__(self, df: Any, batch_id: int) -> None:
         written = sum(

@@ -30,7 +30,6 @@ from kinesis_store.shards import Shard
 from producer.clients import kinesis_client, kinesis_read_client
 from spark_jobs.options import ReadOptions
 from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, read_schema
-from spark_jobs.writer import producer_settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,14 +67,14 @@ def read_records(spark: Any, options: Mapping[str, Any] | None = None, **more: A
 
 def shards_of(options: ReadOptions) -> list[Shard]:
     """Every shard the stream still has, open and closed (listed once, on the driver)."""
-    settings = producer_settings(options.settings)
+    settings = options.settings
     return KinesisReader(kinesis_client(settings, for_put=False), settings.stream).shards()
 
 
 def read_shard(options: ReadOptions, shard: Shard) -> Iterator[pa.RecordBatch]:
     """On an executor: ``shard``'s rows as Arrow record batches (Spark would convert tuples
     value by value)."""
-    settings = producer_settings(options.settings)
+    settings = options.settings
     reader = KinesisReader(
         kinesis_read_client(settings),
         settings.stream,

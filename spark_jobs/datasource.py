@@ -170,7 +170,7 @@ class WritePlan:
 
     @property
     def stream(self) -> str:
-        return stack_for(self.options.settings, checked=self.checked).settings.stream
+        return self.options.settings.stream
 
     def run_of(self, batch_id: int | None) -> str:
         """Replay mode: the run a batch is (``<query_name>/<batch id>``), or a batch write's
@@ -311,9 +311,7 @@ def _abort(
         batch_id,
         len(done),
         report.counts["sent"],
-        guarantee_of(
-            stack_for(plan.options.settings, checked=plan.checked).settings
-        ).settles_the_rest,
+        guarantee_of(plan.options.settings).settles_the_rest,
     )
 
 

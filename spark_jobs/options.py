@@ -78,17 +78,17 @@ def refuse_unknown(options: Mapping[str, str], known: frozenset[str], doing: str
         )
 
 
-def settings_values(options: Mapping[str, str]) -> dict[str, str]:
-    """The ``KEO_*`` values the executors receive: the options over the driver's environment,
-    validated here so a bad value fails the query before any task runs."""
+def settings_of(options: Mapping[str, str]) -> ProducerSettings:
+    """The settings the executors receive, parsed once, here: the options over the driver's
+    environment, validated so that a bad value fails the query before any task runs (the
+    executors get them typed, pickled with the plan, and never read their own environment)."""
     values = settings_from_env(
         None, **{name: options[name] for name in options if name in SETTING_OPTIONS}
     )
     try:
-        producer_settings(values)
+        return producer_settings(values)
     except ValueError as exc:  # pydantic's ValidationError names the field and the rule
         raise OptionsError(f"format('keo'): {exc}", options=_named_in(str(exc))) from exc
-    return values
 
 
 def setting_options(values: Mapping[str, str]) -> dict[str, str]:
@@ -104,9 +104,9 @@ def _named_in(message: str) -> list[str]:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """A write's options, checked; ``settings`` are the ``KEO_*`` values for the executors."""
+    """A write's options, checked; ``settings`` are the executors' settings, parsed once."""
 
-    settings: dict[str, str]
+    settings: ProducerSettings
     key_column: str
     data_column: str
     routing_key_column: str | None
@@ -139,10 +139,9 @@ class WriteOptions:
             value = chosen[name]
             if value is not None and not value.strip():
                 raise OptionsError(f"format('keo'): {name} is empty", options=[name])
-        settings = settings_values(options)
-        checked = producer_settings(settings)
-        _check_replay(checked.dedupe, query_name, chosen["run_id"], streaming=streaming)
-        warn_if_unfenced(checked)
+        settings = settings_of(options)
+        _check_replay(settings.dedupe, query_name, chosen["run_id"], streaming=streaming)
+        warn_if_unfenced(settings)
         return cls(
             settings=settings,
             key_column=chosen["key_column"] or "key",
@@ -238,7 +237,7 @@ def flag(name: str, value: str) -> bool:
 class ReadOptions:
     """A read's options, checked; time bounds in epoch milliseconds."""
 
-    settings: dict[str, str]
+    settings: ProducerSettings
     starting_ms: int | None
     ending_ms: int | None
     kcl_filter: bool
@@ -258,7 +257,7 @@ class ReadOptions:
                 options=["starting_timestamp", "ending_timestamp"],
             )
         return cls(
-            settings=settings_values(options),
+            settings=settings_of(options),
             starting_ms=starting_ms,
             ending_ms=ending_ms,
             kcl_filter=flag("kcl_filter", chosen["kcl_filter"] or "true"),
@@ -271,7 +270,7 @@ class ReadOptions:
 class StreamReadOptions:
     """A streaming read's options, checked (``spark.readStream.format("keo")``)."""
 
-    settings: dict[str, str]
+    settings: ProducerSettings
     starting_position: StartingPosition
     max_records_per_trigger: int | None
     max_records_per_shard_per_trigger: int | None
@@ -284,7 +283,7 @@ class StreamReadOptions:
 
     @property
     def stream(self) -> str:
-        return producer_settings(self.settings).stream
+        return self.settings.stream
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> StreamReadOptions:
@@ -300,7 +299,7 @@ class StreamReadOptions:
         refuse_unknown(options, known, "streaming read")
         chosen = {name: options.get(name, default) for name, default in STREAM_READ_OPTIONS.items()}
         return cls(
-            settings=settings_values(options),
+            settings=settings_of(options),
             starting_position=_starting_position(chosen["starting_position"] or "trim_horizon"),
             max_records_per_trigger=_positive("max_records_per_trigger", chosen),
             max_records_per_shard_per_trigger=_positive(

@@ -84,10 +84,11 @@ class ExactlyOnceSink:
         if dedupe is not None:
             self.settings[env_var("dedupe")] = Dedupe(dedupe).value
         self.hooks = hooks
-        checked = producer_settings(self.settings)  # fail fast on bad settings
-        self.stream = checked.stream
-        self.dedupe = checked.dedupe
-        self.guarantee = guarantee_of(checked)
+        # parsed once, here: a bad setting fails now, and the tasks get them typed
+        self.parsed = producer_settings(self.settings)
+        self.stream = self.parsed.stream
+        self.dedupe = self.parsed.dedupe
+        self.guarantee = guarantee_of(self.parsed)
         self.key_column = key_column
         self.data_column = data_column
         self.routing_key_column = routing_key_column
@@ -106,7 +107,7 @@ class ExactlyOnceSink:
 
     def write_batch(self, df: Any, batch_id: int) -> BatchReport:
         query_id = self.query_id or _streaming_query_id(df)
-        stack = stack_for(self.settings)
+        stack = stack_for(self.parsed)
         count = self._counter()
         report = BatchReport(query_id, batch_id)
         if self.guarantee.done_before(stack, query_id, batch_id):
@@ -191,7 +192,7 @@ class ExactlyOnceSink:
         skip. A key-mode task keeps its unresolved rows for the driver's commit, which fails
         the batch; a replay-mode task fails, for Spark to retry it alone."""
         return TaskWriter(
-            settings=self.settings,
+            settings=self.parsed,
             query_id=query_id,
             batch_id=batch_id,
             run=f"{query_id}/{batch_id}",

@@ -54,7 +54,6 @@ from spark_jobs.options import StreamReadOptions
 from spark_jobs.read_rows import arrow_batches_of, malformed_aggregate_policy, rows_of
 from spark_jobs.stream_offsets import ShardRange, StreamOffset
 from spark_jobs.stream_planner import Budget, StreamPlanner, lost_records_policy
-from spark_jobs.writer import producer_settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,7 +80,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**self.__dict__, "_planner": None}  # clients are built where the reader runs
 
     def _kinesis(self) -> KinesisReader:
-        settings = producer_settings(self.options.settings)
+        settings = self.options.settings
         return KinesisReader(
             kinesis_read_client(settings),
             settings.stream,
@@ -94,7 +93,7 @@ class KeoStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def planner(self) -> StreamPlanner:
         if self._planner is None:
-            settings = producer_settings(self.options.settings)
+            settings = self.options.settings
             self._planner = StreamPlanner(
                 self._kinesis(),
                 SystemClock(),

@@ -14,8 +14,8 @@ Rows are ``(key, data, routing_key)`` tuples, whatever the input's columns were:
 selects them its own way (the sink with a Spark ``select``, the data source from Arrow record
 batches or Spark rows). Nothing here imports pyspark.
 
-Executors rebuild :class:`producer.settings.ProducerSettings` from a plain dict of ``KEO_*``
-values (picklable), and keep one client set per Python worker process, reused across batches.
+Executors get :class:`producer.settings.ProducerSettings` parsed once on the driver (pickled
+with the plan), and keep one client set per Python worker process, reused across batches.
 """
 
 from __future__ import annotations
@@ -103,13 +103,13 @@ def producer_settings(values: Mapping[str, str]) -> ProducerSettings:
 # What a Python worker process builds once per settings (a client set, a client), rebuilt
 # after a fork: boto3 clients must not cross one.
 _T = TypeVar("_T")
-_PER_WORKER: dict[tuple[str, int, tuple[tuple[str, str], ...]], Any] = {}
+_PER_WORKER: dict[tuple[str, int, str], Any] = {}
 _PER_WORKER_LOCK = threading.Lock()
 
 
-def per_worker(kind: str, values: Mapping[str, str], build: Callable[[], _T]) -> _T:
+def per_worker(kind: str, settings: ProducerSettings, build: Callable[[], _T]) -> _T:
     """``build()``'s result, once per ``kind``, settings and Python worker process."""
-    cache_key = (kind, os.getpid(), tuple(sorted(values.items())))
+    cache_key = (kind, os.getpid(), settings.model_dump_json())
     with _PER_WORKER_LOCK:
         built: _T | None = _PER_WORKER.get(cache_key)
         if built is None:
@@ -117,13 +117,13 @@ def per_worker(kind: str, values: Mapping[str, str], build: Callable[[], _T]) ->
         return built
 
 
-def stack_for(values: Mapping[str, str], *, checked: StreamInfo | None = None) -> Stack:
+def stack_for(settings: ProducerSettings, *, checked: StreamInfo | None = None) -> Stack:
     """One client set per Python worker process and settings; ``checked``: what the driver
     found when it checked the stream and the table (:func:`producer.wiring.build_stack`), so
     that an executor asks neither again."""
 
     def build() -> Stack:
-        stack = build_stack(producer_settings(values), checked=checked)
+        stack = build_stack(settings, checked=checked)
         log.info(
             "spark clients built pid=%d stream=%s table=%s",
             os.getpid(),
@@ -132,7 +132,7 @@ def stack_for(values: Mapping[str, str], *, checked: StreamInfo | None = None) -
         )
         return stack
 
-    return per_worker("stack", values, build)
+    return per_worker("stack", settings, build)
 
 
 # --- what comes back from a partition ---------------------------------------------------------
@@ -240,7 +240,7 @@ class TaskWriter:
     (:class:`UnresolvedKeysError`), so Spark retries it alone; else the driver's commit fails
     the batch."""
 
-    settings: dict[str, str]
+    settings: ProducerSettings
     query_id: str
     batch_id: int | None
     run: str

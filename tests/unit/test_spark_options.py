@@ -19,21 +19,21 @@ def test_write_options_default_to_key_and_data_columns_and_arrow() -> None:
     # GIVEN only the stream and the table
     # WHEN the write's options are read
     options = WriteOptions.parse(STREAM, streaming=False)
-    # THEN the columns are key and data, no routing, Arrow, and the settings travel as KEO_*
+    # THEN the columns are key and data, no routing, Arrow, and the settings travel parsed
     assert (options.key_column, options.data_column, options.routing_key_column) == (
         "key",
         "data",
         None,
     )
     assert options.arrow
-    assert options.settings["KEO_STREAM"] == "orders"
+    assert options.settings.stream == "orders"
 
 
 def test_settings_are_options_by_their_lower_case_name() -> None:
     # GIVEN a setting given as an option, in any case (Spark lower-cases option names)
     options = WriteOptions.parse({**STREAM, "Lease_S": "420"}, streaming=False)
-    # THEN it is the KEO_* value the executors get
-    assert options.settings["KEO_LEASE_S"] == "420"
+    # THEN it is the setting the executors get
+    assert options.settings.lease_s == 420
 
 
 def test_unknown_options_are_refused_by_name() -> None:
