@@ -10,6 +10,8 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
       ├─ done_before(stack, ...)  whether a batch is settled already, asked before any task runs
       │                           (key mode's batch record; replay mode's tasks learn it from
       │                           their run)
+      ├─ plan_recovery(stack, runs)  on a driver, before the tasks: what a replay's tasks
+      │                           would read back, read once (replay mode), for their senders
       └─ completer(stack, ...) ── what records a settled batch or run, so that a replay of it
                                   does nothing: the batch's record, or the run COMPLETE
 
@@ -31,6 +33,8 @@ from producer.replay.attempt import ReplayAttempt
 from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer, new_execution_id
+from producer.replay.recovery import plan_reads
+from producer.replay.shared_reads import PlannedReads, shared_by
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack
 
@@ -124,7 +128,25 @@ class Guarantee(Protocol):
         """How a replay of a write that failed part-way settles the rest (the abort's log)."""
         ...
 
-    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender: ...
+    def sender(
+        self,
+        stack: Stack,
+        party: Party,
+        *,
+        hooks: Hooks | None = None,
+        planned: Sequence[PlannedReads] = (),
+    ) -> Sender:
+        """What ``party`` sends through; ``planned``: what a driver read for the write's
+        replays (:meth:`plan_recovery`), which the party's recovery then need not read."""
+        ...
+
+    def plan_recovery(
+        self, stack: Stack, *, runs: Sequence[str] = (), query: str | None = None
+    ) -> tuple[PlannedReads, ...]:
+        """On a driver, before a write's tasks start: what its tasks would read back of the
+        ``runs`` it may replay, and of ``query``'s runs left open (a restarted query replays
+        them), read once (none where they must read for themselves)."""
+        ...
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool: ...
 
@@ -205,8 +227,24 @@ class _Key:
     retries_unresolved_tasks: bool = False
     settles_the_rest: str = "through the per-key claims"
 
-    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender:
+    def sender(
+        self,
+        stack: Stack,
+        party: Party,
+        *,
+        hooks: Hooks | None = None,
+        planned: Sequence[PlannedReads] = (),  # noqa: ARG002 - key mode reads back no run
+    ) -> Sender:
         return _KeySender(stack.producer(owner=party.owner, hooks=hooks))
+
+    def plan_recovery(
+        self,
+        stack: Stack,  # noqa: ARG002 - key mode reads back no run
+        *,
+        runs: Sequence[str] = (),  # noqa: ARG002
+        query: str | None = None,  # noqa: ARG002
+    ) -> tuple[PlannedReads, ...]:
+        return ()
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:
         """True when the batch ledger says this query's batch settled every row already."""
@@ -246,13 +284,35 @@ class _Replay:
     retries_unresolved_tasks: bool = True
     settles_the_rest: str = "by reading the stream back"
 
-    def sender(self, stack: Stack, party: Party, *, hooks: Hooks | None = None) -> Sender:
+    def sender(
+        self,
+        stack: Stack,
+        party: Party,
+        *,
+        hooks: Hooks | None = None,
+        planned: Sequence[PlannedReads] = (),
+    ) -> Sender:
+        shared = shared_by(stack.reader)
+        for plan in planned:
+            if plan.run == party.run:
+                shared.seed(plan)
         producer = stack.replay_producer(hooks=hooks)
         task = ReplayTask(party.run, party.execution_id, party.task, party.task_attempt)
         return _ReplaySender(producer, producer.attempt(task))
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:  # noqa: ARG002 - the tasks learn it from their run
         return False
+
+    def plan_recovery(
+        self, stack: Stack, *, runs: Sequence[str] = (), query: str | None = None
+    ) -> tuple[PlannedReads, ...]:
+        wanted = list(runs)
+        if query is not None:  # the runs its last execution left open, their leases over
+            left_open = stack.ledger.open_runs(stack.settings.stream, now_ms=stack.clock.now_ms())
+            wanted += [r.run for r in left_open if r.run.startswith(f"{query}/")]
+        lease = stack.settings.lease_policy()
+        plans = (plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in wanted)
+        return tuple(plan for plan in plans if plan is not None)
 
     def completer(self, stack: Stack, *, query: str | None, run: str) -> Completer | None:  # noqa: ARG002 - the run names the batch
         """The batch's run marked COMPLETE (one write): a replay of it sends nothing."""

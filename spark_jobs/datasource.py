@@ -77,6 +77,7 @@ from kinesis_store.shards import Shard, StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
+from producer.replay.shared_reads import PlannedReads
 from spark_jobs.batch_read import read_shard, shards_of
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.errors import OptionsError
@@ -129,6 +130,8 @@ class WritePlan:
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # what the driver found when it checked the stream and the table: the tasks ask neither
     checked: StreamInfo | None = None
+    # what the driver read back for the runs the write replays: its tasks need not read it
+    planned: tuple[PlannedReads, ...] = ()
 
     @classmethod
     def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
@@ -162,8 +165,23 @@ class WritePlan:
                 f"format('keo'): data_column: {exc}", options=["data_column"]
             ) from exc
         # the stream and the table exist, or the write fails now, once for all its tasks
-        checked = stack_for(options.settings).info
-        return cls(options, key_index, data_index, routing_index, binary, checked=checked)
+        stack = stack_for(options.settings)
+        # a batch write's run, or a restarted query's runs left open: what its tasks would
+        # read back, read once here
+        planned = guarantee_of(options.settings).plan_recovery(
+            stack,
+            runs=[options.run_id] if options.run_id is not None else [],
+            query=options.query_name if streaming else None,
+        )
+        return cls(
+            options,
+            key_index,
+            data_index,
+            routing_index,
+            binary,
+            checked=stack.info,
+            planned=planned,
+        )
 
     def with_hooks(self, hooks: Hooks) -> WritePlan:
         return replace(self, hooks=hooks)
@@ -253,6 +271,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
         data_is_binary=plan.binary,
         hooks=plan.hooks,
         checked=plan.checked,
+        planned=plan.planned,
     ).write(partition, task_attempt_of(context), rows)
     return KeoCommitMessage(report, skipped=report.skipped, query_id=query)
 

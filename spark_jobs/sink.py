@@ -37,6 +37,7 @@ from kinesis_store.shards import StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
+from producer.replay.shared_reads import PlannedReads
 from producer.settings import Dedupe
 from spark_jobs.driver_metrics import BatchEnd, BatchResult, FailureReason, MetricsEndpoint
 from spark_jobs.writer import (
@@ -119,7 +120,15 @@ class ExactlyOnceSink:
             parts = (
                 self._rows(df)
                 .rdd.mapPartitionsWithIndex(
-                    self.partition_writer(df, query_id, batch_id, checked=stack.info)
+                    self.partition_writer(
+                        df,
+                        query_id,
+                        batch_id,
+                        checked=stack.info,
+                        planned=self.guarantee.plan_recovery(
+                            stack, runs=[f"{query_id}/{batch_id}"]
+                        ),
+                    )
                 )
                 .collect()
             )
@@ -185,12 +194,20 @@ class ExactlyOnceSink:
         return count
 
     def partition_writer(
-        self, df: Any, query_id: str, batch_id: int, *, checked: StreamInfo | None = None
+        self,
+        df: Any,
+        query_id: str,
+        batch_id: int,
+        *,
+        checked: StreamInfo | None = None,
+        planned: tuple[PlannedReads, ...] = (),
     ) -> TaskWriter:
         """The executor function of one batch of ``df`` (public for tests of racing tasks);
         ``checked``: the driver's check of the stream and the table, which its tasks then
-        skip. A key-mode task keeps its unresolved rows for the driver's commit, which fails
-        the batch; a replay-mode task fails, for Spark to retry it alone."""
+        skip; ``planned``: what the driver read back for a replay of the batch, which its
+        tasks then need not read. A key-mode task keeps its unresolved rows for the driver's
+        commit, which fails the batch; a replay-mode task fails, for Spark to retry it
+        alone."""
         return TaskWriter(
             settings=self.parsed,
             query_id=query_id,
@@ -204,6 +221,7 @@ class ExactlyOnceSink:
             rows_per_send=self.rows_per_send,
             hooks=self.hooks,
             checked=checked,
+            planned=planned,
         )
 
     def _rows(self, df: Any) -> Any:

@@ -40,6 +40,7 @@ from producer.key.producer import default_owner
 from producer.metrics import SampleKey
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
+from producer.replay.shared_reads import PlannedReads
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 
@@ -250,6 +251,8 @@ class TaskWriter:
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
     hooks: Hooks = NO_HOOKS
     checked: StreamInfo | None = None  # the driver's check of the stream and the table
+    # what the driver read back for a replay's tasks (producer.replay.recovery.plan_reads)
+    planned: tuple[PlannedReads, ...] = ()
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
         stack = stack_for(self.settings, checked=self.checked)
@@ -262,7 +265,8 @@ class TaskWriter:
             owner=f"{default_owner()}:q{self.query_id[:8]}:b{batch or 0}:p{partition}",
         )
         tally = _Tally(partition, binary=self.data_is_binary)
-        with guarantee_of(stack.settings).sender(stack, party, hooks=self.hooks) as sender:
+        guarantee = guarantee_of(stack.settings)
+        with guarantee.sender(stack, party, hooks=self.hooks, planned=self.planned) as sender:
             for chunk in chunked(rows, self.rows_per_send):
                 tally.add(chunk, sender.send([_message(row) for row in chunk]))
             end = sender.finish()

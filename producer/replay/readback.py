@@ -39,7 +39,16 @@ from producer.protocol import PreparedMessage
 from producer.replay.plan import match_since, possibly_others
 from producer.replay.shared_reads import RecordRead, shared_by
 
-__all__ = ["EarlierPuts", "FoundRows", "RowId", "RowsRead", "read_rows", "row_id", "row_tag_of"]
+__all__ = [
+    "EarlierPuts",
+    "FoundRows",
+    "RowId",
+    "RowsRead",
+    "read_rows",
+    "records_in",
+    "row_id",
+    "row_tag_of",
+]
 
 RowId = tuple[str, bytes]  # the key, and a digest of the data
 
@@ -89,7 +98,7 @@ def _shards_of(items: Iterable[PreparedMessage], shards: Sequence[Shard]) -> set
     }
 
 
-def _records_in(
+def records_in(
     reader: KinesisReader,
     shard: Shard,
     windows: Sequence[tuple[int, int]],
@@ -133,8 +142,8 @@ def _read_shard(
     *,
     wanted: Callable[[RowId], bool] | None = None,
 ) -> None:
-    """The shard's records in ``windows`` (:func:`_records_in`) of the ``wanted`` rows."""
-    for row, position, arrival_ms in _records_in(reader, shard, windows, now_ms):
+    """The shard's records in ``windows`` (:func:`records_in`) of the ``wanted`` rows."""
+    for row, position, arrival_ms in records_in(reader, shard, windows, now_ms):
         if wanted is None or wanted(row):
             into.add(row, position, arrival_ms)
 
@@ -244,7 +253,7 @@ class EarlierPuts:
 
         def read() -> list[RecordRead]:
             return list(
-                _records_in(self._reader, shard, self._windows, now_ms, keep_alive=self._keep_alive)
+                records_in(self._reader, shard, self._windows, now_ms, keep_alive=self._keep_alive)
             )
 
         ended = all(end_ms + self._skew_ms < now_ms for _, end_ms in self._windows)

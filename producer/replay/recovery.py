@@ -24,12 +24,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dedupe_store.clock import Clock
+from dedupe_store.contract import RunReader
 from dedupe_store.records import ReplayRun, RunAttempt, RunRegistration
 from dedupe_store.states import RunState
+from kinesis_store.reader import KinesisReader
 from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
 from producer.outcomes import Outcome, OutcomeStatus
-from producer.protocol import PreparedMessage
+from producer.protocol import LeasePolicy, PreparedMessage
 from producer.replay.context import ReplayContext, ReplayTask
 from producer.replay.lease import AttemptLease
 from producer.replay.plan import (
@@ -44,9 +47,10 @@ from producer.replay.plan import (
     still_running,
     to_supersede,
 )
-from producer.replay.readback import EarlierPuts, row_tag_of
+from producer.replay.readback import EarlierPuts, records_in, row_tag_of
+from producer.replay.shared_reads import MAX_PLANNED_RECORDS, PlannedReads, RecordRead
 
-__all__ = ["AttemptStart", "Recovery", "start_attempt", "unresolved"]
+__all__ = ["AttemptStart", "Recovery", "plan_reads", "start_attempt", "unresolved"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +151,54 @@ def _supersede(
         else None
     )
     return run, task_attempts
+
+
+def plan_reads(
+    ledger: RunReader,
+    reader: KinesisReader,
+    clock: Clock,
+    lease: LeasePolicy,
+    run: str,
+    *,
+    max_records: int = MAX_PLANNED_RECORDS,
+) -> PlannedReads | None:
+    """On a driver, before a write's tasks start: what every task of a replay of ``run`` would
+    read back, read once: every shard's records in the windows of the run's executions so far
+    (each one earlier to every task of a new execution). None where the tasks must read for
+    themselves: no earlier execution, the run COMPLETE, an earlier lease not over for every
+    clock or a window not ended (a later read could find more), or more than ``max_records``
+    (what the tasks are sent travels with each)."""
+    found = ledger.get_run(reader.stream, run)
+    now_ms = clock.now_ms()
+    if found is None or found.state is RunState.COMPLETE or not found.executions:
+        return None
+    earlier = [Earlier.of_execution(e) for e in found.executions]
+    if any(not lease.expired_for_everyone(e.lease_expires_at_ms, now_ms) for e in earlier):
+        return None
+    windows = tuple(read_windows(earlier, lease, now_ms))
+    if any(end_ms + lease.skew_ms >= now_ms for _, end_ms in windows):
+        return None
+    shards = tuple(reader.shards())
+    reads: dict[str, tuple[RecordRead, ...]] = {}
+    for shard in shards:
+        reads[shard.shard_id] = tuple(records_in(reader, shard, windows, clock.now_ms()))
+        if sum(len(read) for read in reads.values()) > max_records:
+            log.info(
+                "replay recovery not planned on the driver stream=%s run=%s: over %d records",
+                reader.stream,
+                run,
+                max_records,
+            )
+            return None
+    planned = PlannedReads(run, now_ms, shards, windows, reads)
+    log.info(
+        "replay recovery planned on the driver stream=%s run=%s shards=%d records=%d",
+        reader.stream,
+        run,
+        len(shards),
+        planned.records,
+    )
+    return planned
 
 
 class Recovery:

@@ -17,13 +17,19 @@ worker process and settings), they are read about once per worker::
 
 Bounded: the reads of the last ``MAX_SHARED_RECORDS`` records are kept (a replay's windows
 are the same for all its tasks; a later run's replace them).
+
+Where the driver knows the runs a write replays before its tasks start (``foreachBatch``: the
+batch's run; ``format("keo")``: a batch write's ``run_id``, a restarted query's runs left
+open), it reads them once (:func:`plan_reads`) and ships what it read with the write: each
+worker's reads are seeded with it (:meth:`SharedReads.seed`), and its tasks read nothing.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 from weakref import WeakKeyDictionary
 
@@ -32,7 +38,14 @@ from dedupe_store.records import Position
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import Shard
 
-__all__ = ["MAX_SHARED_RECORDS", "RecordRead", "SharedReads", "shared_by"]
+__all__ = [
+    "MAX_PLANNED_RECORDS",
+    "MAX_SHARED_RECORDS",
+    "PlannedReads",
+    "RecordRead",
+    "SharedReads",
+    "shared_by",
+]
 
 # a shard's records read in windows: (the row's key, its data's digest), where, when it arrived
 RecordRead = tuple[tuple[str, bytes], Position, int]
@@ -40,6 +53,32 @@ WindowsKey = tuple[str, tuple[tuple[int, int], ...]]
 
 # the records kept for later attempts of the process, at most (about 100 bytes each)
 MAX_SHARED_RECORDS: Final = 1_000_000
+# the records a driver reads for its tasks and ships with the write, at most: more, and each
+# worker reads for itself (what a task is sent travels with it)
+MAX_PLANNED_RECORDS: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedReads:
+    """What a driver read for a replay's tasks, before they started: the shard map it listed
+    at ``listed_at_ms``, and every shard's records in the earlier executions' ``windows`` of
+    ``run`` (all ended, every earlier lease over: final). Picklable: it travels with the
+    write."""
+
+    run: str
+    listed_at_ms: int
+    shards: tuple[Shard, ...]
+    windows: tuple[tuple[int, int], ...]
+    reads: Mapping[str, tuple[RecordRead, ...]]
+
+    @property
+    def records(self) -> int:
+        return sum(len(read) for read in self.reads.values())
+
+
+def _within(windows: Sequence[tuple[int, int]], cached: Sequence[tuple[int, int]]) -> bool:
+    """Whether every window of ``windows`` lies inside one of ``cached``."""
+    return all(any(a <= start and end <= b for a, b in cached) for start, end in windows)
 
 
 class SharedReads:
@@ -71,19 +110,35 @@ class SharedReads:
                 self._map = (listed_at_ms, shards)
         return shards
 
+    def seed(self, planned: PlannedReads) -> None:
+        """Take what a driver read for this run's tasks (:func:`plan_reads`): its shard map,
+        when newer than this one, and its reads."""
+        with self._lock:
+            if self._map is None or self._map[0] < planned.listed_at_ms:
+                self._map = (planned.listed_at_ms, list(planned.shards))
+            for shard_id, read in planned.reads.items():
+                key = (shard_id, planned.windows)
+                if key not in self._reads:
+                    self._reads[key] = list(read)
+                    self._records += len(read)
+
     def records(
         self,
         shard_id: str,
         windows: Sequence[tuple[int, int]],
         read: Callable[[], list[RecordRead]],
     ) -> list[RecordRead]:
-        """The shard's records in ``windows``, from a read before or ``read()`` now: the
-        caller asks only for windows that can no longer change."""
+        """The shard's records in ``windows``, from a read before (of the same windows, or of
+        windows that hold them: its records in these) or ``read()`` now: the caller asks only
+        for windows that can no longer change."""
         key = (shard_id, tuple(windows))
         with self._lock:
             found = self._reads.get(key)
+            if found is None:
+                found = self._covered(shard_id, windows)
             if found is not None:
-                self._reads.move_to_end(key)
+                if key in self._reads:
+                    self._reads.move_to_end(key)
                 return found
         found = read()
         with self._lock:
@@ -95,6 +150,16 @@ class SharedReads:
                 _, dropped = self._reads.popitem(last=False)
                 self._records -= len(dropped)
         return found
+
+    def _covered(
+        self, shard_id: str, windows: Sequence[tuple[int, int]]
+    ) -> list[RecordRead] | None:
+        """The shard's records in ``windows`` from a read of windows that hold them; under the
+        lock."""
+        for (read_shard, read_windows), found in self._reads.items():
+            if read_shard == shard_id and _within(windows, read_windows):
+                return [r for r in found if any(a <= r[2] <= b for a, b in windows)]
+        return None
 
 
 _BY_READER: WeakKeyDictionary[KinesisReader, SharedReads] = WeakKeyDictionary()

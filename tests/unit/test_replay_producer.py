@@ -20,6 +20,7 @@ from fakes.replay import replay_producer_over
 from dedupe_store.clock import ManualClock
 from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
+from kinesis_store.reader import KinesisReader
 from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
 from producer.hooks import Step
@@ -28,6 +29,7 @@ from producer.protocol import LeasePolicy, Message
 from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer
+from producer.replay.recovery import plan_reads
 from producer.replay.shared_reads import shared_by
 
 STREAM = "orders"
@@ -700,3 +702,36 @@ def test_a_replayed_batchs_tasks_in_one_worker_read_each_shard_and_list_the_shar
     assert reads[0] > 0
     assert reads[1:] == [0] * 5
     assert in_stream(kinesis) == sum((as_multiset(rows(10, f"t{t}-")) for t in range(6)), Counter())
+
+
+def test_a_replay_planned_on_the_driver_is_read_once_there_and_its_tasks_read_nothing(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an execution whose 6 tasks put their rows and died, and a driver that starts the
+    replay while one of their leases still runs, then again once they are over WHEN it plans
+    the replay's recovery (plan_reads), and a worker seeded with the plan runs the 6 tasks
+    THEN no plan is made while a lease runs (a later read could find more); once they are
+    over the driver reads each shard once, and the tasks recover every row reading nothing."""
+    first = producer_over(ledger, kinesis, clock)
+    for task in range(6):
+        first.attempt(ReplayTask(RUN, "exec-1", task=str(task))).send(rows(10, f"t{task}-"))
+    driver = KinesisReader(kinesis, STREAM, sleep=kinesis.sleep)
+    early = plan_reads(ledger, driver, clock, LEASE, RUN)
+    clock.advance(3 * LEASE.lease_ms)
+    reads_before = kinesis.get_records_calls
+    planned = plan_reads(ledger, driver, clock, LEASE, RUN)
+    driver_reads = kinesis.get_records_calls - reads_before
+    assert early is None
+    assert planned is not None
+    assert planned.records == 60
+    assert 0 < driver_reads <= 2 * len(planned.shards)  # a page and the tip, a shard
+
+    worker = producer_over(ledger, kinesis, clock)
+    shared_by(worker._context.reader).seed(planned)
+    reads_before = kinesis.get_records_calls
+    found = Counter[str]()
+    for task in range(6):
+        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
+            found += statuses(replay.send(rows(10, f"t{task}-")))
+    assert found == {"DUPLICATE": 60}
+    assert kinesis.get_records_calls == reads_before
