@@ -22,6 +22,9 @@ Scenarios, each on a stream of S shards and a ledger table of its own:
     killed       an execution whose worker processes are killed (SIGKILL) once the proxy has
                  counted half the rows written (nothing committed), then a new execution of
                  the same run (``run_id``), as Spark replays a batch after its driver restarted
+    killed-later the same, the new execution started once the killed one's leases ended (a
+                 driver restarted later than a lease): its driver reads the recovery once for
+                 its tasks (producer.replay.recovery.plan_reads)
     retry-wave   every fourth task's first attempt fails right after its first PutRecords (the
                  failpoint ``after_put=raise``: at these sizes a task's rows fit one request,
                  so it fails having put them all) and is attempted again
@@ -92,7 +95,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-SCENARIOS: Final = ("clean", "killed", "retry-wave")
+SCENARIOS: Final = ("clean", "killed", "killed-later", "retry-wave")
 TASK_MAX_FAILURES: Final = 4  # spark.task.maxFailures: a task failing this often fails the job
 RETRY_WAVE_EVERY: Final = 4  # every fourth task's first attempt fails
 RETRY_WAVE_FAILPOINT: Final = "after_put=raise"
@@ -639,8 +642,10 @@ class Bench:
         rows = self.rows(scenario)
         if scenario == "clean":
             queries = [self.query("clean", options, rows)[0]]
-        elif scenario == "killed":
+        elif scenario in ("killed", "killed-later"):
             killed, _ = self.query("killed", options, rows, kill_at_rows=max(1, rows.count // 2))
+            if scenario == "killed-later":  # the driver restarted once the killed leases ended
+                time.sleep(float(self._timing["lease_s"]) + 2 * float(self._timing["clock_skew_s"]))
             replay, _ = self.query("replay", options, rows)
             replay.recover_s = replay.commit_s
             queries = [killed, replay]
