@@ -1,5 +1,5 @@
 """The contract every ledger backend meets: :class:`DynamoDBLedger` in production, an
-in-memory fake in tests. Both pass the same contract test suite (``tests/ledger_contract.py``).
+in-memory fake in tests. Both pass the same contract test suite (``tests/ledger_contract/``).
 
 Ledger schema v2 (claim groups, see :mod:`dedupe_store.states`): a producer opens a group for
 a chunk of keys, claims each key with one conditional write naming the group, and settles the

@@ -14,7 +14,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 import stacks
-from ledger_contract import in_two_halves
+from ledger_contract.staging import in_two_halves
 
 from dedupe_store.billing import (
     Consistency,

@@ -8,7 +8,7 @@ moto have the TTL API, dynalite does not. Every path keeps:
 every transition is conditional on the state and attempt its caller saw, a lost condition
 returns the record that won, and a request repeated after its first try applied says "applied".
 
-The cases every backend passes live in ``tests/ledger_contract.py``; here are the fixture and
+The cases every backend passes live in ``tests/ledger_contract/``; here are the fixture and
 the cases only DynamoDB can stage (a response lost on the wire, items written in bulk).
 """
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # the cases every Ledger backend passes, collected by pytest from this module's namespace
 from ledger_contract import *  # noqa: F403
-from ledger_contract import (
+from ledger_contract.staging import (
     ALICE,
     BOB,
     LEASE_MS,

@@ -33,12 +33,15 @@ TESTS = ROOT / "tests"
 
 
 def _defined_tests(path: Path) -> set[str]:
-    """The tests a file defines, and those it takes with ``from module import *``."""
+    """The tests a file defines, and those it takes with ``from module import *`` (a module or
+    a package of tests/, its ``__init__`` taking in its modules' the same way)."""
     text = path.read_text("utf-8")
     names = set(re.findall(r"^(?:async )?def (test_\w+)\(", text, re.MULTILINE))
-    for module in re.findall(r"^from (\w+) import \*", text, re.MULTILINE):
-        if (TESTS / f"{module}.py").is_file():
-            names |= _defined_tests(TESTS / f"{module}.py")
+    for module in re.findall(r"^from ([\w.]+) import \*", text, re.MULTILINE):
+        base = TESTS.joinpath(*module.split("."))
+        for source in (base.with_suffix(".py"), base / "__init__.py"):
+            if source.is_file():
+                names |= _defined_tests(source)
     return names
 
 

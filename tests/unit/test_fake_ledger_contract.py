@@ -5,7 +5,7 @@ integration case of the same name, GIVEN/WHEN/THEN for GIVEN/WHEN/THEN; only the
 getting there differ where the fake has no DynamoDB under it (a lost response is the fake's
 ``apply_then_retry`` knob instead of botocore's fault injector; bulk items are claimed).
 
-The shared cases live in ``tests/ledger_contract.py``; here are the fake's fixture, its
+The shared cases live in ``tests/ledger_contract/``; here are the fake's fixture, its
 versions of the backend-specific cases, and its own fault knobs.
 """
 
@@ -16,7 +16,7 @@ from fakes.ledger import InMemoryLedger, LedgerFault
 
 # the cases every Ledger backend passes, collected by pytest from this module's namespace
 from ledger_contract import *  # noqa: F403
-from ledger_contract import (
+from ledger_contract.staging import (
     ALICE,
     BOB,
     LEASE_MS,
