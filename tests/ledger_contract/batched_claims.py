@@ -5,6 +5,8 @@ result what a single claim says.
 
 from __future__ import annotations
 
+from dedupe_store.contract import Ledger
+from dedupe_store.records import ClaimResult, ClaimStatus, PendingClaim
 from ledger_contract.staging import (
     BOB,
     POSITION,
@@ -17,9 +19,6 @@ from ledger_contract.staging import (
     open_group,
     request_for,
 )
-
-from dedupe_store.contract import Ledger
-from dedupe_store.records import ClaimResult, ClaimStatus, PendingClaim
 
 
 def test_claims_in_a_batch_win_new_keys_and_judge_the_others_as_single_claims_do(

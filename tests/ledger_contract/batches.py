@@ -4,10 +4,9 @@ complete for the dedupe window, per query, stream and batch.
 
 from __future__ import annotations
 
-from ledger_contract.staging import STREAM, T0_MS, TTL_S
-
 from dedupe_store.contract import Ledger
 from dedupe_store.records import BatchRecord
+from ledger_contract.staging import STREAM, T0_MS, TTL_S
 
 
 def test_a_batch_is_complete_once_marked_until_the_dedupe_window_ends(ledger: Ledger) -> None:

@@ -5,6 +5,9 @@ of the in-flight index.
 
 from __future__ import annotations
 
+from dedupe_store.contract import Ledger
+from dedupe_store.records import Position
+from dedupe_store.states import GroupState, LedgerState
 from ledger_contract.staging import (
     ALICE,
     BOB,
@@ -17,10 +20,6 @@ from ledger_contract.staging import (
     claimed,
     open_group,
 )
-
-from dedupe_store.contract import Ledger
-from dedupe_store.records import Position
-from dedupe_store.states import GroupState, LedgerState
 
 
 def test_an_opened_group_is_open_at_epoch_1_with_its_lease_and_members(ledger: Ledger) -> None:
