@@ -14,8 +14,8 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import botocore
+import botocore.session
 from botocore.config import Config
 from pynamodb.attributes import NumberAttribute, UnicodeAttribute
 from pynamodb.indexes import GlobalSecondaryIndex, KeysOnlyProjection
@@ -100,7 +100,7 @@ def data_client(options: ConnectionOptions) -> Any:
         max_pool_connections=options.max_pool_connections,
         retries={"total_max_attempts": 1 + options.max_retry_attempts, "mode": "standard"},
     )
-    return boto3.session.Session().client(
+    return botocore.session.get_session().create_client(
         "dynamodb",
         region_name=options.region,
         endpoint_url=options.host,

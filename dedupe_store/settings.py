@@ -266,9 +266,9 @@ class LedgerSettings(BaseSettings):
             return region
         if self.dynamodb_endpoint_url is not None:
             return "us-east-1"
-        import boto3
+        import botocore.session
 
-        session_region = boto3.session.Session().region_name
+        session_region: str | None = botocore.session.get_session().get_config_variable("region")
         if session_region is None:
             raise ConfigurationError(
                 "no AWS region: set KEO_REGION or AWS_REGION (or a profile with a region)",

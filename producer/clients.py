@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 import botocore.session
 from botocore.config import Config
 
@@ -19,7 +18,7 @@ __all__ = ["kinesis_client", "kinesis_read_client"]
 
 def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
     """A Kinesis client. For puts, SDK retries are off: retries are the protocol's."""
-    return _kinesis_client(settings, for_put=for_put, session=boto3.session.Session())
+    return _kinesis_client(settings, for_put=for_put, session=botocore.session.get_session())
 
 
 def kinesis_read_client(settings: ProducerSettings) -> Any:
@@ -31,13 +30,11 @@ def kinesis_read_client(settings: ProducerSettings) -> Any:
     core.get_component("response_parser_factory").set_parser_defaults(
         timestamp_parser=utc_timestamp
     )
-    return _kinesis_client(
-        settings, for_put=False, session=boto3.session.Session(botocore_session=core)
-    )
+    return _kinesis_client(settings, for_put=False, session=core)
 
 
 def _kinesis_client(
-    settings: ProducerSettings, *, for_put: bool, session: boto3.session.Session
+    settings: ProducerSettings, *, for_put: bool, session: botocore.session.Session
 ) -> Any:
     if for_put:
         config = Config(
