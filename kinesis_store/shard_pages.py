@@ -161,6 +161,8 @@ class ShardPages:
         last_seen: str | None = None
         while iterator is not None:
             size = limit() if limit is not None else self.page_limit
+            if checking and limit is not None:
+                size += 1  # the record checked comes first and is dropped: a page's worth after it
             if self._pacer is not None:  # the size asked for: a page under it is not full
                 size = self._pacer.page_limit(shard_id, size)
             page = self._read_retrying()(self._get_page, shard_id, iterator, size)

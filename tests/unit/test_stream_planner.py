@@ -190,6 +190,21 @@ def test_a_limit_bounds_each_batch_in_user_records_and_cuts_at_whole_records() -
     assert_in_shard_order(batches)
 
 
+def test_a_bounded_batch_after_a_record_counts_its_share_with_one_get_records() -> None:
+    # GIVEN a shard of 6 records whose first 3 a bounded batch has read
+    world = World(shard_count=1)
+    world.put(*(f"k{i}" for i in range(6)))
+    budget = Budget(3, None)
+    first = world.planner.latest(world.planner.initial(), budget)
+    calls = world.kinesis.get_records_calls
+    # WHEN the next batch's end is counted on from the first's last record
+    end = world.planner.latest(first, budget)
+    # THEN one GetRecords counted it: its page holds the record checked (the start) and 3 after
+    # it, not 2 (a second call would wait for the shard's pace, a shard after another)
+    assert world.kinesis.get_records_calls - calls == 1
+    assert keys([world.read(first, end)]) == ["k3", "k4", "k5"]
+
+
 def test_a_per_shard_limit_bounds_each_shard() -> None:
     world = World()
     world.put(*(f"low-{i}" for i in range(5)), hash_key=5)
