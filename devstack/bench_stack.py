@@ -1,8 +1,9 @@
 """What the benches stand on (:mod:`devstack.spark_bench`, :mod:`devstack.stream_bench`, and
-beside the quota mode's proxies :mod:`devstack.quota_bench`, :mod:`devstack.scale_bench`): the
-local stack's endpoints, a new stream and ledger table for each measure, their options as the
-``KEO_*`` values the producer reads, the quota proxies' counters, a loop on a thread of its
-own, and the file the figures go to.
+beside the quota mode's proxies :mod:`devstack.quota_bench`, :mod:`devstack.scale_bench`,
+:mod:`devstack.scale_reader`): the local stack's endpoints (or one of its own in the quota
+mode), a new stream and ledger table for each measure, their options as the ``KEO_*`` values
+the producer reads, the quota proxies' counters, a loop on a thread of its own, and the file
+the figures go to.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "local_endpoints",
     "on_stream",
     "proxy_counters",
+    "quota_stack",
     "write",
 ]
 
@@ -64,6 +66,15 @@ def local_endpoints(cleanup: ExitStack) -> dict[str, str]:
         "region": os.environ.get("KEO_REGION", emulators.REGION),
         "put_rate_limit_percent": "0",
     }
+
+
+def quota_stack(cleanup: ExitStack, *, prefix: str) -> emulators.Endpoints:
+    """A local stack of its own in the quota mode (AWS's quotas, in memory), started in a
+    temporary folder named from ``prefix`` and stopped by ``cleanup``."""
+    state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    stack = emulators.up(state, quotas="aws", in_memory=True)
+    cleanup.callback(emulators.down, state)
+    return stack
 
 
 def fresh_streams(

@@ -56,7 +56,6 @@ import os
 import queue
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -68,7 +67,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from devstack import emulators
-from devstack.bench_stack import Background, as_env, fresh_streams, on_stream, proxy_counters, write
+from devstack.bench_stack import (
+    Background,
+    as_env,
+    fresh_streams,
+    on_stream,
+    proxy_counters,
+    quota_stack,
+    write,
+)
 from devstack.quotas import CONTROL_PLANE
 from producer.audit.rows import ExpectedRow, RowAnomaly
 from producer.audit.stream import audit_rows
@@ -234,7 +241,7 @@ class Workers:
     (or killed, :meth:`kill`)."""
 
     def __init__(self, count: int, writer: KeoArrowWriter, rows: Rows) -> None:
-        context = _processes()
+        context = forkserver_processes()
         self._tasks = context.Queue()
         self._ends = context.Queue()
         self._processes: list[BaseProcess] = [
@@ -285,11 +292,12 @@ class Workers:
                 os.kill(process.pid, signal.SIGKILL)
 
 
-def _processes() -> multiprocessing.context.ForkServerContext:
-    """Processes forked clean by a fork server that imported this module (and so the writer)
-    once, as pyspark's daemon forks its Python workers: none inherits this process's threads."""
+def forkserver_processes(preload: str = __name__) -> multiprocessing.context.ForkServerContext:
+    """Processes forked clean by a fork server that imported ``preload`` (this module, and so
+    the writer) once, as pyspark's daemon forks its Python workers: none inherits this
+    process's threads."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([preload])
     return context
 
 
@@ -314,7 +322,7 @@ def on_the_driver(call: Callable[..., _T], *args: Any) -> _T:
     """``call(*args)`` in a Python process of its own, as Spark runs a Python data source's
     planning and its commit: a driver that restarts asks the stream and the table again
     (this process would have kept its clients, spark_jobs.writer.stack_for's cache)."""
-    with ProcessPoolExecutor(1, mp_context=_processes()) as driver:
+    with ProcessPoolExecutor(1, mp_context=forkserver_processes()) as driver:
         return driver.submit(call, *args).result()
 
 
@@ -442,6 +450,33 @@ def reads_per_shard(
     return spread
 
 
+def require_proxies(stack: emulators.Endpoints) -> None:
+    """The harness measures through the quota mode's proxies, and sets up on what they front."""
+    if stack.kinesis_emulator is None or stack.dynamodb_emulator_endpoint is None:
+        raise ValueError("the scale harness runs on the quota mode's proxies")
+
+
+def proxied_streams(
+    stack: emulators.Endpoints, labels: Sequence[str], *, shards: int, prefix: str = "scale"
+) -> dict[str, dict[str, str]]:
+    """``format("keo")`` options per label: a new stream of ``shards`` shards and a new table
+    each, created on the emulators (setting up counts nothing), named through the proxies."""
+    direct = {
+        "kinesis_endpoint_url": str(stack.kinesis_emulator),
+        "dynamodb_endpoint_url": str(stack.dynamodb_emulator_endpoint),
+        "region": emulators.REGION,
+    }
+    made = fresh_streams(direct, labels, shards=shards, prefix=prefix)
+    return {
+        label: {
+            **options,
+            "kinesis_endpoint_url": stack.kinesis,
+            "dynamodb_endpoint_url": stack.dynamodb,
+        }
+        for label, options in made.items()
+    }
+
+
 class PutWatch(Background):
     """Polls the records the Kinesis proxy counted written on a stream: when the first came,
     and ``then()`` once ``rows`` were (``then_at_rows``; 0: never)."""
@@ -506,6 +541,15 @@ class AuditFigures:
     def exact(self) -> bool:
         return self.missing == self.duplicated == self.unexpected == 0
 
+    def verdict(self) -> str:
+        """As a table shows it."""
+        if self.exact:
+            return f"exact ({self.rows} rows once)"
+        return (
+            f"**{self.missing} missing, {self.duplicated} duplicated, "
+            f"{self.unexpected} unexpected**"
+        )
+
 
 @dataclass(frozen=True)
 class ScenarioFigures:
@@ -534,8 +578,7 @@ class Bench:
         timing: Mapping[str, str] = TIMING,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
-        if stack.kinesis_emulator is None or stack.dynamodb_emulator_endpoint is None:
-            raise ValueError("the scale harness runs on the quota mode's proxies")
+        require_proxies(stack)
         self.stack = stack
         self.shape = shape
         self._timing = dict(timing)
@@ -544,19 +587,11 @@ class Bench:
     def streams(self, scenarios: Sequence[str]) -> dict[str, dict[str, str]]:
         """``format("keo")`` options per scenario: a new stream and table each, through the
         proxies (created on the emulators: setting up counts nothing)."""
-        stack = self.stack
-        direct = {
-            "kinesis_endpoint_url": str(stack.kinesis_emulator),
-            "dynamodb_endpoint_url": str(stack.dynamodb_emulator_endpoint),
-            "region": emulators.REGION,
-        }
-        made = fresh_streams(direct, scenarios, shards=self.shape.shards, prefix="scale")
+        made = proxied_streams(self.stack, scenarios, shards=self.shape.shards)
         return {
             scenario: {
                 **options,
                 **self._timing,
-                "kinesis_endpoint_url": stack.kinesis,
-                "dynamodb_endpoint_url": stack.dynamodb,
                 "dedupe": "replay",
                 "run_id": f"{options['stream']}-run",
             }
@@ -735,12 +770,7 @@ def render(figures: Sequence[ScenarioFigures]) -> str:
     for scenario in figures:
         shape, audit = scenario.shape, scenario.audit
         busiest = scenario.busiest_ledger_item.get("peak_writes_per_s", 0)
-        verdict = (
-            f"exact ({audit.rows} rows once)"
-            if audit.exact
-            else f"**{audit.missing} missing, {audit.duplicated} duplicated, "
-            f"{audit.unexpected} unexpected**"
-        )
+        verdict = audit.verdict()
         for query in scenario.queries:
             iterators = query.reads_per_shard["GetShardIterator"]
             records = query.reads_per_shard["GetRecords"]
@@ -783,10 +813,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     with ExitStack() as cleanup:
-        state = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="keo-scale-")))
         say("scale: starting the local stack in its quota mode")
-        stack = emulators.up(state, quotas="aws", in_memory=True)
-        cleanup.callback(emulators.down, state)
+        stack = quota_stack(cleanup, prefix="keo-scale-")
         figures = measure(stack, shape, scenarios, timing=timing, say=say)
     out = args.out or Path("bench/results") / (
         f"scale-{time.strftime('%Y-%m-%d')}-T{shape.tasks}-W{shape.workers}-S{shape.shards}.json"

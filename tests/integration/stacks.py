@@ -4,13 +4,16 @@ ready in 50 ms. Imported by path, like ``streamcheck``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from dedupe_store.ledger import DynamoDBLedger
 from devstack import emulators as local_stack
+from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
+from devstack.quota_proxy import KinesisQuotaProxy
 from kinesis_store.provisioning import create_stream
 from producer.clients import kinesis_client
 from producer.retries import poll_until
@@ -89,3 +92,19 @@ def wait_table_active(ledger: DynamoDBLedger, timeout_s: float = 10) -> None:
 
     if not poll_until(active, timeout_s=timeout_s, interval_s=0.05):
         pytest.fail(f"table {ledger.table_name} not ACTIVE after {timeout_s:g} s")
+
+
+@contextmanager
+def quota_mode(emulators: local_stack.Endpoints) -> Iterator[local_stack.Endpoints]:
+    """The session's emulators behind quota proxies of their own (AWS's quotas), as the quota
+    mode's stack names them: the proxies, and the emulators they front."""
+    with (
+        KinesisQuotaProxy(emulators.kinesis) as kinesis,
+        DynamoDbQuotaProxy(emulators.dynamodb) as dynamodb,
+    ):
+        yield local_stack.Endpoints(
+            kinesis=kinesis.endpoint,
+            dynamodb=dynamodb.endpoint,
+            kinesis_emulator=emulators.kinesis,
+            dynamodb_emulator_endpoint=emulators.dynamodb,
+        )

@@ -13,8 +13,6 @@ import pytest
 import stacks
 
 from devstack import emulators as local_stack
-from devstack.dynamodb_quota_proxy import DynamoDbQuotaProxy
-from devstack.quota_proxy import KinesisQuotaProxy
 from devstack.scale_bench import QueryFigures, ScenarioFigures, Shape, measure
 
 SHAPE = Shape(tasks=8, workers=2, shards=4)
@@ -25,16 +23,7 @@ TIMING = {name: str(value) for name, value in stacks.FAST.items()}
 @pytest.fixture(scope="module")
 def figures(emulators: local_stack.Endpoints) -> dict[str, ScenarioFigures]:
     """The three scenarios, once, through quota proxies of their own (AWS's quotas)."""
-    with (
-        KinesisQuotaProxy(emulators.kinesis) as kinesis,
-        DynamoDbQuotaProxy(emulators.dynamodb) as dynamodb,
-    ):
-        stack = local_stack.Endpoints(
-            kinesis=kinesis.endpoint,
-            dynamodb=dynamodb.endpoint,
-            kinesis_emulator=emulators.kinesis,
-            dynamodb_emulator_endpoint=emulators.dynamodb,
-        )
+    with stacks.quota_mode(emulators) as stack:
         measured = measure(stack, SHAPE, timing=TIMING)
     return {scenario.scenario: scenario for scenario in measured}
 
