@@ -58,6 +58,7 @@ class World:
             starting_position=self.starting,
             fail_on_data_loss=self.fail_on_data_loss,
             margin_ms=500,
+            idle_poll_ms=0,  # the tests move the clock themselves
         )
 
     def put(self, *keys: str, hash_key: int | None = None) -> None:
@@ -613,3 +614,31 @@ def test_a_stream_deleted_mid_query_fails_the_next_batch_saying_so() -> None:
     # THEN the next batch's planning fails, naming the stream, instead of reading nothing
     with pytest.raises(StreamNotFoundError, match=f"'{STREAM}' does not exist"):
         world.planner.latest(offset, None)
+
+
+def test_a_caught_up_query_asks_kinesis_again_only_once_a_second() -> None:
+    # GIVEN a query that has read everything, its planner polling idle shards once a second
+    world = World()
+    world.planner = StreamPlanner(
+        KinesisReader(world.client, STREAM, sleep=world.kinesis.sleep),
+        world.clock,
+        starting_position=TRIM_HORIZON,
+        fail_on_data_loss=True,
+        margin_ms=500,
+    )
+    world.put("k0", "k1")
+    _, offset = world.run()
+    calls = world.kinesis.get_records_calls
+    # WHEN Spark's default trigger asks for the next batch again at once, then a record
+    # arrives, and it asks again within the second, then after it
+    assert world.planner.latest(offset, None) == offset
+    world.put("late")
+    within = world.planner.latest(offset, None)
+    asked_within = world.kinesis.get_records_calls - calls
+    world.clock.advance(1_000)
+    after = world.planner.latest(offset, None)
+    # THEN within the second the query stays put without a call; after it, it finds the record
+    assert within == offset
+    assert asked_within == 0
+    assert after != offset
+    assert keys([world.read(offset, after)]) == ["late"]
