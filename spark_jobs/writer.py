@@ -3,8 +3,8 @@
 ::
 
     executors                                     driver
-    PartitionWriter.write(partition, rows)        settle_batch(report, ...)
-      └─ producer.send(rows) per chunk              ├─ hooks: batch_after_puts
+    TaskWriter.write(partition, attempt, rows)    settle_batch(report, ...)
+      └─ sender.send(rows) per chunk                ├─ hooks: batch_after_puts
          ── PartitionReport: counts,                ├─ dead letters (the caller's writer)
             dead letters, unresolved keys           ├─ any key unresolved: UnresolvedKeysError
                                                     ├─ hooks: batch_before_complete

@@ -69,7 +69,7 @@ def _ledger_positions(stack: Stack, keys: list[str]) -> dict[str, Any]:
 def test_a_write_checks_the_stream_and_the_table_once_on_the_driver_not_in_each_task(
     keo: Any, settings: dict[str, str], stack: Stack, emulators: Any, kinesis: Any
 ) -> None:
-    # (replay mode's tasks here; key mode's, PartitionWriter, in test_spark_sink.py)
+    # (replay mode's tasks here; key mode's in test_spark_sink.py: one TaskWriter, either mode)
     # GIVEN a stream and table, Kinesis and DynamoDB behind counting proxies, and a frame of
     # 4 partitions
     with (

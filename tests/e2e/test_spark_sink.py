@@ -75,7 +75,7 @@ def test_a_batch_is_delivered_exactly_once(
 def test_a_batch_checks_the_stream_and_the_table_once_on_the_driver_not_in_each_task(
     spark: Any, settings: dict[str, str], stack: Stack, emulators: Any
 ) -> None:
-    # (key mode's tasks here; replay mode's, ReplayPartitionWriter, in test_spark_datasource.py)
+    # (key mode's tasks here; replay mode's in test_spark_datasource.py: one TaskWriter, either mode)
     # GIVEN Kinesis and DynamoDB behind counting proxies, and a batch of 4 partitions
     with (
         FaultProxy(emulators.kinesis) as kinesis_proxy,
