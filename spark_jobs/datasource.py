@@ -6,11 +6,14 @@
     KeoDataSource.writer/streamWriter            write(rows or Arrow record batches)
       ├─ options checked (WriteOptions)            ├─ streaming, query_name, batch COMPLETE?
       ├─ columns checked against the schema        │     └─ skip: nothing sent, nothing read
-      └─ stream and table exist (stack_for)        ├─ TaskWriter.write          spark_jobs.writer
-                                                   ├─ a key unresolved: raise UnresolvedKeysError
-    commit(messages[, batch_id])                   │     (the task fails; Spark retries it, the
-      ├─ settle_batch                              │      claims keep the retry from resending)
-      │    ├─ dead letters -> JSON lines           └─ KeoCommitMessage(report)
+      ├─ stream and table exist (stack_for)        ├─ TaskWriter.write          spark_jobs.writer
+      └─ replay mode: what a batch write's run_id  ├─ a key unresolved: raise UnresolvedKeysError
+         or a restarted query's runs left open     │     (the task fails; Spark retries it, the
+         need read back, read once, shipped        │      claims keep the retry from resending)
+                                                   └─ KeoCommitMessage(report)
+    commit(messages[, batch_id])
+      ├─ settle_batch
+      │    ├─ dead letters -> JSON lines
       │    └─ batch COMPLETE (streaming, with query_name)
       └─ metrics (metrics_port): committed, skipped or failed, rows by outcome
     abort(messages[, batch_id])                    spark_jobs.driver_metrics
