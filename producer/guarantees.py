@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from dedupe_store.errors import KeoError
 from producer.hooks import Hooks
 from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import Outcome
@@ -306,12 +307,23 @@ class _Replay:
     def plan_recovery(
         self, stack: Stack, *, runs: Sequence[str] = (), query: str | None = None
     ) -> tuple[PlannedReads, ...]:
-        wanted = list(runs)
-        if query is not None:  # the runs its last execution left open, their leases over
-            left_open = stack.ledger.open_runs(stack.settings.stream, now_ms=stack.clock.now_ms())
-            wanted += [r.run for r in left_open if r.run.startswith(f"{query}/")]
         lease = stack.settings.lease_policy()
-        plans = (plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in wanted)
+        try:
+            wanted = list(runs)
+            if query is not None:  # the runs its last execution left open, their leases over
+                now_ms = stack.clock.now_ms()
+                left_open = stack.ledger.open_runs(stack.settings.stream, now_ms=now_ms)
+                wanted += [r.run for r in left_open if r.run.startswith(f"{query}/")]
+            plans = [
+                plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in wanted
+            ]
+        except KeoError as exc:  # a courtesy: the tasks then read for themselves
+            log.warning(
+                "replay recovery not planned on the driver stream=%s error=%s",
+                stack.settings.stream,
+                exc,
+            )
+            return ()
         return tuple(plan for plan in plans if plan is not None)
 
     def completer(self, stack: Stack, *, query: str | None, run: str) -> Completer | None:  # noqa: ARG002 - the run names the batch

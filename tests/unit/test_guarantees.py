@@ -100,3 +100,19 @@ def test_a_key_party_sends_through_the_claims_and_a_completed_batch_is_done_befo
     assert not guarantee.done_before(stack, None, 3)
     assert guarantee.completer(stack, query=None, run="write/x") is None
     assert len(kinesis.visible()) == 4
+
+
+def test_a_recovery_the_driver_cannot_plan_is_left_to_the_tasks_not_a_failed_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN the replay guarantee and a ledger that cannot answer the driver's read of a run
+    stack, _ = stack_over(Dedupe.REPLAY)
+    cast(Any, stack.ledger).inject("get_run", "unavailable")
+    # WHEN the driver plans the recovery of a batch it may replay
+    with caplog.at_level("WARNING", logger="producer.guarantees"):
+        planned = guarantee_of(stack.settings).plan_recovery(stack, runs=["query/4"])
+    # THEN nothing is planned (the tasks read for themselves), and the log says why
+    assert planned == ()
+    assert "replay recovery not planned on the driver" in caplog.text
+    # and key mode plans nothing, asking nothing
+    assert KEY.plan_recovery(stack, runs=["query/4"], query="query") == ()
