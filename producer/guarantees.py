@@ -141,12 +141,9 @@ class Guarantee(Protocol):
         replays (:meth:`plan_recovery`), which the party's recovery then need not read."""
         ...
 
-    def plan_recovery(
-        self, stack: Stack, *, runs: Sequence[str] = (), query: str | None = None
-    ) -> tuple[PlannedReads, ...]:
+    def plan_recovery(self, stack: Stack, runs: Sequence[str]) -> tuple[PlannedReads, ...]:
         """On a driver, before a write's tasks start: what its tasks would read back of the
-        ``runs`` it may replay, and of ``query``'s runs left open (a restarted query replays
-        them), read once (none where they must read for themselves)."""
+        ``runs`` it may replay, read once (none where they must read for themselves)."""
         ...
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool: ...
@@ -238,13 +235,7 @@ class _Key:
     ) -> Sender:
         return _KeySender(stack.producer(owner=party.owner, hooks=hooks))
 
-    def plan_recovery(
-        self,
-        stack: Stack,  # noqa: ARG002 - key mode reads back no run
-        *,
-        runs: Sequence[str] = (),  # noqa: ARG002
-        query: str | None = None,  # noqa: ARG002
-    ) -> tuple[PlannedReads, ...]:
+    def plan_recovery(self, stack: Stack, runs: Sequence[str]) -> tuple[PlannedReads, ...]:  # noqa: ARG002 - key mode reads back no run
         return ()
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:
@@ -304,18 +295,11 @@ class _Replay:
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:  # noqa: ARG002 - the tasks learn it from their run
         return False
 
-    def plan_recovery(
-        self, stack: Stack, *, runs: Sequence[str] = (), query: str | None = None
-    ) -> tuple[PlannedReads, ...]:
+    def plan_recovery(self, stack: Stack, runs: Sequence[str]) -> tuple[PlannedReads, ...]:
         lease = stack.settings.lease_policy()
         try:
-            wanted = list(runs)
-            if query is not None:  # the runs its last execution left open, their leases over
-                now_ms = stack.clock.now_ms()
-                left_open = stack.ledger.open_runs(stack.settings.stream, now_ms=now_ms)
-                wanted += [r.run for r in left_open if r.run.startswith(f"{query}/")]
             plans = [
-                plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in wanted
+                plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in runs
             ]
         except KeoError as exc:  # a courtesy: the tasks then read for themselves
             log.warning(

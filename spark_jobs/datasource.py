@@ -8,8 +8,8 @@
       ├─ columns checked against the schema        │     └─ skip: nothing sent, nothing read
       ├─ stream and table exist (stack_for)        ├─ TaskWriter.write          spark_jobs.writer
       └─ replay mode: what a batch write's run_id  ├─ a key unresolved: raise UnresolvedKeysError
-         or a restarted query's runs left open     │     (the task fails; Spark retries it, the
-         need read back, read once, shipped        │      claims keep the retry from resending)
+         needs read back, read once, shipped       │     (the task fails; Spark retries it, the
+                                                   │      claims keep the retry from resending)
                                                    └─ KeoCommitMessage(report)
     commit(messages[, batch_id])
       ├─ settle_batch
@@ -169,12 +169,10 @@ class WritePlan:
             ) from exc
         # the stream and the table exist, or the write fails now, once for all its tasks
         stack = stack_for(options.settings)
-        # a batch write's run, or a restarted query's runs left open: what its tasks would
-        # read back, read once here
+        # a batch write's run (run_id): what its tasks would read back, read once here (a
+        # streaming query's batch ids are its tasks' to learn; a worker's tasks share theirs)
         planned = guarantee_of(options.settings).plan_recovery(
-            stack,
-            runs=[options.run_id] if options.run_id is not None else [],
-            query=options.query_name if streaming else None,
+            stack, runs=[options.run_id] if options.run_id is not None else []
         )
         return cls(
             options,

@@ -127,9 +127,7 @@ class ExactlyOnceSink:
                         query_id,
                         batch_id,
                         checked=stack.info,
-                        planned=self.guarantee.plan_recovery(
-                            stack, runs=[f"{query_id}/{batch_id}"]
-                        ),
+                        planned=self.guarantee.plan_recovery(stack, [f"{query_id}/{batch_id}"]),
                     )
                 )
                 .collect()

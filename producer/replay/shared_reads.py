@@ -18,9 +18,8 @@ worker process and settings), they are read about once per worker::
 Bounded: the reads of the last ``MAX_SHARED_RECORDS`` records are kept (a replay's windows
 are the same for all its tasks; a later run's replace them).
 
-Where the driver knows the runs a write replays before its tasks start (``foreachBatch``: the
-batch's run; ``format("keo")``: a batch write's ``run_id``, a restarted query's runs left
-open), it reads them once (:func:`plan_reads`) and ships what it read with the write: each
+Where the driver knows the run a write replays before its tasks start (``foreachBatch``: the
+batch's run; ``format("keo")``: a batch write's ``run_id``), it reads it once (:func:`plan_reads`) and ships what it read with the write: each
 worker's reads are seeded with it (:meth:`SharedReads.seed`), and its tasks read nothing.
 """
 

@@ -110,9 +110,9 @@ def test_a_recovery_the_driver_cannot_plan_is_left_to_the_tasks_not_a_failed_bat
     cast(Any, stack.ledger).inject("get_run", "unavailable")
     # WHEN the driver plans the recovery of a batch it may replay
     with caplog.at_level("WARNING", logger="producer.guarantees"):
-        planned = guarantee_of(stack.settings).plan_recovery(stack, runs=["query/4"])
+        planned = guarantee_of(stack.settings).plan_recovery(stack, ["query/4"])
     # THEN nothing is planned (the tasks read for themselves), and the log says why
     assert planned == ()
     assert "replay recovery not planned on the driver" in caplog.text
     # and key mode plans nothing, asking nothing
-    assert KEY.plan_recovery(stack, runs=["query/4"], query="query") == ()
+    assert KEY.plan_recovery(stack, ["query/4"]) == ()
