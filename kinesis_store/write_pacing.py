@@ -180,10 +180,12 @@ class WritePacer:
 
     def _grow(self, now_s: float) -> None:
         """The share grown by ``SHARE_GROWTH_PER_S`` of itself a second since it last grew or
-        shrank (at most ``_GROWTH_STEP_MAX_S`` at once, at most all); under the lock."""
+        shrank (at most ``_GROWTH_STEP_MAX_S`` at once, at most all); under the lock. A time
+        before the last growth grows nothing (a simulation's clock, in which a writer's
+        requests in flight each keep their own time, moves back): it never shrinks it."""
         grown_at_s = now_s if self._grown_at_s is None else self._grown_at_s
-        self._grown_at_s = now_s
-        grown_s = min(_GROWTH_STEP_MAX_S, now_s - grown_at_s)
+        self._grown_at_s = max(grown_at_s, now_s)
+        grown_s = min(_GROWTH_STEP_MAX_S, max(0.0, now_s - grown_at_s))
         self._share = min(1.0, self._share * (1 + SHARE_GROWTH_PER_S * grown_s))
 
     def share(self) -> float:

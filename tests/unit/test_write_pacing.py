@@ -17,7 +17,13 @@ from devstack.quotas import KinesisQuotas, KinesisQuotaState
 from kinesis_store.errors import StreamUnavailableError
 from kinesis_store.results import PutResultKind
 from kinesis_store.shards import OpenShards, Shard
-from kinesis_store.write_pacing import MIN_SHARE, WritePacer, shard_loads, split_to_fit
+from kinesis_store.write_pacing import (
+    MIN_SHARE,
+    PUT_RECORDS_PER_S,
+    WritePacer,
+    shard_loads,
+    split_to_fit,
+)
 from kinesis_store.writer import KinesisWriter
 
 TOP = 2**128 - 1
@@ -452,3 +458,65 @@ def test_writers_with_records_to_write_keep_the_shard_at_its_quota_until_the_las
     # THEN from the first record to the last, the shard is kept at 0.9 of its quota or more
     # (its bucket starts full: a second's worth more)
     assert rate >= 0.9 * 1000
+
+
+def _writers_with_requests_in_flight(
+    *, in_flight: int, second_starts_s: float, seed: int, each_writes: int = 8000
+) -> float:
+    """Two writers on one shard, each its own pacer, each with ``in_flight`` requests of 93
+    records in flight at once (key mode: a claim group each, claimed for 0.37 s between its
+    puts; the refused resent at once), the second starting ``second_starts_s`` later: the
+    shard's part of its quota from the start until the last record is written. An event
+    queue by time, as in :func:`_writers_on_one_shard`; a request's wait for its turn moves its
+    writer's clock, so the next event of that writer may move it back."""
+    quota = KinesisQuotaState()
+    clocks = [Clock(), Clock()]
+    pacers = [WritePacer(clock=clock, sleep=clock.sleep) for clock in clocks]
+    unsent = [each_writes, each_writes]  # neither written nor in flight
+    draw = random.Random(seed)
+    events = [
+        (start_s + draw.random() * 0.37, writer, 0, 1.0)
+        for writer, start_s in ((0, 0.0), (1, second_starts_s))
+        for _ in range(in_flight)
+    ]
+    heapq.heapify(events)
+    last_s = 0.0
+    while events:
+        at_s, writer, leaving, paced_with = heapq.heappop(events)
+        clock, pacer = clocks[writer], pacers[writer]
+        clock.now_s = at_s
+        if not leaving:  # a request is ready: its pacer says when it leaves
+            leaving = min(93, unsent[writer])
+            if leaving:
+                unsent[writer] -= leaving
+                paced_with = pacer.share()
+                pacer.before_request({"s": (leaving, leaving * 100)})
+                heapq.heappush(events, (clock.now_s, writer, leaving, paced_with))
+            continue
+        decided = quota.admit_records("PutRecords", "s", [("s", 100)] * leaving, at_s)
+        refused = sum(1 for d in decided if not d.admitted)
+        pacer.answered(sent=leaving, refused=refused, paced_with=paced_with)
+        unsent[writer] += refused
+        last_s = max(last_s, at_s)
+        heapq.heappush(events, (at_s + (0.0 if refused else 0.37), writer, 0, 1.0))
+    return 2 * each_writes / last_s / PUT_RECORDS_PER_S
+
+
+@pytest.mark.parametrize("second_starts_s", [0.0, 0.5, 2.0])
+def test_writers_with_several_requests_in_flight_keep_the_shard_at_its_quota(
+    second_starts_s: float,
+) -> None:
+    # GIVEN two key-mode writers on one shard, three claim groups in flight each, the second
+    # starting up to 2 s after the first (a Spark task that starts later)
+    # WHEN each adapts its share, eight times with other arrivals
+    parts = [
+        _writers_with_requests_in_flight(in_flight=3, second_starts_s=second_starts_s, seed=seed)
+        for seed in range(8)
+    ]
+    # THEN the shard is at 0.9 of its quota or more from the first record to the last, every
+    # time (0.91 in the worst. This simulation first gave 0.79: its clock moved back and the
+    # pacer shrank a share on an answer taken whole, which a monotonic clock never does; the
+    # pacer now grows nothing then. Growing a share faster the longer since its last refusal,
+    # as TCP's CUBIC does, added at most 0.04 for a third more refusals where writers share a
+    # shard, and was dropped)
+    assert min(parts) >= 0.9
