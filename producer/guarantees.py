@@ -11,7 +11,8 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
       │                           (key mode's batch record; replay mode's tasks learn it from
       │                           their run)
       ├─ plan_recovery(stack, runs)  on a driver, before the tasks: what a replay's tasks
-      │                           would read back, read once (replay mode), for their senders
+      │                           would read back, read once (replay mode), for their senders;
+      │                           an execution that may still put superseded and waited for
       └─ completer(stack, ...) ── what records a settled batch or run, so that a replay of it
                                   does nothing: the batch's record, or the run COMPLETE
 
@@ -34,7 +35,7 @@ from producer.replay.attempt import ReplayAttempt
 from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer, new_execution_id
-from producer.replay.recovery import plan_reads
+from producer.replay.recovery import plan_reads_once_over
 from producer.replay.shared_reads import PlannedReads, shared_by
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack
@@ -299,7 +300,8 @@ class _Replay:
         lease = stack.settings.lease_policy()
         try:
             plans = [
-                plan_reads(stack.ledger, stack.reader, stack.clock, lease, run) for run in runs
+                plan_reads_once_over(stack.ledger, stack.reader, stack.clock, lease, run)
+                for run in runs
             ]
         except KeoError as exc:  # a courtesy: the tasks then read for themselves
             log.warning(

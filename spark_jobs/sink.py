@@ -7,8 +7,9 @@ Kinesis exactly once: per key (``dedupe="key"``, the default, through
 
     sink(df, batch_id)                                       on the driver
       ├─ key mode: batch (stream, query_id, batch_id) COMPLETE? ── skip all per-key work
-      ├─ replay mode, a replayed batch whose earlier leases ended: its recovery read here, once
-      │     (Guarantee.plan_recovery), and shipped to the tasks, which read nothing
+      ├─ replay mode, a replayed batch: its recovery read here, once (Guarantee.plan_recovery;
+      │     an earlier execution that may still put is superseded and waited for first), and
+      │     shipped to the tasks, which read nothing
       ├─ rdd.mapPartitionsWithIndex(TaskWriter)               on the executors
       │     ├─ key: producer.send(rows) ── one PartitionReport per partition, to the driver
       │     └─ replay: one attempt at run <query_id>/<batch_id> (a COMPLETE run sends nothing);

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dedupe_store.clock import Clock
-from dedupe_store.contract import RunReader
+from dedupe_store.contract import RunLedger, RunReader
 from dedupe_store.records import ReplayRun, RunAttempt, RunRegistration
 from dedupe_store.states import RunState
 from kinesis_store.reader import KinesisReader
@@ -50,7 +51,14 @@ from producer.replay.plan import (
 from producer.replay.readback import EarlierPuts, records_in, row_tag_of
 from producer.replay.shared_reads import MAX_PLANNED_RECORDS, PlannedReads, RecordRead
 
-__all__ = ["AttemptStart", "Recovery", "plan_reads", "start_attempt", "unresolved"]
+__all__ = [
+    "AttemptStart",
+    "Recovery",
+    "plan_reads",
+    "plan_reads_once_over",
+    "start_attempt",
+    "unresolved",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +207,51 @@ def plan_reads(
         planned.records,
     )
     return planned
+
+
+def plan_reads_once_over(
+    ledger: RunLedger,
+    reader: KinesisReader,
+    clock: Clock,
+    lease: LeasePolicy,
+    run: str,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PlannedReads | None:
+    """:func:`plan_reads`, on a driver that may wait before its tasks start (``foreachBatch``'s,
+    a batch write's), also for a replay that starts while an earlier execution may still put
+    (a driver restarted within a lease of its crash: the common case). Its executions are
+    superseded first, as each task's registration would (their leases stop growing: the ends
+    the ledger shows then are final), then the driver waits until those ends are over for
+    every clock and plans. The tasks would wait as long: a row not found while an earlier
+    lease runs cannot be decided, and an execution left unfinished put only part of its rows;
+    each would then read every shard its rows go to, T reads a shard for T tasks.
+
+    Where the only leases left are of executions that finished, their puts all landed (a
+    driver killed in its commit), nothing is waited for: the tasks find what they put
+    without a wait (:func:`plan_reads` plans nothing then)."""
+    found = ledger.get_run(reader.stream, run)
+    now_ms = clock.now_ms()
+    if found is None or found.state is RunState.COMPLETE:
+        return None
+    earlier = [Earlier.of_execution(e) for e in found.executions]
+    if still_running(earlier, now_ms, lease):
+        executions = to_supersede(earlier, EarlierKind.EXECUTION)
+        if executions:
+            found = ledger.supersede_executions(reader.stream, run, executions) or found
+        # over for every clock, and their windows (each lease plus the skew) ended before the read
+        over_ms = max(e.lease_expires_at_ms for e in found.executions) + 2 * lease.skew_ms + 1
+        log.info(
+            "replay recovery waits on the driver for earlier leases stream=%s run=%s "
+            "executions=%d wait_s=%.1f",
+            reader.stream,
+            run,
+            len(found.executions),
+            max(0, over_ms - now_ms) / 1000,
+        )
+        while (left_ms := over_ms - clock.now_ms()) > 0:
+            sleep(min(left_ms / 1000, 1.0))
+    return plan_reads(ledger, reader, clock, lease, run)
 
 
 class Recovery:

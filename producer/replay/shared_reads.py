@@ -19,8 +19,11 @@ Bounded: the reads of the last ``MAX_SHARED_RECORDS`` records are kept (a replay
 are the same for all its tasks; a later run's replace them).
 
 Where the driver knows the run a write replays before its tasks start (``foreachBatch``: the
-batch's run; ``format("keo")``: a batch write's ``run_id``), it reads it once (:func:`plan_reads`) and ships what it read with the write: each
-worker's reads are seeded with it (:meth:`SharedReads.seed`), and its tasks read nothing.
+batch's run; ``format("keo")``: a batch write's ``run_id``), it reads it once
+(:func:`producer.replay.recovery.plan_reads_once_over`: an earlier execution that may still
+put is superseded and its lease waited for first, as each task would wait) and ships what it
+read with the write: each worker's reads are seeded with it (:meth:`SharedReads.seed`), and
+its tasks read nothing.
 """
 
 from __future__ import annotations

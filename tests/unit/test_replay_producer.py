@@ -29,7 +29,7 @@ from producer.protocol import LeasePolicy, Message
 from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer
-from producer.replay.recovery import plan_reads
+from producer.replay.recovery import plan_reads, plan_reads_once_over
 from producer.replay.shared_reads import shared_by
 
 STREAM = "orders"
@@ -735,3 +735,65 @@ def test_a_replay_planned_on_the_driver_is_read_once_there_and_its_tasks_read_no
             found += statuses(replay.send(rows(10, f"t{task}-")))
     assert found == {"DUPLICATE": 60}
     assert kinesis.get_records_calls == reads_before
+
+
+def test_a_replay_started_while_a_killed_execution_may_still_put_is_planned_once_it_is_over(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an execution whose 6 tasks put their rows and died unfinished (a driver killed in
+    the middle of its batch), and a driver restarted within their lease WHEN it plans the
+    replay's recovery (plan_reads_once_over), and a worker seeded with the plan runs the 6
+    tasks THEN the driver superseded the killed execution (its lease can no longer grow),
+    waited until that lease was over for every clock, read each shard once, and the tasks
+    recovered every row reading nothing; no task waited."""
+    first = producer_over(ledger, kinesis, clock)
+    for task in range(6):
+        first.attempt(ReplayTask(RUN, "exec-1", task=str(task))).send(rows(10, f"t{task}-"))
+    killed = ledger.get_run(STREAM, RUN)
+    assert killed is not None
+    lease_end_ms = killed.executions[0].lease_expires_at_ms
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(int(seconds * 1000))
+
+    driver = KinesisReader(kinesis, STREAM, sleep=kinesis.sleep)
+    planned = plan_reads_once_over(ledger, driver, clock, LEASE, RUN, sleep=sleep)
+    assert planned is not None
+    assert planned.records == 60
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert [e.superseded for e in run.executions] == [True]
+    assert LEASE.expired_for_everyone(lease_end_ms, clock.now_ms())
+    assert clock.now_ms() <= lease_end_ms + 2 * LEASE.skew_ms + 1000  # no longer than that
+
+    worker = producer_over(ledger, kinesis, clock)
+    shared_by(worker._context.reader).seed(planned)
+    reads_before = kinesis.get_records_calls
+    found = Counter[str]()
+    for task in range(6):
+        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
+            found += statuses(replay.send(rows(10, f"t{task}-")))
+    assert found == {"DUPLICATE": 60}
+    assert kinesis.get_records_calls == reads_before
+
+
+def test_a_replay_of_an_execution_that_finished_is_not_waited_for_on_the_driver(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an execution whose tasks put their rows and finished (a driver killed in its
+    commit) WHEN a driver restarted within their lease plans the replay THEN it neither waits
+    nor supersedes: the tasks find every row at once, without a wait of their own."""
+    first = producer_over(ledger, kinesis, clock)
+    for task in range(2):
+        with first.attempt(ReplayTask(RUN, "exec-1", task=str(task))) as attempt:
+            attempt.send(rows(10, f"t{task}-"))
+    driver = KinesisReader(kinesis, STREAM, sleep=kinesis.sleep)
+    planned = plan_reads_once_over(
+        ledger, driver, clock, LEASE, RUN, sleep=lambda s: pytest.fail(f"slept {s} s")
+    )
+    assert planned is None
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert [e.superseded for e in run.executions] == [False]
