@@ -36,8 +36,7 @@ from producer.protocol import Message
 from producer.settings import Dedupe
 
 if TYPE_CHECKING:
-    from producer.audit.rows import RowAuditReport
-    from producer.audit.stream import AuditReport
+    from dedupe_store.contract import Ledger
     from producer.settings import ProducerSettings
 
 
@@ -196,44 +195,36 @@ def audit(
     settings = load_settings(
         stream=stream,
         table=table,
+        dedupe=dedupe,
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
-    if dedupe is Dedupe.REPLAY and expected is None:
+    from producer.audit.auditors import AuditLimits
+    from producer.guarantees import guarantee_of
+
+    auditor = guarantee_of(settings).auditor
+    if auditor.compares_rows and expected is None:
         typer.echo(
-            "keo audit: --dedupe replay needs --expected FILE: the JSON lines the run sent "
-            "(a replay-mode stream keeps no per-key state to audit against)",
+            f"keo audit: --dedupe {settings.dedupe} needs --expected FILE: the JSON lines the "
+            "run sent (a replay-mode stream keeps no per-key state to audit against)",
             err=True,
         )
         raise typer.Exit(ExitCode.USAGE)
     show = progress if progress is not None else sys.stderr.isatty()
-    report: AuditReport | RowAuditReport
     with exit_on_errors(), Progress(show, "auditing", unit="shards") as bar:
+        limits = AuditLimits(
+            listed=list_keys,
+            max_items=max_keys,
+            strict=strict,
+            skew_ms=round(settings.clock_skew_s * 1000),
+            progress=bar.advance,
+        )
+        sources = _Sources(settings, bar, expected, data_encoding, max_keys=max_keys)
         try:
-            if dedupe is Dedupe.REPLAY and expected is not None:
-                report = _audit_rows(
-                    settings,
-                    bar,
-                    read_expected_rows(expected, data_encoding),
-                    strict=strict,
-                    listed=list_keys,
-                    max_rows=max_keys,
-                )
-            else:
-                wanted = (
-                    read_expected(expected, max_keys=max_keys, encoding=data_encoding)
-                    if expected is not None
-                    else None
-                )
-                report = _audit_keys(settings, bar, wanted, listed=list_keys, max_keys=max_keys)
+            report = auditor.audit(sources, limits)
         except AuditTooLargeError as exc:
             spark = _spark_audit_command(
-                settings,
-                expected,
-                as_json=as_json,
-                dedupe=dedupe,
-                data_encoding=data_encoding,
-                strict=strict,
+                settings, expected, as_json=as_json, data_encoding=data_encoding, strict=strict
             )
             logs.report(
                 f"keo audit: {exc} (--max-keys {max_keys}); audit it on Spark, whose driver "
@@ -244,57 +235,54 @@ def audit(
             raise typer.Exit(ExitCode.USAGE) from None
     if as_json:
         write_json_line(report.as_json())
-    _summary(report, show_keys, to_stderr=as_json)
+    typer.echo(report.summary(show_keys), err=as_json)
     if not report.clean:
         raise typer.Exit(ExitCode.FAILED)
 
 
-def _audit_rows(
-    settings: ProducerSettings,
-    bar: Progress,
-    expected: Iterator[ExpectedRow],
-    *,
-    strict: bool,
-    listed: int,
-    max_rows: int,
-) -> RowAuditReport:
-    """The replay audit: the stream's rows counted against the expected rows."""
-    from producer.audit.stream import audit_rows
-    from producer.clients import kinesis_read_client
+class _Sources:
+    """What keo audit reads, as its auditor asks (:mod:`producer.audit.auditors`): --expected
+    as keys or as rows, the stream with progress on stderr, the ledger made ready."""
 
-    reader = ReaderWithProgress(
-        kinesis_read_client(settings), settings.stream, bar, then="comparing the rows"
-    )
-    return audit_rows(
-        reader, expected, strict=strict, progress=bar.advance, listed=listed, max_rows=max_rows
-    )
+    def __init__(
+        self,
+        settings: ProducerSettings,
+        bar: Progress,
+        expected: Path | None,
+        encoding: DataEncoding,
+        *,
+        max_keys: int,
+    ) -> None:
+        self._settings = settings
+        self._bar = bar
+        self._expected = expected
+        self._encoding = encoding
+        self._max_keys = max_keys
 
+    def expected_keys(self) -> list[str] | None:
+        if self._expected is None:
+            return None
+        return read_expected(self._expected, max_keys=self._max_keys, encoding=self._encoding)
 
-def _audit_keys(
-    settings: ProducerSettings,
-    bar: Progress,
-    expected: list[str] | None,
-    *,
-    listed: int,
-    max_keys: int,
-) -> AuditReport:
-    """The key audit: each key of the stream once, checked against the ledger."""
-    from producer.audit.stream import audit_stream
-    from producer.clients import kinesis_read_client
-    from producer.wiring import ledger_from
+    def expected_rows(self) -> Iterator[ExpectedRow]:
+        if self._expected is None:  # the command refuses a row audit without --expected
+            return iter(())
+        return read_expected_rows(self._expected, self._encoding)
 
-    reader = ReaderWithProgress(kinesis_read_client(settings), settings.stream, bar)
-    ledger = ledger_from(settings)
-    ledger.ensure_ready()
-    return audit_stream(
-        reader,
-        ledger,
-        expected=expected,
-        progress=bar.advance,
-        listed=listed,
-        max_keys=max_keys,
-        skew_ms=round(settings.clock_skew_s * 1000),
-    )
+    def reader(self, *, then: str) -> KinesisReader:
+        from producer.clients import kinesis_read_client
+
+        settings = self._settings
+        return ReaderWithProgress(
+            kinesis_read_client(settings), settings.stream, self._bar, then=then
+        )
+
+    def ledger(self) -> Ledger:
+        from producer.wiring import ledger_from
+
+        ledger = ledger_from(self._settings)
+        ledger.ensure_ready()
+        return ledger
 
 
 def _spark_audit_command(
@@ -302,7 +290,6 @@ def _spark_audit_command(
     expected: Path | None,
     *,
     as_json: bool,
-    dedupe: Dedupe,
     data_encoding: DataEncoding,
     strict: bool,
 ) -> str:
@@ -312,7 +299,8 @@ def _spark_audit_command(
         f"--stream {settings.stream}",
         f"--table {settings.table}",
         *([f"--expected {expected}"] if expected else []),
-        *([f"--dedupe {dedupe.value}"] if dedupe is not Dedupe.KEY else []),
+        # the mode as the flag says it, the default left out
+        *([f"--dedupe {settings.dedupe}"] if settings.dedupe is not Dedupe.KEY else []),
         *(
             [f"--data-encoding {data_encoding.value}"]
             if data_encoding is not DataEncoding.TEXT
@@ -353,7 +341,3 @@ class ReaderWithProgress(KinesisReader):
         self._shards_read += 1
         if self._shards_read == self._shards:
             self._progress.note(f"{self._records:,} records; {self._then}")
-
-
-def _summary(report: AuditReport | RowAuditReport, show: int, *, to_stderr: bool) -> None:
-    typer.echo(report.summary(show), err=to_stderr)

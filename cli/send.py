@@ -132,14 +132,18 @@ def send(
         kinesis_endpoint_url=kinesis_endpoint_url,
         dynamodb_endpoint_url=dynamodb_endpoint_url,
     )
-    if settings.dedupe is Dedupe.REPLAY and not run_id:
+    from producer.guarantees import guarantee_of
+
+    named_runs = guarantee_of(settings).named_runs
+    if named_runs and not run_id:
         typer.echo(
-            "keo send: --dedupe replay needs --run-id NAME: the run a re-run continues "
-            "(re-run with the same name after a crash; a new name sends everything again)",
+            f"keo send: --dedupe {settings.dedupe} needs --run-id NAME: the run a re-run "
+            "continues (re-run with the same name after a crash; a new name sends everything "
+            "again)",
             err=True,
         )
         raise typer.Exit(ExitCode.USAGE)
-    if run_id is not None and settings.dedupe is not Dedupe.REPLAY:
+    if run_id is not None and not named_runs:
         typer.echo("keo send: --run-id names a replay-mode run: add --dedupe replay", err=True)
         raise typer.Exit(ExitCode.USAGE)
     with exporting("send", port=metrics_port, host=metrics_host, file=metrics_file):

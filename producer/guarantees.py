@@ -13,10 +13,15 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
       ├─ plan_recovery(stack, runs)  on a driver, before the tasks: what a replay's tasks
       │                           would read back, read once (replay mode), for their senders;
       │                           an execution that may still put superseded and waited for
-      └─ completer(stack, ...) ── what records a settled batch or run, so that a replay of it
-                                  does nothing: the batch's record, or the run COMPLETE
+      ├─ completer(stack, ...) ── what records a settled batch or run, so that a replay of it
+      │                           does nothing: the batch's record, or the run COMPLETE
+      ├─ named_runs ───────────── whether a write is a run a re-run finds by its name (keo
+      │                           send's --run-id, format("keo")'s query_name and run_id)
+      └─ auditor ──────────────── how keo audit proves the stream (producer.audit.auditors):
+                                  each key once against the ledger, or the rows sent counted
 
-A third mode is a third :class:`Guarantee` here, and its tests.
+A third mode is a third :class:`Guarantee` here, and its tests. ``keo send``, ``keo audit``,
+``format("keo")`` (its options too) and ``ExactlyOnceSink`` ask the guarantee, never the mode.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from dedupe_store.errors import KeoError
+from producer.audit.auditors import KEY_AUDIT, ROW_AUDIT, Auditor
 from producer.hooks import Hooks
 from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import Outcome
@@ -130,6 +136,19 @@ class Guarantee(Protocol):
         """How a replay of a write that failed part-way settles the rest (the abort's log)."""
         ...
 
+    @property
+    def named_runs(self) -> bool:
+        """Whether a write is a run that a re-run finds by its name (replay mode): ``keo send``
+        needs ``--run-id``, a streaming ``format("keo")`` write ``query_name`` (its runs are
+        ``<query_name>/<batch id>``), and only such a mode takes a run's name (``run_id``);
+        key mode needs none, each key being found by itself."""
+        ...
+
+    @property
+    def auditor(self) -> Auditor:
+        """How ``keo audit`` proves a stream written in this mode exactly-once."""
+        ...
+
     def sender(
         self,
         stack: Stack,
@@ -225,6 +244,8 @@ class _Key:
     dedupe: Dedupe = Dedupe.KEY
     retries_unresolved_tasks: bool = False
     settles_the_rest: str = "through the per-key claims"
+    named_runs: bool = False
+    auditor: Auditor = KEY_AUDIT
 
     def sender(
         self,
@@ -276,6 +297,8 @@ class _Replay:
     dedupe: Dedupe = Dedupe.REPLAY
     retries_unresolved_tasks: bool = True
     settles_the_rest: str = "by reading the stream back"
+    named_runs: bool = True
+    auditor: Auditor = ROW_AUDIT
 
     def sender(
         self,

@@ -1,7 +1,8 @@
 """Spark: the ``keo`` data source (:mod:`spark_jobs.datasource`, registered by :func:`register`;
 its streaming read is :mod:`spark_jobs.stream_reader`) and its driver metrics
 (:mod:`spark_jobs.driver_metrics`), the ``foreachBatch`` sink (:mod:`spark_jobs.sink`), the
-writer both run (:mod:`spark_jobs.writer`), the batch read of a stream on any Spark
+writer both run (:mod:`spark_jobs.writer`) and the dead letters both keep
+(:mod:`spark_jobs.dead_letters`), the batch read of a stream on any Spark
 (:func:`read_records`, :mod:`spark_jobs.batch_read`) and the runnable jobs
 (:mod:`spark_jobs.produce_stream`). Which of them runs on which Spark: :mod:`spark_jobs.versions`
 (the data source needs Spark 4; the sink, the batch read and the audit run on 3.5 too).
@@ -20,6 +21,7 @@ from producer.hooks import NO_HOOKS, Hooks
 
 if TYPE_CHECKING:
     from spark_jobs.batch_read import read_records as read_records
+    from spark_jobs.dead_letters import DeadLetter as DeadLetter
     from spark_jobs.errors import (
         OptionsError as OptionsError,
     )
@@ -32,9 +34,6 @@ if TYPE_CHECKING:
         BatchReport as BatchReport,
     )
     from spark_jobs.writer import (
-        DeadLetter as DeadLetter,
-    )
-    from spark_jobs.writer import (
         producer_settings as producer_settings,
     )
     from spark_jobs.writer import (
@@ -45,12 +44,12 @@ __getattr__, __all__ = lazy_exports(
     __name__,
     {
         "spark_jobs.batch_read": ("read_records",),
+        "spark_jobs.dead_letters": ("DeadLetter",),
         "spark_jobs.errors": ("OptionsError", "SparkVersionError"),
         "spark_jobs.session": ("local_session",),
         "spark_jobs.sink": ("ExactlyOnceSink",),
         "spark_jobs.writer": (
             "BatchReport",
-            "DeadLetter",
             "producer_settings",
             "settings_from_env",
         ),

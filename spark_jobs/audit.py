@@ -57,6 +57,8 @@ from producer.audit.rows import LISTED_ROWS, RowAuditReport, RowFindings, row_di
 from producer.audit.stream import LISTED_KEYS, AuditReport, Findings
 from producer.clients import kinesis_client
 from producer.errors import ConfigurationError, KeoError, StreamNotFoundError
+from producer.guarantees import guarantee_of
+from producer.settings import Dedupe
 from producer.wiring import ledger_from
 from spark_jobs.batch_read import read_records
 from spark_jobs.job_runner import ExitCode
@@ -97,13 +99,17 @@ ROW_COLUMNS = {
     "expected": "int",
 }
 ROWS_SCHEMA = f"digest binary, key string, position {POSITION_TYPE}, dropped int, expected int"
-DEDUPE_MODES = ("key", "replay")
+DEDUPE_MODES = tuple(mode.value for mode in Dedupe)
 DATA_ENCODINGS = ("text", "base64")
 _ROWS_PER_BATCH = 10_000
 F = TypeVar("F", Findings, RowFindings)  # the key audit's findings, or the replay audit's
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.audit",
         description="Audit a stream on Spark: each key exactly once, the ledger agreeing.",
@@ -150,10 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--log-level", default="WARNING", help="Python log level of the job")
-    args = parser.parse_args(argv)
-    if args.dedupe == "replay" and args.expected is None:
-        parser.error("--dedupe replay needs --expected: the JSON lines the run sent")
-    return args
+    return parser
 
 
 def _not_negative(text: str) -> int:
@@ -584,18 +587,22 @@ def main(argv: Sequence[str] | None = None, *, session: Any = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    values = settings_from_env(stream=args.stream, table=args.table)
+    values = settings_from_env(stream=args.stream, table=args.table, dedupe=args.dedupe)
     try:
-        producer_settings(values)
+        settings = producer_settings(values)
     except ValueError as exc:
         sys.stderr.write(f"spark_jobs.audit: {exc}\n")
         return ExitCode.CONFIG
+    # the mode, read from the settings by its guarantee: which audit, and what it needs
+    auditor = guarantee_of(settings).auditor
+    if auditor.compares_rows and args.expected is None:
+        _parser().error(f"--dedupe {settings.dedupe} needs --expected: the JSON lines the run sent")
     from spark_jobs.session import job_session
 
     spark = session if session is not None else job_session(args.master, "keo-audit")
     report: AuditReport | RowAuditReport
     try:
-        if args.dedupe == "replay":
+        if auditor.compares_rows:
             report = audit_rows(
                 spark,
                 values,

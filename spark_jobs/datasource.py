@@ -13,7 +13,7 @@
                                                    └─ KeoCommitMessage(report)
     commit(messages[, batch_id])
       ├─ settle_batch
-      │    ├─ dead letters -> JSON lines
+      │    ├─ dead letters -> JSON lines            spark_jobs.dead_letters
       │    └─ batch COMPLETE (streaming, with query_name)
       └─ metrics (metrics_port): committed, skipped or failed, rows by outcome
     abort(messages[, batch_id])                    spark_jobs.driver_metrics
@@ -28,11 +28,11 @@ replayed batch whose run is COMPLETE sends nothing (reported skipped).
 
 The executors raise for unresolved keys, not the commit: a failed task is retried on its own,
 where a failed commit fails the whole batch. Dead letters come back in the commit messages and
-are written by the driver's commit, once per batch, after every task succeeded: a task attempt
-that failed or was outrun by a speculative copy leaves none behind. The commit runs in a Python
-process of the driver without a Spark session, so it writes them with plain file calls
-(``<dead_letter_path>/batch=<id>/part-00000.json``, or ``write=<time>-<id>/`` for a batch
-write); a replayed batch overwrites its own file.
+are written by the driver's commit, once per batch, after every task succeeded, by the writer
+the sink uses too (:mod:`spark_jobs.dead_letters`:
+``<dead_letter_path>/batch=<id>/part-00000.json``, or ``write=<time>-<id>/`` for a batch write;
+a replayed batch replaces its own file). The commit runs in a Python process of the driver
+without a Spark session, so it writes with plain file calls: a local or mounted folder.
 
 ``spark.read.format("keo")`` reads a stream as a KCL consumer would: one input partition per
 shard (open and closed), aggregated records split into their user records as the KCL splits
@@ -49,15 +49,10 @@ module (and pyspark) and nothing else of Spark's driver side.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
@@ -82,6 +77,7 @@ from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
 from producer.replay.shared_reads import PlannedReads
 from spark_jobs.batch_read import read_shard, shards_of
+from spark_jobs.dead_letters import DeadLetterWriter, LocalFolders
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
 from spark_jobs.errors import OptionsError
 from spark_jobs.options import (
@@ -94,12 +90,10 @@ from spark_jobs.options import (
 from spark_jobs.read_rows import read_schema
 from spark_jobs.stream_reader import KeoSimpleStreamReader, KeoStreamReader
 from spark_jobs.writer import (
-    DEAD_LETTER_FIELDS,
     BatchReport,
     PartitionReport,
     TaskWriter,
     data_is_binary,
-    log_dead_letters_dropped,
     settle_batch,
     stack_for,
     task_attempt_of,
@@ -298,7 +292,8 @@ def _commit(
             report,
             stack=stack,
             hooks=plan.hooks,
-            write_dead_letters=lambda done: _write_dead_letters(plan, done),
+            # the commit's Python worker has no Spark session: plain file calls
+            dead_letters=DeadLetterWriter(options.dead_letter_path, plan.stream, LocalFolders()),
             complete=guarantee_of(stack.settings).completer(
                 stack, query=options.query_name, run=plan.run_of(batch_id)
             ),
@@ -357,36 +352,6 @@ def _count(
             reason=reason,
             producer_counts=report.producer_counts,
         )
-    )
-
-
-def _write_dead_letters(plan: WritePlan, report: BatchReport) -> None:
-    root = plan.options.dead_letter_path
-    stream = plan.stream
-    if root is None:
-        log_dead_letters_dropped(stream, report)
-        return
-    if report.batch_id is not None:
-        folder = Path(root) / f"batch={report.batch_id}"
-    else:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        folder = Path(root) / f"write={stamp}-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = "".join(
-        json.dumps(dict(zip(DEAD_LETTER_FIELDS, row, strict=True)), ensure_ascii=False) + "\n"
-        for row in report.dead_letter_rows()
-    )
-    # whole or not at all, and a replayed batch replaces its own file
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".part-", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(lines)
-    Path(temporary).replace(folder / "part-00000.json")
-    log.info(
-        "dead letters written stream=%s batch=%s rows=%d path=%s",
-        stream,
-        report.batch_id,
-        len(report.dead_letters),
-        folder,
     )
 
 

@@ -19,7 +19,8 @@ from typing import Final
 from urllib.parse import urlparse
 
 from dedupe_store.settings import ENV_PREFIX, unknown_names
-from producer.settings import Dedupe, ProducerSettings
+from producer.guarantees import Guarantee, guarantee_of
+from producer.settings import ProducerSettings
 from producer.wiring import warn_if_unfenced
 from spark_jobs.driver_metrics import MetricsEndpoint
 from spark_jobs.errors import OptionsError
@@ -140,7 +141,7 @@ class WriteOptions:
             if value is not None and not value.strip():
                 raise OptionsError(f"format('keo'): {name} is empty", options=[name])
         settings = settings_of(options)
-        _check_replay(settings.dedupe, query_name, chosen["run_id"], streaming=streaming)
+        _check_run_names(guarantee_of(settings), query_name, chosen["run_id"], streaming=streaming)
         warn_if_unfenced(settings)
         return cls(
             settings=settings,
@@ -155,22 +156,23 @@ class WriteOptions:
         )
 
 
-def _check_replay(
-    dedupe: Dedupe, query_name: str | None, run_id: str | None, *, streaming: bool
+def _check_run_names(
+    guarantee: Guarantee, query_name: str | None, run_id: str | None, *, streaming: bool
 ) -> None:
-    """Replay mode names its runs: a streaming query by ``query_name`` (its batches are
-    ``<query_name>/<batch id>``), a batch write by ``run_id`` if it is to be re-run."""
-    if run_id is not None and (dedupe is not Dedupe.REPLAY or streaming):
+    """A guarantee whose writes are named runs (replay mode) names them: a streaming query by
+    ``query_name`` (its batches are ``<query_name>/<batch id>``), a batch write by ``run_id``
+    if it is to be re-run."""
+    if run_id is not None and (not guarantee.named_runs or streaming):
         raise OptionsError(
             "format('keo'): run_id names a batch write in replay mode (dedupe=replay); a "
             "streaming query's runs are its batches, named by query_name",
             options=["run_id"],
         )
-    if dedupe is Dedupe.REPLAY and streaming and query_name is None:
+    if guarantee.named_runs and streaming and query_name is None:
         raise OptionsError(
-            "format('keo'): dedupe=replay needs query_name on a streaming write: a replayed "
-            "batch is found by <query_name>/<batch id>, and Spark's query id is not known to "
-            "the writer; give a name unique to this query and its checkpoint (a new "
+            f"format('keo'): dedupe={guarantee.dedupe} needs query_name on a streaming write: "
+            "a replayed batch is found by <query_name>/<batch id>, and Spark's query id is not "
+            "known to the writer; give a name unique to this query and its checkpoint (a new "
             "checkpoint restarts batch ids: give it a new query_name)",
             options=["query_name", "dedupe"],
         )

@@ -15,7 +15,8 @@ Kinesis exactly once: per key (``dedupe="key"``, the default, through
       │     └─ replay: one attempt at run <query_id>/<batch_id> (a COMPLETE run sends nothing);
       │        a row unresolved fails the task: Spark retries it, the retry finds what was put
       ├─ settle_batch                                         spark_jobs.writer
-      │     ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-*.json
+      │     ├─ dead letters (REJECTED, CONFLICT) ── <dead_letter>/batch=<id>/part-00000.json,
+      │     │     through the session's Hadoop file system (spark_jobs.dead_letters)
       │     ├─ any key unresolved (IN_FLIGHT, FAILED, TAKEN_OVER, UNVERIFIABLE)
       │     │     └─ raise UnresolvedKeysError: Spark retries the batch, the per-key claims decide
       │     └─ mark the batch COMPLETE (key: the batch ledger; replay: the run item)
@@ -30,7 +31,6 @@ writers. The sink runs on Spark 3.5 too (plain RDD tasks, no Python data source)
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,20 +42,17 @@ from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
 from producer.replay.shared_reads import PlannedReads
 from producer.settings import Dedupe
+from spark_jobs.dead_letters import DeadLetterWriter, HadoopFolders
 from spark_jobs.driver_metrics import BatchEnd, BatchResult, FailureReason, MetricsEndpoint
 from spark_jobs.writer import (
-    DEAD_LETTER_SCHEMA,
     DEFAULT_ROWS_PER_SEND,
     BatchReport,
     TaskWriter,
     data_is_binary,
-    log_dead_letters_dropped,
     producer_settings,
     settle_batch,
     stack_for,
 )
-
-log = logging.getLogger(__name__)
 
 
 class ExactlyOnceSink:
@@ -148,7 +145,9 @@ class ExactlyOnceSink:
                 report,
                 stack=stack,
                 hooks=self.hooks,
-                write_dead_letters=lambda done: self._write_dead_letters(df.sparkSession, done),
+                dead_letters=DeadLetterWriter(
+                    self.dead_letter_path, self.stream, HadoopFolders(df.sparkSession)
+                ),
                 complete=self.guarantee.completer(stack, query=query_id, run=run),
             )
         except Exception as exc:
@@ -238,27 +237,6 @@ class ExactlyOnceSink:
             f.col(self.key_column).cast("string").alias("key"),
             f.col(self.data_column).alias("data"),
             routing.cast("string").alias("routing_key"),
-        )
-
-    def _write_dead_letters(self, spark: Any, report: BatchReport) -> None:
-        if self.dead_letter_path is None:
-            log_dead_letters_dropped(self.stream, report)
-            return
-        path = f"{self.dead_letter_path}/batch={report.batch_id}"
-        rows = report.dead_letter_rows()
-        # overwrite: a replayed batch writes the same dead letters again, not twice
-        (
-            spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
-            .coalesce(1)
-            .write.mode("overwrite")
-            .json(path)
-        )
-        log.info(
-            "dead letters written stream=%s batch=%d rows=%d path=%s",
-            self.stream,
-            report.batch_id,
-            len(rows),
-            path,
         )
 
 

@@ -5,14 +5,15 @@
     executors                                     driver
     TaskWriter.write(partition, attempt, rows)    settle_batch(report, ...)
       └─ sender.send(rows) per chunk                ├─ hooks: batch_after_puts
-         ── PartitionReport: counts,                ├─ dead letters (the caller's writer)
+         ── PartitionReport: counts,                ├─ dead letters: DeadLetterWriter
             dead letters, unresolved keys           ├─ any key unresolved: UnresolvedKeysError
                                                     ├─ hooks: batch_before_complete
                                                     └─ record the batch COMPLETE (if it has a query)
 
 Rows are ``(key, data, routing_key)`` tuples, whatever the input's columns were: each caller
 selects them its own way (the sink with a Spark ``select``, the data source from Arrow record
-batches or Spark rows). Nothing here imports pyspark.
+batches or Spark rows); each writes its dead letters with :mod:`spark_jobs.dead_letters`'s
+one writer, through the file system its driver reaches. Nothing here imports pyspark.
 
 Executors get :class:`producer.settings.ProducerSettings` parsed once on the driver (pickled
 with the plan), and keep one client set per Python worker process, reused across batches.
@@ -20,7 +21,6 @@ with the plan), and keep one client set per Python worker process, reused across
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import threading
@@ -43,6 +43,12 @@ from producer.protocol import Message, chunked
 from producer.replay.shared_reads import PlannedReads
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
+from spark_jobs.dead_letters import (
+    DEAD_LETTER_STATUSES,
+    DeadLetter,
+    DeadLetterWriter,
+    dead_letter_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,6 @@ UNRESOLVED_STATUSES: Final = frozenset(
         OutcomeStatus.UNVERIFIABLE,
     }
 )
-DEAD_LETTER_STATUSES: Final = frozenset({OutcomeStatus.REJECTED, OutcomeStatus.CONFLICT})
 _COUNTED: Final = {
     OutcomeStatus.SENT: "sent",
     OutcomeStatus.DUPLICATE: "duplicates",
@@ -137,38 +142,6 @@ def stack_for(settings: ProducerSettings, *, checked: StreamInfo | None = None) 
 
 
 # --- what comes back from a partition ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A row that can never be delivered as it is: rejected input or a key conflict."""
-
-    key: str | None
-    status: str
-    reason: str
-    data: str | None  # text data as it was
-    data_base64: str | None  # binary data
-    routing_key: str | None
-
-    def as_row(self, query_id: str | None, batch_id: int | None) -> tuple[Any, ...]:
-        """In the order of :data:`DEAD_LETTER_SCHEMA`."""
-        return (
-            query_id,
-            batch_id,
-            self.key,
-            self.status,
-            self.reason,
-            self.data,
-            self.data_base64,
-            self.routing_key,
-        )
-
-
-DEAD_LETTER_SCHEMA: Final = (
-    "query_id string, batch_id long, key string, status string, reason string, "
-    "data string, data_base64 string, routing_key string"
-)
-DEAD_LETTER_FIELDS: Final = tuple(column.split()[0] for column in DEAD_LETTER_SCHEMA.split(", "))
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +297,7 @@ class _Tally:
                 continue
             self._counts[_COUNTED[outcome.status]] += 1
             if outcome.status in DEAD_LETTER_STATUSES:
-                self._report.dead_letters.append(_dead_letter(row, outcome, binary=self._binary))
+                self._report.dead_letters.append(dead_letter_of(row, outcome, binary=self._binary))
 
     def done(self) -> PartitionReport:
         report = self._report
@@ -351,24 +324,6 @@ def _message(row: Any) -> Message:
     return Message(row[0], _data_bytes(row[1]), row[2])
 
 
-def _dead_letter(row: Any, outcome: Outcome, *, binary: bool) -> DeadLetter:
-    data = row[1]
-    text: str | None = None
-    encoded: str | None = None
-    if binary and data is not None:
-        encoded = base64.b64encode(bytes(data)).decode("ascii")
-    elif isinstance(data, str):
-        text = data
-    return DeadLetter(
-        key=row[0] if isinstance(row[0], str) else None,
-        status=outcome.status.value,
-        reason=outcome.reason or outcome.status.value,
-        data=text,
-        data_base64=encoded,
-        routing_key=row[2],
-    )
-
-
 def data_is_binary(schema: Any, column: str) -> bool:
     """Whether ``column`` of a Spark schema holds binary data (else text); refuses other types."""
     from pyspark.sql.types import BinaryType, StringType
@@ -389,7 +344,7 @@ def settle_batch(
     *,
     stack: Stack,
     hooks: Hooks,
-    write_dead_letters: Callable[[BatchReport], None],
+    dead_letters: DeadLetterWriter,
     complete: Completer | None,
 ) -> None:
     """What the driver does once every partition of a batch has reported.
@@ -416,7 +371,7 @@ def settle_batch(
         report.task_seconds,
     )
     if report.dead_letters:
-        write_dead_letters(report)
+        dead_letters.write(report)
     raise_unresolved(stream, report)
     hooks.at(Step.BATCH_BEFORE_COMPLETE, batch_id=report.batch_id)
     if complete is not None:
@@ -435,14 +390,3 @@ def raise_unresolved(stream: str, report: BatchReport | PartitionReport) -> None
         dict(by_status),
     )
     raise UnresolvedKeysError(stream, [u.key or "" for u in report.unresolved])
-
-
-def log_dead_letters_dropped(stream: str, report: BatchReport) -> None:
-    log.warning(
-        "no dead-letter path: rows dropped stream=%s query=%s batch=%s rejected=%d conflicts=%d",
-        stream,
-        report.query_id,
-        report.batch_id,
-        report.counts["rejected"],
-        report.counts["conflicts"],
-    )

@@ -36,9 +36,16 @@ from producer.errors import UnresolvedKeysError
 from producer.hooks import NO_HOOKS
 from producer.protocol import Message
 from producer.wiring import Stack
+from spark_jobs.dead_letters import (
+    DEAD_LETTER_SCHEMA,
+    PART_FILE,
+    DeadLetter,
+    DeadLetterWriter,
+    HadoopFolders,
+)
 from spark_jobs.produce_stream import start_query
 from spark_jobs.sink import ExactlyOnceSink
-from spark_jobs.writer import PartitionReport
+from spark_jobs.writer import BatchReport, PartitionReport
 
 pytestmark = [pytest.mark.spark, pytest.mark.spark35]
 
@@ -226,6 +233,24 @@ def test_rejected_and_conflicting_rows_are_dead_lettered_and_the_rest_delivered(
     assert letters["taken"]["status"] == "CONFLICT"
     assert letters["taken"]["data"] == "another payload"
     assert all(row["batch_id"] == 7 and row["query_id"] == "q-dlq" for row in letters.values())
+
+
+def test_a_replayed_batch_replaces_its_dead_letters_even_those_the_earlier_spark_writer_left(
+    spark: Any, tmp_path: Path
+) -> None:
+    # GIVEN batch 4's folder as the sink's Spark writer left it before the writers were one
+    folder = tmp_path / "dlq" / "batch=4"
+    earlier = [("q", 4, "k", "REJECTED", "key is empty", "x", None, None)]
+    spark.createDataFrame(earlier, DEAD_LETTER_SCHEMA).coalesce(1).write.json(str(folder))
+    # WHEN the batch is replayed and writes its dead letters through the session
+    report = BatchReport("q", 4)
+    report.dead_letters.append(DeadLetter("k", "REJECTED", "key is empty", "x", None, None))
+    DeadLetterWriter(str(tmp_path / "dlq"), "orders", HadoopFolders(spark)).write(report)
+    # THEN the folder holds its letters once, in the one writer's file
+    files = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert files == [PART_FILE]
+    (letter,) = map(json.loads, (folder / PART_FILE).read_text(encoding="utf-8").splitlines())
+    assert (letter["key"], letter["batch_id"], letter["data"]) == ("k", 4, "x")
 
 
 # --- unresolved keys fail the batch ------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The two guarantees as objects (producer.guarantees): chosen once from the settings, each
-gives a party its sender, says whether a batch is done before, and records it complete. Over
-the fakes: InMemoryLedger, FakeKinesisClient and a manual clock."""
+gives a party its sender, says whether a batch is done before, records it complete, and names
+the audit that proves its stream. Over the fakes: InMemoryLedger, FakeKinesisClient and a manual clock."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from dedupe_store.clock import ManualClock
 from kinesis_store.reader import KinesisReader
 from kinesis_store.shards import StreamInfo
 from kinesis_store.writer import KinesisWriter
+from producer.audit.auditors import AuditLimits
+from producer.audit.rows import ExpectedRow
 from producer.guarantees import KEY, REPLAY, Party, guarantee_of
 from producer.protocol import Message
 from producer.settings import Dedupe, ProducerSettings
@@ -116,3 +118,62 @@ def test_a_recovery_the_driver_cannot_plan_is_left_to_the_tasks_not_a_failed_bat
     assert "replay recovery not planned on the driver" in caplog.text
     # and key mode plans nothing, asking nothing
     assert KEY.plan_recovery(stack, ["query/4"]) == ()
+
+
+class _Sources:
+    """An audit's sources over the fakes, noting what the auditor asked for."""
+
+    def __init__(self, stack: Stack, kinesis: FakeKinesisClient, sent: list[Message]) -> None:
+        self._stack = stack
+        self._kinesis = kinesis
+        self._sent = sent
+        self.asked: list[str] = []
+
+    def expected_keys(self) -> list[str] | None:
+        self.asked.append("expected_keys")
+        return [m.key for m in self._sent]
+
+    def expected_rows(self) -> list[ExpectedRow]:
+        self.asked.append("expected_rows")
+        return [ExpectedRow(m.key, m.data, line) for line, m in enumerate(self._sent, 1)]
+
+    def reader(self, *, then: str) -> KinesisReader:  # noqa: ARG002 - no progress shown here
+        self.asked.append("reader")
+        return KinesisReader(self._kinesis, STREAM, sleep=self._kinesis.sleep)
+
+    def ledger(self) -> Any:
+        self.asked.append("ledger")
+        return self._stack.ledger
+
+
+@pytest.mark.parametrize(
+    ("dedupe", "asked"),
+    [
+        (Dedupe.KEY, ["expected_keys", "reader", "ledger"]),
+        (Dedupe.REPLAY, ["reader", "expected_rows"]),
+    ],
+)
+def test_the_guarantee_chooses_the_audit_and_it_reads_only_what_it_needs(
+    dedupe: Dedupe, asked: list[str]
+) -> None:
+    # GIVEN a stream written in one mode, each row once
+    stack, kinesis = stack_over(dedupe)
+    guarantee = guarantee_of(stack.settings)
+    sent = rows(6)
+    with guarantee.sender(stack, Party("nightly", task="cli")) as sender:
+        sender.send(sent)
+    # WHEN keo audit asks the guarantee's auditor
+    sources = _Sources(stack, kinesis, sent)
+    report = guarantee.auditor.audit(sources, AuditLimits(listed=10))
+    # THEN the stream is clean, by the audit of its mode: keys against the ledger in key mode,
+    # rows counted in replay mode (no ledger opened, no keys read)
+    assert report.clean, report.summary(10)
+    assert report.as_json()["clean"] is True
+    assert guarantee.auditor.compares_rows is (dedupe is Dedupe.REPLAY)
+    assert sources.asked == asked
+
+
+def test_only_replay_mode_names_its_runs() -> None:
+    # keo send's --run-id, format("keo")'s query_name (streaming) and run_id (a batch write)
+    assert REPLAY.named_runs
+    assert not KEY.named_runs
