@@ -23,8 +23,10 @@ Scenarios, each on a stream of S shards and a ledger table of its own:
                  counted half the rows written (nothing committed), then a new execution of
                  the same run (``run_id``), as Spark replays a batch after its driver restarted
     killed-later the same, the new execution started once the killed one's leases ended (a
-                 driver restarted later than a lease): its driver reads the recovery once for
-                 its tasks (producer.replay.recovery.plan_reads)
+                 driver restarted later than a lease). In both, the new execution's driver
+                 reads the recovery once for its tasks, in ``killed`` once it has superseded
+                 the killed execution and waited for its lease
+                 (producer.replay.recovery.plan_reads_once_over)
     retry-wave   every fourth task's first attempt fails right after its first PutRecords (the
                  failpoint ``after_put=raise``: at these sizes a task's rows fit one request,
                  so it fails having put them all) and is attempted again
