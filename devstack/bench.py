@@ -30,8 +30,8 @@ from typing import Any, Final
 from botocore.exceptions import ClientError
 
 from dedupe_store.batch_claims import insert_statement, split
+from dedupe_store.connection import data_client
 from dedupe_store.errors import aws_error_code
-from dedupe_store.model import data_client
 from dedupe_store.records import ClaimRequest
 from devstack.cost_meter import BillingMeter, MeterReading, ledger_table_spec
 from devstack.failpoints import FailpointError, Failpoints
