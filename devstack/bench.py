@@ -43,9 +43,9 @@ from producer.clients import kinesis_client
 from producer.hooks import Step
 from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import OutcomeStatus
+from producer.parties import new_execution_id
 from producer.protocol import Message, explicit_hash_key
 from producer.replay.context import ReplayTask
-from producer.replay.producer import new_execution_id
 from producer.settings import ProducerSettings, PutFence
 from producer.wiring import Stack, build_stack, ledger_from
 from spark_jobs.session import worker_python_path

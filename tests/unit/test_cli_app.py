@@ -278,11 +278,12 @@ with Stubber(ledger.client) as dynamodb:
     dynamodb.add_response("get_item", {"Item": schema})
     ledger.ensure_ready(stamp_new=True)
 print(",".join(sorted(name for name in sys.modules if name.split(".")[0] in {
-    "pynamodb", "boto3", "rich"})))
+    "pynamodb", "boto3", "rich"} or name.startswith(("producer.key", "producer.replay",
+    "producer.reconcile")))))
 """
 
 
-def test_the_send_path_imports_no_pynamodb_nor_rich() -> None:
+def test_the_send_path_imports_no_pynamodb_nor_rich_nor_a_wing() -> None:
     # GIVEN a fresh interpreter
     # WHEN it imports what keo send runs, and checks its ledger table is ready (described,
     # its schema stamp read) as keo send does before its first message
@@ -290,7 +291,8 @@ def test_the_send_path_imports_no_pynamodb_nor_rich() -> None:
         [sys.executable, "-c", _SEND_PATH_IMPORTS], capture_output=True, text=True, check=True
     )
     # THEN neither pynamodb (the table's creation alone uses it) nor boto3 nor rich (the
-    # progress bar, on a terminal) was imported: each is a part of a start keo send need not pay
+    # progress bar, on a terminal) was imported, nor any mode's wing (its sender loads it):
+    # each is a part of a start keo send need not pay
     assert answer.stdout.splitlines()[-1] == ""
 
 
