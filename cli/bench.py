@@ -396,9 +396,11 @@ def _startup_rows(results: dict[str, Any]) -> list[str]:
         return []
     return [
         "",
-        "| keo's start, CPU s (median of 5) | --version | --help | send, an empty file |",
-        "|---|---|---|---|",
-        f"| | {startup['version']} | {startup['help']} | {startup['send_empty']} |",
+        "| keo's start, CPU s (median of 5) | --version | --help | send, an empty file "
+        "| send --dedupe replay, an empty file |",
+        "|---|---|---|---|---|",
+        f"| | {startup['version']} | {startup['help']} | {startup['send_empty']} "
+        f"| {startup.get('send_empty_replay', '')} |",  # figures written before it: none
     ]
 
 

@@ -8,19 +8,28 @@ Its item::
 
 A table stamped with another version is refused, never misread; a table with items and no
 stamp predates stamps: version 1.
+
+The check that the table is ready (every producer's and reader's start) reads through the
+ledger's own client; only the table's creation and its TTL's switch use pynamodb, imported then
+(its model bound on first use): a producer's start does without it.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from pynamodb.connection.table import TableConnection
-from pynamodb.exceptions import PynamoDBException
-
+from dedupe_store.connection import ConnectionOptions
 from dedupe_store.errors import LedgerSchemaError
-from dedupe_store.model import TTL_ATTRIBUTE, LedgerItem
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.table import CONDITION_FAILED, VENDOR_ERRORS, DynamoDBTable, code_of
+
+if TYPE_CHECKING:
+    from pynamodb.connection.table import TableConnection
+
+    from dedupe_store.model import LedgerItem
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "SCHEMA_PK", "DynamoDBTableAdmin", "TtlStatus"]
 
@@ -46,13 +55,31 @@ class DynamoDBTableAdmin:
     """The administration of the ledger's table (``keo init``, a reader's or writer's check at
     start). :class:`dedupe_store.ledger.DynamoDBLedger` holds one and hands its calls on."""
 
-    def __init__(self, table: DynamoDBTable, model: type[LedgerItem]) -> None:
-        """``model``: the table's pynamodb model, which creates it with its in-flight index."""
+    def __init__(self, table: DynamoDBTable, options: ConnectionOptions) -> None:
+        """``options``: where the table is, for its pynamodb :attr:`model`."""
         self._table = table
-        self._model = model
+        self._options = options
+
+    @functools.cached_property
+    def model(self) -> type[LedgerItem]:
+        """The table's pynamodb model, which creates it with its in-flight index: bound on
+        first use."""
+        from dedupe_store.model import bind_ledger_model
+
+        return bind_ledger_model(self._options)
 
     def _connection(self) -> TableConnection:
-        return self._model._get_connection()
+        return self.model._get_connection()
+
+    def _exists(self) -> bool:
+        """Whether the table exists: a ``DescribeTable`` through the ledger's client."""
+        try:
+            self._table.client.describe_table(TableName=self._table.table_name)
+        except VENDOR_ERRORS as exc:
+            if code_of(exc) == "ResourceNotFoundException":
+                return False
+            raise  # translated on its way out
+        return True
 
     def create_table(self, *, wait: bool = True) -> bool:
         """Create the table with its in-flight index; True if created, False if it existed.
@@ -61,9 +88,9 @@ class DynamoDBTableAdmin:
         table keeps its stamp, and one of another version is refused).
         """
         with self._table.translated("create table"):
-            created = not self._model.exists()
+            created = not self._exists()
             if created:
-                self._model.create_table(wait=False, billing_mode="PAY_PER_REQUEST")
+                self.model.create_table(wait=False, billing_mode="PAY_PER_REQUEST")
                 if wait:
                     self._wait_active()
         if wait and created:
@@ -131,6 +158,8 @@ class DynamoDBTableAdmin:
         DynamoDB refuses to turn on a TTL that is on (a ValidationException): it is read first,
         and read again after a refusal (another ``keo init`` may have turned it on meanwhile).
         """
+        from pynamodb.exceptions import PynamoDBException
+
         current = self._ttl_status()
         if current is not TtlStatus.OFF:
             return current
@@ -176,7 +205,7 @@ class DynamoDBTableAdmin:
         version's, which costs one Scan of one item to make sure it is empty.
         """
         with self._table.translated("describe table"):
-            exists = self._model.exists()
+            exists = self._exists()
         if not exists:
             raise LedgerSchemaError(
                 f"ledger table {self._table.table_name!r} does not exist: run 'keo init'",

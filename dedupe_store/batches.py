@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from dedupe_store.model import TTL_ATTRIBUTE
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import BatchRecord, RunRecord
 from dedupe_store.table import DynamoDBTable

@@ -30,7 +30,7 @@ from dedupe_store.errors import (
     LedgerThrottledError,
     LedgerUnavailableError,
 )
-from dedupe_store.model import TTL_ATTRIBUTE
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import (
     ClaimRequest,

@@ -26,6 +26,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+# the attribute DynamoDB's TTL deletes items by (``keo init`` turns it on)
+TTL_ATTRIBUTE = "expires_at"
+
 NAMES: dict[str, str] = {
     "#pk": "pk",
     "#stream": "stream",
@@ -42,7 +45,7 @@ NAMES: dict[str, str] = {
     "#members": "members",
     "#positions": "positions",
     "#recorded": "recorded_at_ms",
-    "#expires": "expires_at",
+    "#expires": TTL_ATTRIBUTE,
     "#payload": "payload",
     "#token": "write_token",
     "#superseded": "superseded",

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dedupe_store import expressions as x
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.inflight import Cursor, bucket_of, bucket_partition, walk_items
-from dedupe_store.model import TTL_ATTRIBUTE
 from dedupe_store.names import check_stream_name
 from dedupe_store.packing import pack_members, pack_positions, unpack_members, unpack_positions
 from dedupe_store.records import Group, GroupUpdate, Position

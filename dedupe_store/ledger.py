@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedupe_store import expressions as x
 from dedupe_store.admin import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBTableAdmin, TtlStatus
 from dedupe_store.batches import BatchesHandedOn, DynamoDBBatchLedger
 from dedupe_store.claims import ClaimsHandedOn, DynamoDBClaimLedger, claim_of, ledger_pk
+from dedupe_store.connection import ConnectionOptions
 from dedupe_store.groups import (
     DynamoDBGroupLedger,
     GroupsHandedOn,
@@ -55,7 +56,6 @@ from dedupe_store.groups import (
     group_pk,
     inflight_bucket,
 )
-from dedupe_store.model import ConnectionOptions, LedgerItem, bind_ledger_model
 from dedupe_store.records import Group, KeyClaim, LedgerRecord
 from dedupe_store.run_items import replay_run_pk, replay_task_pk
 from dedupe_store.runs import DynamoDBRunLedger, RunsHandedOn
@@ -63,6 +63,9 @@ from dedupe_store.table import DynamoDBTable
 
 # the name tests/unit/test_ledger_translation.py imports from here
 from dedupe_store.table import Translated as _Translated  # noqa: F401
+
+if TYPE_CHECKING:
+    from dedupe_store.model import LedgerItem
 
 __all__ = [
     "LEDGER_SCHEMA_VERSION",
@@ -96,12 +99,11 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn, BatchesHanded
         """``batch_claims``: whether the backend runs PartiQL batches (new keys claimed 25 to
         a request: :meth:`insert_claims`); None learns it from the first batch's answer."""
         self._options = options
-        self._model: type[LedgerItem] = bind_ledger_model(options)
         self._table = DynamoDBTable(options, pause=self._pause_between_rounds)
         self.dedupe_ttl_s = dedupe_ttl_s
         self.inflight_buckets = inflight_buckets
         # the parts, each reading and writing its own kind of item on the one table
-        self._admin = DynamoDBTableAdmin(self._table, self._model)
+        self._admin = DynamoDBTableAdmin(self._table, options)
         self._claim_ledger = DynamoDBClaimLedger(
             self._table,
             dedupe_ttl_s=dedupe_ttl_s,
@@ -135,7 +137,8 @@ class DynamoDBLedger(RunsHandedOn, GroupsHandedOn, ClaimsHandedOn, BatchesHanded
 
     @property
     def model(self) -> type[LedgerItem]:
-        return self._model
+        """The table's pynamodb model (its creation), bound on first use."""
+        return self._admin.model
 
     @property
     def client(self) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dedupe_store import expressions as x
-from dedupe_store.model import TTL_ATTRIBUTE
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.names import check_stream_name
 from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
 from dedupe_store.states import RunState

@@ -22,8 +22,8 @@ from pydantic import AfterValidator, Field, JsonValue, ValidationInfo, model_val
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dedupe_store.connection import ConnectionOptions
 from dedupe_store.errors import ConfigurationError
-from dedupe_store.model import ConnectionOptions
 
 ENV_PREFIX: Final = "KEO_"
 # Emulators accept any credentials, but botocore refuses to sign without some. Letters and

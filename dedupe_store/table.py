@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,9 +25,9 @@ from types import TracebackType
 from typing import Any
 
 import botocore.exceptions
-from pynamodb.exceptions import PynamoDBException, TableDoesNotExist
 
 from dedupe_store import expressions as x
+from dedupe_store.connection import ConnectionOptions, data_client
 from dedupe_store.errors import (
     DYNAMODB_THROTTLING_CODES,
     LedgerError,
@@ -35,28 +36,28 @@ from dedupe_store.errors import (
     LedgerUnavailableError,
     aws_error_code,
 )
-from dedupe_store.model import INFLIGHT_INDEX_NAME, ConnectionOptions, data_client
 
 __all__ = [
     "BATCH_PAUSE_S",
     "CONDITION_FAILED",
+    "INFLIGHT_INDEX_NAME",
     "VENDOR_ERRORS",
     "DynamoDBTable",
     "Translated",
     "binary_of",
     "code_of",
+    "is_vendor_error",
     "number_of",
     "text_of",
     "translate",
 ]
 
 CONDITION_FAILED = "ConditionalCheckFailedException"
-# what a DynamoDB call raises: botocore's own errors, and pynamodb's wrapping of them
-VENDOR_ERRORS = (
-    botocore.exceptions.BotoCoreError,
-    botocore.exceptions.ClientError,
-    PynamoDBException,
-)
+# the table's sparse index of open groups and OPEN runs (:mod:`dedupe_store.inflight`)
+INFLIGHT_INDEX_NAME = "inflight-index"
+# what a call through the ledger's client raises: botocore's own errors (pynamodb's wrapping of
+# them, from the table's creation, by :func:`is_vendor_error`)
+VENDOR_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 _BATCH_GET_MAX = 100
 # the part of a batch DynamoDB throttled (statements, or keys a BatchGetItem left unprocessed)
 # is sent again after a pause, doubling, as AWS asks of batch callers; for keys, up to a
@@ -275,8 +276,21 @@ class Translated:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if isinstance(exc, VENDOR_ERRORS):
+        if exc is not None and is_vendor_error(exc):
             raise translate(exc, self._table, self._key, self._doing) from exc
+
+
+def is_vendor_error(exc: BaseException) -> bool:
+    """Whether a DynamoDB call raised ``exc``: botocore's errors, or pynamodb's wrapping of them.
+    pynamodb is looked up, not imported: only the table's creation and its TTL call it
+    (:mod:`dedupe_store.admin`), and no error of a module never imported can have been raised;
+    a producer's start does without it."""
+    return isinstance(exc, VENDOR_ERRORS) or _is_pynamodb_error(exc, "PynamoDBException")
+
+
+def _is_pynamodb_error(exc: BaseException, name: str) -> bool:
+    exceptions = sys.modules.get("pynamodb.exceptions")
+    return exceptions is not None and isinstance(exc, getattr(exceptions, name))
 
 
 def code_of(exc: BaseException) -> str | None:
@@ -306,7 +320,7 @@ def _old_item_of(exc: BaseException) -> dict[str, Any] | None:
 
 def translate(exc: BaseException, table: str, key: str | None, doing: str) -> LedgerError:
     code = code_of(exc)
-    if isinstance(exc, TableDoesNotExist) or code == "ResourceNotFoundException":
+    if code == "ResourceNotFoundException" or _is_pynamodb_error(exc, "TableDoesNotExist"):
         return LedgerSchemaError(
             f"ledger table {table!r} does not exist: run 'keo init' ({doing})", table=table, key=key
         )

@@ -59,7 +59,8 @@ from dedupe_store.billing import (
     write_cost,
 )
 from dedupe_store.errors import aws_error_code
-from dedupe_store.model import INFLIGHT_INDEX_NAME, LedgerItem
+from dedupe_store.model import LedgerItem
+from dedupe_store.table import INFLIGHT_INDEX_NAME
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient

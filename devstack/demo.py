@@ -59,10 +59,10 @@ from producer.clients import kinesis_client
 from producer.errors import ConfigurationError
 from producer.hooks import Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
+from producer.parties import new_execution_id
 from producer.protocol import Message, explicit_hash_key
 from producer.reconcile.reconciler import ReconcileReport
 from producer.replay.context import ReplayTask
-from producer.replay.producer import new_execution_id
 from producer.retries import repeat_while
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import build_stack, ledger_from

@@ -13,6 +13,7 @@ from typing import Any
 import botocore.session
 from botocore.config import Config
 
+from dedupe_store.sessions import new_session
 from dedupe_store.settings import emulator_credentials_for
 
 __all__ = ["kinesis_client_for"]
@@ -25,11 +26,12 @@ def kinesis_client_for(
     config: Config,
     session: botocore.session.Session | None = None,
 ) -> Any:
-    """A Kinesis client on ``endpoint_url`` in ``region``, from ``session`` (a new one by
-    default). botocore's, not boto3's: the same client and credential chain, without boto3's
+    """A Kinesis client on ``endpoint_url`` in ``region``, from ``session`` (by default a new
+    one, whose SDK data the process reads once: :func:`dedupe_store.sessions.new_session`).
+    botocore's, not boto3's: the same client and credential chain, without boto3's
     import (its S3 transfer manager: a tenth of ``keo send``'s start)."""
     key_id, secret = emulator_credentials_for(endpoint_url) or (None, None)
-    return (session or botocore.session.get_session()).create_client(
+    return (session or new_session()).create_client(
         "kinesis",
         region_name=region,
         endpoint_url=endpoint_url,

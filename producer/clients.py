@@ -9,6 +9,7 @@ from typing import Any
 import botocore.session
 from botocore.config import Config
 
+from dedupe_store.sessions import new_session
 from kinesis_store.client import kinesis_client_for
 from kinesis_store.reader import utc_timestamp
 from producer.settings import ProducerSettings
@@ -18,7 +19,7 @@ __all__ = ["kinesis_client", "kinesis_read_client"]
 
 def kinesis_client(settings: ProducerSettings, *, for_put: bool) -> Any:
     """A Kinesis client. For puts, SDK retries are off: retries are the protocol's."""
-    return _kinesis_client(settings, for_put=for_put, session=botocore.session.get_session())
+    return _kinesis_client(settings, for_put=for_put, session=new_session())
 
 
 def kinesis_read_client(settings: ProducerSettings) -> Any:
@@ -26,7 +27,7 @@ def kinesis_read_client(settings: ProducerSettings) -> Any:
     timestamps come back in UTC (:func:`kinesis_store.reader.utc_timestamp`), the same
     instants as the SDK's, not converted to the local time zone: that conversion was most of
     the Python time of a large GetRecords page."""
-    core = botocore.session.get_session()
+    core = new_session()
     core.get_component("response_parser_factory").set_parser_defaults(
         timestamp_parser=utc_timestamp
     )

@@ -22,6 +22,8 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
 
 A third mode is a third :class:`Guarantee` here, and its tests. ``keo send``, ``keo audit``,
 ``format("keo")`` (its options too) and ``ExactlyOnceSink`` ask the guarantee, never the mode.
+Each mode's modules are imported when its guarantee first needs them: a process of one
+mode does not load the other's.
 """
 
 from __future__ import annotations
@@ -29,22 +31,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from dedupe_store.errors import KeoError
-from producer.audit.auditors import KEY_AUDIT, ROW_AUDIT, Auditor
 from producer.hooks import Hooks
-from producer.key.producer import ExactlyOnceProducer
 from producer.outcomes import Outcome
+from producer.parties import Party
 from producer.protocol import Message
-from producer.replay.attempt import ReplayAttempt
-from producer.replay.context import ReplayTask
-from producer.replay.plan import RecoveryStep
-from producer.replay.producer import ReplayProducer, new_execution_id
-from producer.replay.recovery import plan_reads_once_over
-from producer.replay.shared_reads import PlannedReads, shared_by
 from producer.settings import Dedupe, ProducerSettings
-from producer.wiring import Stack
+
+if TYPE_CHECKING:
+    from producer.audit.auditors import Auditor
+    from producer.key.producer import ExactlyOnceProducer
+    from producer.replay.attempt import ReplayAttempt
+    from producer.replay.producer import ReplayProducer
+    from producer.replay.shared_reads import PlannedReads
+    from producer.wiring import Stack
 
 __all__ = [
     "KEY",
@@ -59,20 +61,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Party:
-    """Who sends: one attempt of one task at a run (replay mode's identity: ``run``, its
-    ``execution_id``, ``task`` and ``task_attempt``), and the owner its claim groups name (key
-    mode's; None: the settings' owner). A party of a process of its own (``keo send``) is an
-    execution of its own."""
-
-    run: str
-    execution_id: str = field(default_factory=new_execution_id)
-    task: str = "0"
-    task_attempt: int = 0
-    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +204,8 @@ class _ReplaySender:
         self._producer.interrupt()
 
     def finish(self) -> SendEnd:
+        from producer.replay.plan import RecoveryStep
+
         attempt = self._attempt
         attempt.finish()
         return SendEnd(
@@ -245,7 +235,12 @@ class _Key:
     retries_unresolved_tasks: bool = False
     settles_the_rest: str = "through the per-key claims"
     named_runs: bool = False
-    auditor: Auditor = KEY_AUDIT
+
+    @property
+    def auditor(self) -> Auditor:
+        from producer.audit.auditors import KEY_AUDIT  # the audit wing: keo audit's alone
+
+        return KEY_AUDIT
 
     def sender(
         self,
@@ -298,7 +293,12 @@ class _Replay:
     retries_unresolved_tasks: bool = True
     settles_the_rest: str = "by reading the stream back"
     named_runs: bool = True
-    auditor: Auditor = ROW_AUDIT
+
+    @property
+    def auditor(self) -> Auditor:
+        from producer.audit.auditors import ROW_AUDIT  # the audit wing: keo audit's alone
+
+        return ROW_AUDIT
 
     def sender(
         self,
@@ -308,6 +308,9 @@ class _Replay:
         hooks: Hooks | None = None,
         planned: Sequence[PlannedReads] = (),
     ) -> Sender:
+        from producer.replay.context import ReplayTask
+        from producer.replay.shared_reads import shared_by
+
         shared = shared_by(stack.reader)
         for plan in planned:
             if plan.run == party.run:
@@ -320,6 +323,8 @@ class _Replay:
         return False
 
     def plan_recovery(self, stack: Stack, runs: Sequence[str]) -> tuple[PlannedReads, ...]:
+        from producer.replay.recovery import plan_reads_once_over
+
         lease = stack.settings.lease_policy()
         try:
             plans = [

@@ -1,5 +1,9 @@
 """Builds clients and the producer from settings. Entry points (CLI, Spark job) call this;
-nothing in the protocol creates its own clients."""
+nothing in the protocol creates its own clients.
+
+Each wing (key mode's producer, replay mode's, the reconciler) is imported by the method that
+builds it, on first use: a process of one mode does not load the other's modules.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
@@ -19,12 +24,14 @@ from producer import metrics
 from producer.clients import kinesis_client, kinesis_read_client
 from producer.fence import fence_for
 from producer.hooks import NO_HOOKS, Hooks
-from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
-from producer.key.readback import ReadBackResolver
-from producer.reconcile.reconciler import Reconciler
-from producer.replay.context import ReplayPolicy
-from producer.replay.producer import ReplayProducer
 from producer.settings import PastRetention, ProducerSettings
+
+if TYPE_CHECKING:
+    from producer.key.producer import ExactlyOnceProducer, ProducerPolicy
+    from producer.key.readback import ReadBackResolver
+    from producer.reconcile.reconciler import Reconciler
+    from producer.replay.context import ReplayPolicy
+    from producer.replay.producer import ReplayProducer
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,8 @@ def ledger_from(settings: ProducerSettings) -> DynamoDBLedger:
 
 
 def policy_from(settings: ProducerSettings) -> ProducerPolicy:
+    from producer.key.producer import ProducerPolicy
+
     return ProducerPolicy(
         lease=settings.lease_policy(),
         put_max_attempts=settings.put_max_attempts,
@@ -115,6 +124,8 @@ def policy_from(settings: ProducerSettings) -> ProducerPolicy:
 
 
 def replay_policy_from(settings: ProducerSettings) -> ReplayPolicy:
+    from producer.replay.context import ReplayPolicy
+
     max_wait_s = settings.replay_max_wait_s
     return ReplayPolicy(
         lease=settings.lease_policy(),
@@ -137,6 +148,8 @@ class Stack:
     hooks: Hooks = NO_HOOKS  # the test seam: failpoints, installed by entry points
 
     def resolver(self) -> ReadBackResolver:
+        from producer.key.readback import ReadBackResolver
+
         return ReadBackResolver(
             self.reader,
             self.clock,
@@ -145,6 +158,8 @@ class Stack:
         )
 
     def reconciler(self, *, owner: str, buckets: Sequence[int] | None = None) -> Reconciler:
+        from producer.reconcile.reconciler import Reconciler
+
         return Reconciler(
             stream=self.settings.stream,
             ledger=self.ledger,
@@ -161,6 +176,8 @@ class Stack:
     def producer(
         self, *, owner: str | None = None, hooks: Hooks | None = None
     ) -> ExactlyOnceProducer:
+        from producer.key.producer import ExactlyOnceProducer
+
         return ExactlyOnceProducer(
             stream=self.settings.stream,
             ledger=self.ledger,
@@ -179,6 +196,8 @@ class Stack:
     ) -> ReplayProducer:
         """``sleep`` is how the producer waits (for an earlier attempt's lease, between
         resends): a benchmark times its waits through it."""
+        from producer.replay.producer import ReplayProducer
+
         return ReplayProducer(
             stream=self.settings.stream,
             ledger=self.ledger,

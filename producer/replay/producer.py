@@ -41,6 +41,7 @@ from kinesis_store.writer import KinesisWriter
 from producer import metrics
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.outcomes import Outcome, OutcomeStatus
+from producer.parties import new_execution_id
 from producer.protocol import Message
 from producer.replay.attempt import ReplayAttempt
 from producer.replay.context import ReplayContext, ReplayPolicy, ReplayTask
@@ -48,7 +49,7 @@ from producer.replay.plan import RecoveryStep
 from producer.replay.recovery import start_attempt
 from producer.retries import wait_full_jitter
 
-__all__ = ["ReplayProducer", "new_execution_id"]
+__all__ = ["ReplayProducer"]
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +172,3 @@ class ReplayProducer:
 
     def run_of(self, run: str) -> ReplayRun | None:
         return self._context.ledger.get_run(self.stream, run)
-
-
-def new_execution_id() -> str:
-    """A fresh execution id: one per driver run of a query, or per CLI process."""
-    return uuid.uuid4().hex

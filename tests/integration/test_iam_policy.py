@@ -33,7 +33,7 @@ from cli.init import init
 from cli.reconcile import reconcile
 from cli.send import send
 from dedupe_store.clock import SkewedClock, SystemClock
-from dedupe_store.model import INFLIGHT_INDEX_NAME
+from dedupe_store.table import INFLIGHT_INDEX_NAME
 from devstack import emulators as local_stack
 from devstack.faults import FaultInjector
 from producer.protocol import Message

@@ -23,9 +23,9 @@ import pytest
 import stacks
 from moto.server import ThreadedMotoServer
 
+from dedupe_store.connection import ConnectionOptions
 from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
-from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, PendingClaim
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack

@@ -260,6 +260,64 @@ def test_version_and_help_import_no_command(args: list[str]) -> None:
     assert answer.stdout.splitlines()[-1] == ""
 
 
+_SEND_PATH_IMPORTS = """
+import sys
+from botocore.stub import Stubber
+from cli.send import send
+from producer.guarantees import guarantee_of
+from producer.settings import ProducerSettings
+from producer.wiring import build_stack, ledger_from
+settings = ProducerSettings(
+    stream="orders", table="orders-ledger", region="us-east-1",
+    dynamodb_endpoint_url="http://127.0.0.1:9", kinesis_endpoint_url="http://127.0.0.1:9",
+)
+ledger = ledger_from(settings)
+with Stubber(ledger.client) as dynamodb:
+    dynamodb.add_response("describe_table", {"Table": {"TableName": "orders-ledger"}})
+    schema = {"pk": {"S": "__keo__/schema"}, "schema_version": {"N": "2"}}
+    dynamodb.add_response("get_item", {"Item": schema})
+    ledger.ensure_ready(stamp_new=True)
+print(",".join(sorted(name for name in sys.modules if name.split(".")[0] in {
+    "pynamodb", "boto3", "rich"} or name.startswith(("producer.key", "producer.replay",
+    "producer.reconcile")))))
+"""
+
+
+def test_the_send_path_imports_no_pynamodb_nor_rich_nor_a_wing() -> None:
+    # GIVEN a fresh interpreter
+    # WHEN it imports what keo send runs, and checks its ledger table is ready (described,
+    # its schema stamp read) as keo send does before its first message
+    answer = subprocess.run(
+        [sys.executable, "-c", _SEND_PATH_IMPORTS], capture_output=True, text=True, check=True
+    )
+    # THEN neither pynamodb (the table's creation alone uses it) nor boto3 nor rich (the
+    # progress bar, on a terminal) was imported, nor any mode's wing (its sender loads it):
+    # each is a part of a start keo send need not pay
+    assert answer.stdout.splitlines()[-1] == ""
+
+
+_COLLECTOR_AFTER = """
+import atexit, gc, sys
+from cli import main
+atexit.register(lambda: print(gc.isenabled()))
+sys.argv = ["keo", *sys.argv[1:]]
+main()
+"""
+
+
+def test_keo_collects_garbage_again_once_its_command_is_loaded() -> None:
+    # GIVEN keo in a process of its own, which pauses the garbage collector through its start
+    # WHEN a command is loaded (its help shown)
+    answer = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR_AFTER, "init", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # THEN the collector runs again: a long command is collected as any process
+    assert answer.stdout.splitlines()[-1] == "True"
+
+
 def test_each_command_is_listed_on_one_line_and_loads_by_its_name() -> None:
     root: Any = typer.main.get_command(app)
     for name, command in COMMANDS.items():

@@ -12,6 +12,7 @@ import botocore.exceptions
 import pytest
 from pynamodb.exceptions import PutError, TableDoesNotExist
 
+from dedupe_store.connection import ConnectionOptions
 from dedupe_store.errors import (
     KeoError,
     LedgerError,
@@ -20,7 +21,6 @@ from dedupe_store.errors import (
     LedgerUnavailableError,
 )
 from dedupe_store.ledger import DynamoDBLedger, _Translated
-from dedupe_store.model import ConnectionOptions
 from dedupe_store.records import ClaimRequest, ClaimStatus, Group
 from dedupe_store.states import GroupState
 
@@ -232,3 +232,20 @@ def test_a_failed_condition_on_our_own_retried_write_is_applied() -> None:
     assert result.status is ClaimStatus.WON
     assert result.claim is not None
     assert result.claim.write_token == tokens[0]
+
+
+def test_a_missing_table_is_told_by_the_ledgers_own_client_and_its_other_errors_translated() -> (
+    None
+):
+    # GIVEN DynamoDB answering that the table does not exist
+    missing = StubClient(client_error("ResourceNotFoundException"))
+    # WHEN a producer checks the table is ready
+    with pytest.raises(LedgerSchemaError, match="does not exist: run 'keo init'"):
+        ledger_on(missing).ensure_ready(stamp_new=True)
+    # THEN it asked the ledger's own client (pynamodb's is only the table's creation's)
+    assert missing.calls == ["describe_table"]
+    # AND a DynamoDB that throttles the description is a throttle, its cause kept
+    throttled = client_error("ThrottlingException")
+    with pytest.raises(LedgerThrottledError) as caught:
+        ledger_on(StubClient(throttled)).ensure_ready()
+    assert caught.value.__cause__ is throttled

@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dedupe_store.model import data_client
+from dedupe_store.connection import data_client
+from dedupe_store.sessions import new_session
 from dedupe_store.settings import EMULATOR_CREDENTIALS, LedgerSettings, SettingNotes
+from producer.clients import kinesis_client, kinesis_read_client
 from producer.protocol import LeasePolicy
 from producer.retries import PUT_MAX_ATTEMPTS, PUT_RETRY_INITIAL_MS, PUT_RETRY_MAX_MS
 from producer.settings import ProducerSettings, PutFence
@@ -442,6 +444,23 @@ def test_the_ledger_client_has_the_settings_retries_and_a_fixed_user_agent() -> 
     assert config.max_pool_connections == options.max_pool_connections
     assert config.user_agent.startswith("kinesis-exactly-once/")
     assert "Botocore/" in config.user_agent
+
+
+def test_the_ledgers_and_kinesis_clients_read_the_sdks_data_once_a_process() -> None:
+    # GIVEN the ledger's client and the producer's Kinesis put and read clients of a process
+    settings = ProducerSettings(region="eu-west-1")
+    clients = [
+        data_client(settings.ledger_connection()),
+        kinesis_client(settings, for_put=True),
+        kinesis_read_client(settings),
+    ]
+    # WHEN their sessions' data loaders are looked at (no call is sent)
+    loaders = {id(client._loader) for client in clients}
+    # THEN each client has its own events, but all read the SDK's data through one loader,
+    # a later session's too: the endpoints and each service's model parsed once, not once a
+    # client
+    assert len({id(client.meta.events) for client in clients}) == 3
+    assert loaders == {id(new_session().get_component("data_loader"))}
 
 
 # --- emulator credentials -----------------------------------------------------------------------
