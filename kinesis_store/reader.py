@@ -7,6 +7,8 @@ after a jittered backoff, expired iterators renewed, botocore's errors translate
 :mod:`kinesis_store.errors`, GetRecords paced when given a
 :class:`kinesis_store.read_pacing.ReadPacer`; :meth:`KinesisReader.shard_reads` says what the
 reads of a shard brought back (records, bytes, and how far behind the tip the last page was).
+A count's first page may be read ahead of it (:meth:`KinesisReader.read_ahead`), on another
+thread: a planner reads many shards' at once.
 A shard's tail is :class:`kinesis_store.tail.TailSearch`'s to find. One reader may read
 several shards on several threads at once (a planner looks for their tails together), never
 one shard on two threads.
@@ -40,11 +42,11 @@ from kinesis_store.kpl import (
 )
 from kinesis_store.positions import Counted, SeenRecord, ShardStart, sequence_key
 from kinesis_store.read_pacing import ReadPacer
-from kinesis_store.shard_pages import ShardPages, ShardReads, raise_lost
+from kinesis_store.shard_pages import Ahead, ShardPages, ShardReads, raise_lost
 from kinesis_store.shards import Shard, StreamInfo
 from kinesis_store.tail import TailSearch
 
-__all__ = ["KinesisReader", "ShardReads", "shard_of", "stop_on_malformed", "utc_timestamp"]
+__all__ = ["Ahead", "KinesisReader", "ShardReads", "shard_of", "stop_on_malformed", "utc_timestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -211,19 +213,29 @@ class KinesisReader:
         through: str | None = None,
         oversized_up_to: int | None = 0,
         on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+        closed: bool = False,
+        ahead: Ahead | None = None,
     ) -> Counted:
         """Reads forward from ``start`` (to ``through`` at most, inclusive) and takes whole
         Kinesis records while their user records fit in ``max_user_records``; a first record
         that holds more is taken alone when it holds at most ``oversized_up_to`` (None: however
         many; by default it is not taken). GetRecords is asked for no more records than are
-        still wanted."""
+        still wanted; ``ahead`` is the count's first page, read before (:meth:`read_ahead`).
+
+        The count stops at a page that caught up with the shard's tip (:attr:`Page.caught_up`:
+        short of what was asked, 0 ms behind): what arrives after it is the next count's, and a
+        shard with nothing new costs one GetRecords. A ``closed`` shard is read on to the page
+        that says it ended (on kinesalite, and maybe on Kinesis, the page after its last
+        record): only that finishes it, and its children wait for it."""
         taken = 0
         last: SeenRecord | None = None
 
         def wanted() -> int:
-            return max(1, min(self._shard_pages.page_limit, max_user_records - taken))
+            return self._page_size(max_user_records - taken)
 
-        for page in self._shard_pages.pages(shard_id, start, on_lost=on_lost, limit=wanted):
+        pages = self._shard_pages.pages(shard_id, start, on_lost=on_lost, limit=wanted, ahead=ahead)
+        for page in pages:
+            at_tip = page.tip or (page.caught_up and not closed)
             for index, raw in enumerate(page.records):
                 sequence_number = str(raw["SequenceNumber"])
                 if through is not None and sequence_key(sequence_number) > sequence_key(through):
@@ -239,11 +251,31 @@ class KinesisReader:
                 if through is not None and sequence_key(sequence_number) == sequence_key(through):
                     return Counted(last, taken, ended=False, full=False)
                 at_page_end = index == len(page.records) - 1
-                if taken >= max_user_records and not (at_page_end and page.tip):
+                if taken >= max_user_records and not (at_page_end and at_tip):
                     return Counted(last, taken, ended=False, full=True)
-            if page.tip:
+            if at_tip:
                 return Counted(last, taken, ended=page.ended, full=False)
         return Counted(last, taken, ended=False, full=False)
+
+    def read_ahead(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        *,
+        max_user_records: int,
+        on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+    ) -> Ahead:
+        """The first page :meth:`count_forward` from ``start`` reads for ``max_user_records``
+        (or fewer), read now, maybe on another thread, for the count to begin with: a planner
+        reads many shards' first pages at once, each paced to its own shard."""
+        return self._shard_pages.read_ahead(
+            shard_id, start, limit=self._page_size(max_user_records), on_lost=on_lost
+        )
+
+    def _page_size(self, user_records: int) -> int:
+        """The records a count asks one page for while it still wants ``user_records``: at
+        least one, a page at most (a record holds at least one user record)."""
+        return max(1, min(self._shard_pages.page_limit, user_records))
 
     def _user_records(self, shard_id: str, raw: dict[str, Any]) -> tuple[UserRecord, ...]:
         """What a KCL consumer gets of one Kinesis record, before the shard's hash-range rule

@@ -7,6 +7,8 @@ right after the last record read; every other botocore error is translated once 
 :mod:`kinesis_store.errors`, keeping the cause. Given a
 :class:`kinesis_store.read_pacing.ReadPacer`, GetRecords calls keep within each shard's 5
 calls and 2 MB a second; :class:`ShardReads` counts what the calls on a shard brought back.
+A read's first page may be read ahead of the read (:meth:`ShardPages.read_ahead`), several
+shards' at once: the read then begins with it (:class:`Ahead`).
 
 A read that goes on after a record already read (``AFTER_SEQUENCE_NUMBER``) first asks for
 that record itself (``AT_SEQUENCE_NUMBER``): when the shard no longer holds it, it is past the
@@ -21,7 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +47,7 @@ from kinesis_store.kpl import arrival_ms_of
 from kinesis_store.positions import SeenRecord, ShardStart, StartKind
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
 
-__all__ = ["Page", "ShardPages", "ShardReads", "cause_code_of", "raise_lost", "seen"]
+__all__ = ["Ahead", "Page", "ShardPages", "ShardReads", "cause_code_of", "raise_lost", "seen"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,28 @@ class Page:
     ended: bool
     caught_up: bool = False
     next_iterator: str | None = None
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where a read of one shard is: the iterator of its next page (None: the shard ended),
+    whether the record it goes on after is still to be checked, and the last record read."""
+
+    iterator: str | None
+    checking: bool
+    last_seen: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """The first page of a read of ``shard_id`` from ``start``, read ahead of the read
+    (:meth:`ShardPages.read_ahead`), and where the read goes on after it: the read's
+    :meth:`ShardPages.pages` begins with it, as if it had read it then."""
+
+    shard_id: str
+    start: ShardStart
+    page: Page
+    cursor: _Cursor
 
 
 @dataclass(slots=True)
@@ -149,44 +173,106 @@ class ShardPages:
         limit: Callable[[], int] | None = None,
         check: bool = True,
         iterator: str | None = None,
+        ahead: Ahead | None = None,
     ) -> Iterator[Page]:
         """Pages from ``start`` on, until the tip or the end of a closed shard. After a
         sequence number, the first page is checked to start with that record (``check``).
-        Given ``iterator`` (one at ``start``, a page's next), reads with it and checks nothing."""
-        checking = check and start.kind is StartKind.AFTER_SEQUENCE_NUMBER
-        if iterator is None:
-            iterator, checking = self._open(shard_id, start, checking, on_lost)
+        Given ``iterator`` (one at ``start``, a page's next), reads with it and checks nothing.
+        Given ``ahead`` (read ahead from ``start`` on this shard), begins with its page."""
+        if ahead is None:
+            cursor = self._cursor(shard_id, start, check=check, iterator=iterator, on_lost=on_lost)
         else:
-            checking = False
-        last_seen: str | None = None
-        while iterator is not None:
-            size = limit() if limit is not None else self.page_limit
-            if checking and limit is not None:
-                size += 1  # the record checked comes first and is dropped: a page's worth after it
-            if self._pacer is not None:  # the size asked for: a page under it is not full
-                size = self._pacer.page_limit(shard_id, size)
-            page = self._read_retrying()(self._get_page, shard_id, iterator, size)
-            if page is None:
-                # iterators live 5 minutes: go on right after the last record seen
-                resume = ShardStart.after(last_seen) if last_seen is not None else start
-                iterator, checking = self._open(
-                    shard_id, resume, checking and last_seen is None, on_lost
+            if (ahead.shard_id, ahead.start) != (shard_id, start):
+                raise ValueError(
+                    f"a page read ahead from {ahead.start} on {ahead.shard_id} is not the first "
+                    f"of a read from {start} on {shard_id}"
                 )
-                continue
-            raw_records: list[dict[str, Any]] = page["Records"]
-            iterator = page.get("NextShardIterator")
-            ended = iterator is None
-            tip = ended or (not raw_records and page.get("MillisBehindLatest", 0) == 0)
-            records = raw_records
-            if checking and (records or tip):
-                records = self._checked(shard_id, start, records, on_lost)
-                checking = False
-            if raw_records:
-                last_seen = str(raw_records[-1]["SequenceNumber"])
-            caught_up = 0 < len(raw_records) < size and page.get("MillisBehindLatest") == 0
-            yield Page(records, tip=tip, ended=ended, caught_up=caught_up, next_iterator=iterator)
-            if tip:
+            yield ahead.page
+            if ahead.page.tip:
                 return
+            cursor = replace(ahead.cursor)
+        while cursor.iterator is not None:
+            page = self._next_page(shard_id, start, cursor, limit, on_lost)
+            if page is None:
+                continue
+            yield page
+            if page.tip:
+                return
+
+    def read_ahead(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        *,
+        limit: int,
+        on_lost: Callable[[ShardPositionLostError], None] = raise_lost,
+    ) -> Ahead:
+        """The first page of a read from ``start`` (``limit`` records at most, after the record
+        checked), for :meth:`pages` to begin with later, maybe on another thread."""
+        cursor = self._cursor(shard_id, start, check=True, iterator=None, on_lost=on_lost)
+        while True:
+            page = self._next_page(shard_id, start, cursor, lambda: limit, on_lost)
+            if page is not None:
+                return Ahead(shard_id, start, page, replace(cursor))
+
+    def _cursor(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        *,
+        check: bool,
+        iterator: str | None,
+        on_lost: Callable[[ShardPositionLostError], None],
+    ) -> _Cursor:
+        """Where a read from ``start`` begins: at ``iterator`` (nothing checked), else at a new
+        iterator (at the record a start after one names, when checking it)."""
+        if iterator is not None:
+            return _Cursor(iterator, checking=False)
+        checking = check and start.kind is StartKind.AFTER_SEQUENCE_NUMBER
+        opened, checking = self._open(shard_id, start, checking, on_lost)
+        return _Cursor(opened, checking)
+
+    def _next_page(
+        self,
+        shard_id: str,
+        start: ShardStart,
+        cursor: _Cursor,
+        limit: Callable[[], int] | None,
+        on_lost: Callable[[ShardPositionLostError], None],
+    ) -> Page | None:
+        """The page at ``cursor``, which moves on after it; None when the iterator had expired:
+        ``cursor`` then holds a new one, after the last record seen."""
+        iterator = cursor.iterator
+        if iterator is None:
+            raise ValueError(f"shard {shard_id} ended: no page follows")
+        size = limit() if limit is not None else self.page_limit
+        if cursor.checking and limit is not None:
+            size += 1  # the record checked comes first and is dropped: a page's worth after it
+        if self._pacer is not None:  # the size asked for: a page under it is not full
+            size = self._pacer.page_limit(shard_id, size)
+        page = self._read_retrying()(self._get_page, shard_id, iterator, size)
+        if page is None:
+            # iterators live 5 minutes: go on right after the last record seen
+            last_seen = cursor.last_seen
+            resume = ShardStart.after(last_seen) if last_seen is not None else start
+            cursor.iterator, cursor.checking = self._open(
+                shard_id, resume, cursor.checking and last_seen is None, on_lost
+            )
+            return None
+        raw_records: list[dict[str, Any]] = page["Records"]
+        cursor.iterator = page.get("NextShardIterator")
+        ended = cursor.iterator is None
+        tip = ended or (not raw_records and page.get("MillisBehindLatest", 0) == 0)
+        records = raw_records
+        if cursor.checking and (records or tip):
+            records = self._checked(shard_id, start, records, on_lost)
+            cursor.checking = False
+        if raw_records:
+            cursor.last_seen = str(raw_records[-1]["SequenceNumber"])
+        caught_up = 0 < len(raw_records) < size and page.get("MillisBehindLatest") == 0
+        return Page(
+            records, tip=tip, ended=ended, caught_up=caught_up, next_iterator=cursor.iterator
+        )
 
     def _open(
         self,

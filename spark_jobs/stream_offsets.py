@@ -303,6 +303,7 @@ def allot(
     take: Callable[[str, int, int | None], Taken],
     *,
     turn: str | None = None,
+    on_round: Callable[[Mapping[str, int]], None] | None = None,
 ) -> str | None:
     """Shares a batch's budget of user records among shards, fairly, in rounds; returns the
     shard whose turn it is to be offered the next batch's budget first.
@@ -333,6 +334,10 @@ def allot(
     total`` when ``total`` is below the shard count and records are single). When no shard was
     left waiting, or nothing was taken, the turn stays: a batch that reads nothing changes no
     offset.
+
+    Before each round, ``on_round`` is told what the round may offer each shard at most, in
+    the order it offers them: the takes go one after another, as the budget needs, but their
+    reads may begin together (the planner reads their first pages at once).
     """
     if total is None and per_shard is None:
         raise ValueError("allot needs a budget")
@@ -345,13 +350,15 @@ def allot(
     active = list(ordered)
     while active and (left is None or left > 0):
         round_share = None if left is None else max(1, left // len(active))
+        if on_round is not None:  # a take's room only shrinks as the round goes on
+            on_round({s: _share(round_share, _room(left, per_shard, used[s])) for s in active})
         moved = False
         still: list[str] = []
         for shard_id in active:
             if left is not None and left <= 0:
                 break
             room = _room(left, per_shard, used[shard_id])
-            share = room if round_share is None else min(round_share, room)
+            share = _share(round_share, room)
             taken = take(
                 shard_id, share, _whole_up_to(any(used.values()), used[shard_id], share, room)
             )
@@ -375,6 +382,11 @@ def _room(left: int | None, per_shard: int | None, used: int) -> int:
     """What the batch's budget and the shard's own bound still let one shard take."""
     bounds = [n for n in (left, None if per_shard is None else per_shard - used) if n is not None]
     return min(bounds)
+
+
+def _share(round_share: int | None, room: int) -> int:
+    """What a round offers one shard: its equal share (None: no total), within its room."""
+    return room if round_share is None else min(round_share, room)
 
 
 def _whole_up_to(batch_took: bool, shard_took: int, share: int, room: int) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from kinesis_store.positions import ShardStart
 from kinesis_store.reader import KinesisReader, utc_timestamp
 from producer.errors import StreamThrottledError, StreamUnavailableError
 
@@ -129,6 +130,60 @@ def test_an_expired_iterator_resumes_after_the_last_record_seen() -> None:
     assert resumed["ShardIteratorType"] == "AFTER_SEQUENCE_NUMBER"
     assert resumed["StartingSequenceNumber"] == "7"
     assert waits == []
+
+
+def record(sequence_number: str) -> dict[str, Any]:
+    return {**RECORD, "SequenceNumber": sequence_number, "PartitionKey": f"k{sequence_number}"}
+
+
+def test_a_count_goes_on_after_its_page_read_ahead_though_the_iterator_expired_since() -> None:
+    # GIVEN a count's first page read ahead (records 1 and 2 after record 0, the start), whose
+    # next iterator has expired when the count goes on
+    client = Scripted(
+        get_shard_iterator=[{"ShardIterator": "at-0"}, {"ShardIterator": "after-2"}],
+        get_records=[
+            {
+                "Records": [record("0"), record("1"), record("2")],
+                "NextShardIterator": "after-2-old",
+                "MillisBehindLatest": 5,
+            },
+            error("ExpiredIteratorException"),
+            {
+                "Records": [record("3"), record("4")],
+                "NextShardIterator": "x",
+                "MillisBehindLatest": 0,
+            },
+        ],
+    )
+    reader = reader_over(client, [])
+    start = ShardStart.after("0")
+    ahead = reader.read_ahead(SHARD["ShardId"], start, max_user_records=2)
+    # WHEN the count of 4 records begins with it
+    counted = reader.count_forward(SHARD["ShardId"], start, max_user_records=4, ahead=ahead)
+    # THEN it counts on from right after the page's last record: 1 to 4, none twice
+    assert (counted.user_records, counted.last and counted.last.sequence_number) == (4, "4")
+    iterators = [kwargs for op, kwargs in client.calls if op == "get_shard_iterator"]
+    assert [i["ShardIteratorType"] for i in iterators] == [
+        "AT_SEQUENCE_NUMBER",
+        "AFTER_SEQUENCE_NUMBER",
+    ]
+    assert iterators[1]["StartingSequenceNumber"] == "2"
+    assert [kwargs["Limit"] for op, kwargs in client.calls if op == "get_records"] == [3, 2, 2]
+
+
+def test_a_count_that_reaches_a_page_caught_up_with_an_open_shards_tip_stops_there() -> None:
+    # GIVEN a shard holding nothing after the record a count starts after
+    client = Scripted(
+        get_shard_iterator=[{"ShardIterator": "at-7"}],
+        get_records=[{"Records": [RECORD], "NextShardIterator": "it-2", "MillisBehindLatest": 0}],
+    )
+    # WHEN it is counted on from that record
+    counted = reader_over(client, []).count_forward(
+        SHARD["ShardId"], ShardStart.after("7"), max_user_records=10
+    )
+    # THEN one page says so: short of what was asked, 0 ms behind the tip
+    assert (counted.user_records, counted.full, counted.ended) == (0, False, False)
+    assert [op for op, _ in client.calls] == ["get_shard_iterator", "get_records"]
 
 
 def test_response_timestamps_are_parsed_in_utc_as_the_same_instants_as_the_sdk_does() -> None:

@@ -366,16 +366,18 @@ def test_the_turn_stays_when_nothing_is_taken_so_a_caught_up_offset_does_not_cha
     assert [call[0] for call in shards.calls] == ["b", "c", "a"]
 
 
-@given(
-    backlog=st.lists(st.lists(st.integers(1, 40), max_size=10), min_size=1, max_size=6),
-    total=st.none() | st.integers(1, 60),
-    per_shard=st.none() | st.integers(1, 30),
+# shards' records, each of so many user records; a batch's limits (a total, per shard, or both)
+BACKLOGS = st.lists(st.lists(st.integers(1, 40), max_size=10), min_size=1, max_size=6)
+LIMITS = st.tuples(st.none() | st.integers(1, 60), st.none() | st.integers(1, 30)).map(
+    lambda limits: (None, 1) if limits == (None, None) else limits
 )
+
+
+@given(backlog=BACKLOGS, limits=LIMITS)
 def test_every_shard_with_a_backlog_moves_within_as_many_batches_as_shards_and_limits_hold(
-    backlog: list[list[int]], total: int | None, per_shard: int | None
+    backlog: list[list[int]], limits: tuple[int | None, int | None]
 ) -> None:
-    if total is None and per_shard is None:
-        per_shard = 1
+    total, per_shard = limits
     # GIVEN shards holding records of any sizes, and any limits
     records = {f"s{i}": sizes for i, sizes in enumerate(backlog)}
     shards = Shards(**records)
@@ -397,6 +399,34 @@ def test_every_shard_with_a_backlog_moves_within_as_many_batches_as_shards_and_l
                 assert took <= per_shard or (mine == [batch.takes[0]] and len(mine[0][1]) == 1)
     # AND no shard with records waits as many batches as there are shards
     assert longest_wait(records, run) < len(records)
+
+
+@given(backlog=BACKLOGS, limits=LIMITS)
+def test_each_round_says_first_what_it_may_offer_each_shard_and_offers_no_more(
+    backlog: list[list[int]], limits: tuple[int | None, int | None]
+) -> None:
+    total, per_shard = limits
+    # GIVEN shards holding records of any sizes, and any limits
+    shards = Shards(**{f"s{i}": sizes for i, sizes in enumerate(backlog)})
+    rounds: list[tuple[dict[str, int], list[tuple[str, int]]]] = []
+
+    def take(shard_id: str, share: int, whole_up_to: int | None) -> Taken:
+        rounds[-1][1].append((shard_id, share))
+        return shards.take(shard_id, share, whole_up_to)
+
+    # WHEN a batch is allotted, each round told to the caller before its takes
+    allot(
+        list(shards.records),
+        total,
+        per_shard,
+        take,
+        on_round=lambda offers: rounds.append((dict(offers), [])),
+    )
+    # THEN every take was told of first, in the order told, and offered no more than told
+    assert sum(len(takes) for _, takes in rounds) == len(shards.calls)
+    for offers, takes in rounds:
+        assert [shard_id for shard_id, _ in takes] == list(offers)[: len(takes)]
+        assert all(share <= offers[shard_id] for shard_id, share in takes)
 
 
 def test_how_far_a_start_is_behind_the_tail_is_told_in_arrival_time_when_the_start_has_one() -> (

@@ -206,6 +206,57 @@ def test_a_bounded_batch_after_a_record_counts_its_share_with_one_get_records() 
     assert keys([world.read(first, end)]) == ["k3", "k4", "k5"]
 
 
+def test_a_caught_up_bounded_query_counts_each_shard_with_one_get_records() -> None:
+    # GIVEN a bounded query that has read both shards' records
+    counting: list[Counting] = []
+    world = World(client=lambda fake: counting.append(Counting(fake)) or counting[0])
+    world.put(*(f"low-{i}" for i in range(5)), hash_key=5)
+    world.put(*(f"high-{i}" for i in range(5)), hash_key=HALF + 5)
+    budget = Budget(4, None)
+    _, offset = world.run(budget=budget)
+    counting[0].calls.clear()
+    # WHEN its next batch is planned with nothing new on either shard
+    end = world.planner.latest(offset, budget)
+    # THEN it stays put, each shard counted with an iterator at its last record and one page,
+    # which holds that record alone and is 0 ms behind the tip: no second, empty, page
+    assert end.as_json() == offset.as_json()
+    assert sorted(counting[0].calls) == [
+        ("GetRecords", 3),  # a share of 2, and the record checked
+        ("GetRecords", 3),
+        ("GetShardIterator", "AT_SEQUENCE_NUMBER"),
+        ("GetShardIterator", "AT_SEQUENCE_NUMBER"),
+    ]
+    # AND a record that arrives after is the next batch's, read once
+    world.put("late", hash_key=5)
+    batches, _ = world.run(offset, budget)
+    assert keys(batches) == ["late"]
+
+
+@pytest.mark.parametrize("caught_up", [False, True])
+def test_the_counts_of_a_bounded_batch_read_every_shard_at_once(caught_up: bool) -> None:
+    # GIVEN four shards holding records, read (caught up) or not yet (a backlog)
+    world = World(shard_count=4)
+    for index in range(4):
+        world.put(*(f"s{index}-{i}" for i in range(3)), hash_key=index * (2**128 // 4) + 5)
+    budget = Budget(8, None)
+    offset = world.planner.initial()
+    if caught_up:
+        _, offset = world.run(offset, budget)
+    # AND a planner (the query restarted) whose shards answer only once all four have asked
+    world.client = MeetingShards(world.kinesis, shards=4)
+    world.planner = world.new_planner()
+    calls = world.kinesis.get_records_calls
+    # WHEN the next batch's end is counted
+    end = world.planner.latest(offset, budget)
+    # THEN the four counts met (one shard after another, the first would have waited alone),
+    # each with one GetRecords
+    assert world.kinesis.get_records_calls - calls == 4
+    if caught_up:
+        assert end.as_json() == offset.as_json()
+    else:
+        assert len(keys([world.read(offset, end)])) == 8
+
+
 def test_a_per_shard_limit_bounds_each_shard() -> None:
     world = World()
     world.put(*(f"low-{i}" for i in range(5)), hash_key=5)
@@ -251,9 +302,31 @@ def test_a_limit_below_the_shard_count_moves_every_shard_every_other_batch() -> 
 # --- lineage ------------------------------------------------------------------------------------
 
 
-def test_a_split_parent_is_read_to_its_end_before_its_children_nothing_lost_or_repeated() -> None:
-    # GIVEN one shard with records, read in part
-    world = World(shard_count=1)
+class EndingLate:
+    """Kinesis as kinesalite answers for a closed shard: the page holding its last record gives
+    a next iterator still, and only the empty page after it says the shard ended."""
+
+    def __init__(self, fake: FakeKinesisClient) -> None:
+        self.fake = fake
+
+    def get_records(self, **kwargs: Any) -> Any:
+        if kwargs["ShardIterator"] == "ended":
+            return {"Records": [], "MillisBehindLatest": 0}
+        page = self.fake.get_records(**kwargs)
+        if page["Records"] and "NextShardIterator" not in page:
+            page["NextShardIterator"] = "ended"
+        return page
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+
+@pytest.mark.parametrize("client", [lambda fake: fake, EndingLate], ids=["fake", "ending-late"])
+def test_a_split_parent_is_read_to_its_end_before_its_children_nothing_lost_or_repeated(
+    client: Callable[[FakeKinesisClient], Any],
+) -> None:
+    # GIVEN one shard with records, read in part (its end said on its last page, or after it)
+    world = World(shard_count=1, client=client)
     world.put(*(f"before-{i}" for i in range(6)))
     start = world.planner.initial()
     first, offset = world.run(start, Budget(4, None))
