@@ -15,8 +15,8 @@ The timeline the conditions guard::
     run register:     absent or OPEN, the execution not superseded ─────────> OPEN, in the
                                                                              index, + attempt
     stripe announce:  (the same) ───────────────────────────────────────────> + stripe k
-    stripe register:  present (announced) and not sealed ──────────────────> + attempt
-    stripe seal:      (any) ─────────────────────────────────────────────────> sealed
+    stripe register:  present (announced) and not sealed ───────────────────> + attempt
+    stripe seal:      (any) ────────────────────────────────────────────────> sealed
     execution extend: run OPEN, not superseded, lease shorter ──────────────> lease from now
     task register:    no attempt of that id ─────────────────────────────────> + attempt
     attempt renew:    attempt not superseded, lease > now + skew ────────────> lease from now
@@ -90,10 +90,10 @@ TAKE_OVER_GROUP = "SET #epoch = :next_epoch, #owner = :owner, #lease = :lease, #
 RECORD = "SET #positions = :positions, #recorded = :now, #token = :token"
 SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 
-# replay-mode runs. The run item holds each execution as five flat attributes
-# "exec:<id>:started|lease|superseded|attempts|open" (#x... below, named per call), never its
-# attempts: a task's attempts are on an item of their own, so every write costs the same
-# small item whatever the number of tasks.
+# replay-mode runs. The run item holds each execution as flat attributes
+# "exec:<id>:started|lease|superseded|attempts|open|late|stripes" (#x... below, named per
+# call), never its attempts: a task's attempts are on an item of their own, so every write
+# costs the same small item whatever the number of tasks.
 RUN_OPEN_OR_NEW = f"({ITEM_ABSENT} OR #state = :open)"
 EXECUTION_REGISTRABLE = f"{RUN_OPEN_OR_NEW} AND attribute_not_exists(#xsuperseded)"
 # An OPEN run is in the in-flight index (partitions of its own, :bucket), sorted by the lease
