@@ -34,7 +34,6 @@ from dedupe_store.records import (
     PendingClaim,
     ReplayRun,
     RunAttempt,
-    RunExecution,
 )
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
@@ -59,6 +58,7 @@ from ledger_contract.staging import (
     attempt,
     claimed,
     execution,
+    execution_of,
     in_two_halves,
     open_group,
     request_for,
@@ -512,12 +512,12 @@ def test_an_attempt_counted_on_its_stripe_as_its_execution_is_superseded_is_refu
     # THEN the supersede counted the retry (it was on the stripe when sealed: a replay that
     # read it waits for it), and the retry is refused and its tag taken off: it puts nothing
     assert superseded
-    assert _execution(superseded[0], "exec-1") == execution(
+    assert execution_of(superseded[0], "exec-1") == execution(
         "exec-1", task0, task300, retry, superseded=True
     )
     assert (refused.registered, refused.superseded) == (False, True)
     assert ledger.task_attempts(STREAM, RUN, "exec-1", "300") == (task300,)
-    now = _execution(ledger.get_run(STREAM, RUN), "exec-1")
+    now = execution_of(ledger.get_run(STREAM, RUN), "exec-1")
     assert (now.attempts, now.open_tags) == (3, task0.tag + task300.tag)
 
 
@@ -545,16 +545,9 @@ def test_a_stripe_announced_as_its_execution_is_superseded_is_sealed_before_it_i
     assert announced == [True, True]
     assert (refused.registered, refused.superseded) == (False, True)
     assert ledger.task_attempts(STREAM, RUN, "exec-1", "600") == ()
-    assert _execution(ledger.get_run(STREAM, RUN), "exec-1") == execution(
+    assert execution_of(ledger.get_run(STREAM, RUN), "exec-1") == execution(
         "exec-1", task0, task300, superseded=True
     )
-
-
-def _execution(run: ReplayRun | None, execution_id: str) -> RunExecution:
-    assert run is not None
-    found = run.execution(execution_id)
-    assert found is not None
-    return found
 
 
 # --- batched reads ------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from dedupe_store.contract import Ledger
-from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
+from dedupe_store.records import ReplayRun, RunAttempt
 from dedupe_store.states import RunState
-from ledger_contract.staging import RUN, STREAM, T0_MS, attempt, execution
+from ledger_contract.staging import RUN, STREAM, T0_MS, attempt, execution, execution_of
 
 
 def _registered(ledger: Ledger, *attempts: RunAttempt) -> None:
@@ -21,13 +21,6 @@ def _registered(ledger: Ledger, *attempts: RunAttempt) -> None:
         registration = ledger.register_attempt(STREAM, RUN, one)
         assert registration.registered, one
         assert registration.task_attempts == (one,)
-
-
-def _execution_of(run: ReplayRun | None, execution_id: str) -> RunExecution:
-    assert run is not None
-    found = run.execution(execution_id)
-    assert found is not None
-    return found
 
 
 def test_attempts_of_tasks_in_every_stripe_count_on_their_execution(ledger: Ledger) -> None:
@@ -45,11 +38,11 @@ def test_attempts_of_tasks_in_every_stripe_count_on_their_execution(ledger: Ledg
     # WHEN two finish, the one in stripe 2 with late rows
     ledger.finish_attempt(STREAM, RUN, task0)
     ledger.finish_attempt(STREAM, RUN, task700, late_rows=frozenset({"r1"}))
-    half = _execution_of(ledger.get_run(STREAM, RUN), "exec-1")
+    half = execution_of(ledger.get_run(STREAM, RUN), "exec-1")
     # THEN the execution is not finished until the third has, and shows the late rows
     assert (half.finished, half.open_tags, half.late_rows) == (False, task300.tag, {"r1"})
     ledger.finish_attempt(STREAM, RUN, task300, late_rows=frozenset({"r2"}))
-    done = _execution_of(ledger.get_run(STREAM, RUN), "exec-1")
+    done = execution_of(ledger.get_run(STREAM, RUN), "exec-1")
     assert (done.finished, done.late_rows, done.attempts) == (True, {"r1", "r2"}, 3)
 
 
@@ -80,12 +73,12 @@ def test_a_supersede_fences_every_stripe_of_the_execution(ledger: Ledger) -> Non
     found = ledger.register_attempt(STREAM, RUN, replay)
     # THEN the replay's registration shows the earlier execution's every attempt
     assert found.registered
-    assert _execution_of(found.run, "exec-1") == execution("exec-1", task0, task300, task700)
+    assert execution_of(found.run, "exec-1") == execution("exec-1", task0, task300, task700)
     # WHEN the replay supersedes it
     superseded = ledger.supersede_executions(STREAM, RUN, ["exec-1"])
     # THEN the run it gets back counts the earlier attempts of every stripe, none finished
     earlier = execution("exec-1", task0, task300, task700, superseded=True)
-    assert _execution_of(superseded, "exec-1") == earlier
+    assert execution_of(superseded, "exec-1") == earlier
     # WHEN a retry of task 300 (its stripe sealed) and task 1000 (a stripe never announced)
     # of the superseded execution register
     retry = attempt("a4", task="300", task_attempt=1, started_at_ms=T0_MS + 3_000)
@@ -102,11 +95,11 @@ def test_a_supersede_fences_every_stripe_of_the_execution(ledger: Ledger) -> Non
         STREAM, RUN, attempt("b2", execution="exec-2", task="300", started_at_ms=T0_MS + 3_000)
     )
     assert replay300.registered
-    assert _execution_of(replay300.run, "exec-1") == earlier
+    assert execution_of(replay300.run, "exec-1") == earlier
     # AND once the earlier attempts finish (after the supersede), the execution is finished
     for one in (task0, task300, task700):
         ledger.finish_attempt(STREAM, RUN, one)
-    assert _execution_of(ledger.get_run(STREAM, RUN), "exec-1").finished
+    assert execution_of(ledger.get_run(STREAM, RUN), "exec-1").finished
 
 
 def test_a_complete_run_refuses_a_later_registration_in_every_stripe(ledger: Ledger) -> None:
