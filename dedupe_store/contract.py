@@ -91,7 +91,9 @@ class RunLedger(RunReader, Protocol):
         """Count ``attempt`` in its execution on ``run`` (opening the run, in the in-flight
         index), unless the run is COMPLETE or the execution superseded; then add it to its
         task's attempts. The run comes back with every execution so far, and the task's
-        attempts with it: the earlier ones are what recovery reads. The run's items live the
+        attempts with it: the earlier ones are what recovery reads (every other execution
+        with all its counts; its own execution's counts may leave out the tasks a store
+        counts apart, :mod:`dedupe_store.run_stripes`). The run's items live the
         dedupe TTL or ``keep_s`` (the stream's retention), whichever is longer, past the lease
         registered (and past each lease its execution is extended to)."""
         ...
@@ -101,7 +103,8 @@ class RunLedger(RunReader, Protocol):
     ) -> ReplayRun | None:
         """Mark earlier executions superseded: none of their leases can grow any more and
         none of them can register another attempt, so the bounds the run now shows are
-        final. None when the run is gone."""
+        final, and its counts hold every attempt of theirs that can still put. None when the
+        run is gone."""
         ...
 
     def supersede_attempts(

@@ -14,6 +14,9 @@ The timeline the conditions guard::
     group record / settle: OPEN and epoch = held ───────────────────────────> OPEN / SETTLED
     run register:     absent or OPEN, the execution not superseded ─────────> OPEN, in the
                                                                              index, + attempt
+    stripe announce:  (the same) ───────────────────────────────────────────> + stripe k
+    stripe register:  present (announced) and not sealed ───────────────────> + attempt
+    stripe seal:      (any) ────────────────────────────────────────────────> sealed
     execution extend: run OPEN, not superseded, lease shorter ──────────────> lease from now
     task register:    no attempt of that id ─────────────────────────────────> + attempt
     attempt renew:    attempt not superseded, lease > now + skew ────────────> lease from now
@@ -52,6 +55,10 @@ NAMES: dict[str, str] = {
     "#completed": "completed_at_ms",
     "#counts": "counts",
     "#top": "top_task_attempt",
+    "#sopen": "open",
+    "#sattempts": "attempts",
+    "#slate": "late",
+    "#sealed": "sealed",
 }
 
 # --- conditions, from named parts ------------------------------------------------------------
@@ -86,10 +93,10 @@ TAKE_OVER_GROUP = "SET #epoch = :next_epoch, #owner = :owner, #lease = :lease, #
 RECORD = "SET #positions = :positions, #recorded = :now, #token = :token"
 SETTLE = f"SET #state = :settled, {RECORD.removeprefix('SET ')} REMOVE #bucket"
 
-# replay-mode runs. The run item holds each execution as five flat attributes
-# "exec:<id>:started|lease|superseded|attempts|open" (#x... below, named per call), never its
-# attempts: a task's attempts are on an item of their own, so every write costs the same
-# small item whatever the number of tasks.
+# replay-mode runs. The run item holds each execution as flat attributes
+# "exec:<id>:started|lease|superseded|attempts|open|late|stripes" (#x... below, named per
+# call), never its attempts: a task's attempts are on an item of their own, so every write
+# costs the same small item whatever the number of tasks.
 RUN_OPEN_OR_NEW = f"({ITEM_ABSENT} OR #state = :open)"
 EXECUTION_REGISTRABLE = f"{RUN_OPEN_OR_NEW} AND attribute_not_exists(#xsuperseded)"
 # An OPEN run is in the in-flight index (partitions of its own, :bucket), sorted by the lease
@@ -102,12 +109,13 @@ EXECUTION_REGISTRABLE = f"{RUN_OPEN_OR_NEW} AND attribute_not_exists(#xsupersede
 # finished: ADD is not idempotent, and a repeated request only leaves it off zero.
 # Its expiry moves with its leases (each registration and extension sets it from the lease it
 # writes): the item must outlive the records of its latest execution by the stream's retention.
-REGISTER_EXECUTION = (
+_OPEN_EXECUTION = (
     "SET #state = if_not_exists(#state, :open), #stream = :stream, #bucket = :bucket, "
     "#lease = if_not_exists(#lease, :first_lease), #expires = :expires, "
     "#xstarted = if_not_exists(#xstarted, :now), #xlease = if_not_exists(#xlease, :first_lease), "
-    "#token = :token ADD #xattempts :one, #xopen :tag"
+    "#token = :token"
 )
+REGISTER_EXECUTION = f"{_OPEN_EXECUTION} ADD #xattempts :one, #xopen :tag"
 # Not conditional on the lease running: an execution's lease bounds what a replay reads only
 # once the replay superseded it, and that stops it growing; a task registering late in a long
 # batch (a retry once lost executors are back) extends it even when it ran out.
@@ -118,6 +126,33 @@ FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
 # request adds the same tags again)
 FINISH_ATTEMPT_LATE = f"{FINISH_ATTEMPT}, #xlate :late"
 EXECUTION_EXISTS = "attribute_exists(#xopen)"
+# A task past the first TASKS_PER_STRIPE of its execution (dedupe_store.run_stripes) counts
+# its attempt on a stripe item "__keo__/runpart/...", not on the run item: the run item takes
+# the execution's stripe k once (opening the execution as REGISTER_EXECUTION does, counting
+# nothing), the stripe item the attempts. A seal (a supersede, a COMPLETE) refuses every later
+# registration on the stripe; it is unconditional, so sealing a stripe announced but not yet
+# written creates it sealed, and the announcer's write is refused.
+ANNOUNCE_STRIPE = f"{_OPEN_EXECUTION} ADD #xattempts :zero, #xopen :zero, #xstripes :stripe"
+STRIPE_UNSEALED = "attribute_not_exists(#sealed)"
+STRIPE_REGISTRABLE = f"attribute_exists(#pk) AND {STRIPE_UNSEALED}"
+REGISTER_IN_STRIPE = (
+    "SET #stream = :stream, #expires = :expires, #token = :token ADD #sattempts :one, #sopen :tag"
+)
+RENEW_IN_STRIPE = "SET #expires = :expires, #token = :token"
+STRIPE_EXISTS = "attribute_exists(#pk)"
+FINISH_IN_STRIPE = "SET #token = :token ADD #sopen :minus_tag"
+FINISH_IN_STRIPE_LATE = f"{FINISH_IN_STRIPE}, #slate :late"
+STRIPE_COUNTED = "attribute_exists(#sopen)"
+ANY_ITEM = f"{ITEM_ABSENT} OR attribute_exists(#pk)"
+# a supersede's seal keeps the stripe's expiry (the run's, for a stripe it creates); a
+# COMPLETE's gives it the run's: the retention from the commit
+SEAL_STRIPE = (
+    "SET #sealed = :true, #stream = :stream, #expires = if_not_exists(#expires, :expires), "
+    "#token = :token"
+)
+SEAL_COMPLETE_STRIPE = (
+    "SET #sealed = :true, #stream = :stream, #expires = :expires, #token = :token"
+)
 # a task item "__keo__/task/...": the attempts of one task in one execution, a map each
 # ("attempt:<id>", #me), so that registering one never rewrites the others. Registration
 # order is the order of these writes to one item: the item a registration returns holds

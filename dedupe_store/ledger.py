@@ -9,9 +9,11 @@ The kinds of item the table holds::
                                                       positions; in the in-flight index while
                                                       OPEN: :mod:`dedupe_store.groups` reads and
                                                       writes them, the ledger hands its calls on
-    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run, and one item per task:
-    task item   pk "__keo__/task/<stream>/..."       :mod:`dedupe_store.runs` reads and writes
-                                                      them, the ledger hands its calls on
+    run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run, one item per task and
+    task item   pk "__keo__/task/<stream>/..."       one per 256 tasks past the first 256 of an
+    stripe item pk "__keo__/runpart/<stream>/..."    execution: :mod:`dedupe_store.runs` reads
+                                                      and writes them, the ledger hands its
+                                                      calls on
     batch item  pk "__keo__/spark-batch/..."         Spark's batch records, and the reconciler's
     run record  pk "__keo__/reconcile-run/<stream>"  last run: :mod:`dedupe_store.batches`
     and the schema stamp ("__keo__/schema"): :mod:`dedupe_store.admin`, with the table's

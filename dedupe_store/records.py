@@ -373,7 +373,9 @@ class RunRegistration:
     replay of a committed batch sends nothing) or the attempt's execution was superseded by a
     replay (this one must not put), or ``outranked``: a higher attempt of its task registered
     first (it owns the rows; this one must not put). ``run`` as the registration left it,
-    every execution before this one's included; ``task_attempts`` the attempts of its task in
+    every execution before this one's included (with all their counts; this one's own may
+    count only its tasks on the run item: a batch past 256 tasks counts the others on
+    stripes, :mod:`dedupe_store.run_stripes`); ``task_attempts`` the attempts of its task in
     its execution registered before it, and itself (the task item as its registration wrote
     it: registration order is the order of the writes to that one item);
     ``lease_expires_at_ms`` the attempt's lease: its own, or its execution's when that ends

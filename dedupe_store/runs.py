@@ -1,11 +1,15 @@
 """``DynamoDBRunLedger``: replay-mode runs and their tasks' attempts, on the ledger's table.
 
-Its two kinds of item::
+Its three kinds of item::
 
     run item    pk "__keo__/run/<stream>/<run>"      a replay-mode run: state, counts, each
-                                                      execution's bounds (five attributes); in
-                                                      the in-flight index while OPEN, in
-                                                      partitions of its own
+                                                      execution's bounds and counts (a few
+                                                      attributes); in the in-flight index while
+                                                      OPEN, in partitions of its own
+    stripe item pk "__keo__/runpart/<stream>/<execution>/<k>/<run>"
+                                                      the counts of an execution's tasks past
+                                                      its first 256 (:mod:`dedupe_store.run_stripes`:
+                                                      no item takes all of a batch's writes)
     task item   pk "__keo__/task/<stream>/<execution>/<task>/<run>"
                                                       one task's attempts in one execution (a
                                                       map each): small, whatever the run's size
@@ -33,7 +37,6 @@ from dedupe_store.records import (
     ReplayRun,
     RunAttempt,
     RunRegistration,
-    late_rows_of,
 )
 from dedupe_store.run_items import (
     attempt_name,
@@ -43,7 +46,9 @@ from dedupe_store.run_items import (
     replay_run_pk,
     replay_task_pk,
     run_of,
+    stripe_of,
 )
+from dedupe_store.run_stripes import RunStripes, late_update
 from dedupe_store.states import RunState, RunTransition, next_run_state
 from dedupe_store.table import DynamoDBTable
 
@@ -55,16 +60,18 @@ __all__ = ["DynamoDBRunLedger", "DynamoDBRunReader", "RunsHandedOn"]
 
 class DynamoDBRunReader:
     """The replay-mode runs of :class:`dedupe_store.contract.RunReader` on the ledger's table:
-    a run, a task's attempts, the runs left OPEN (the in-flight index), every run of a stream.
+    a run, a task's attempts, the runs left OPEN (the in-flight index), every run of a stream;
+    each run with its executions' stripes added (:class:`dedupe_store.run_stripes.RunStripes`).
     Thread-safe."""
 
     def __init__(self, table: DynamoDBTable, *, inflight_buckets: int) -> None:
         self._table = table
+        self._stripes = RunStripes(table)
         self.inflight_buckets = inflight_buckets
 
     def get_run(self, stream: str, run: str) -> ReplayRun | None:
         item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
-        return None if item is None else run_of(stream, run, item)
+        return None if item is None else self._stripes.run_of(stream, run, item)
 
     def open_runs(
         self,
@@ -86,7 +93,9 @@ class DynamoDBRunReader:
                 run_bucket_partition(stream, bucket), before_ms=now_ms, limit=limit, after=after
             )
             items = self._table.batch_get_items([pk for _, pk in page], "get runs")
-            runs = [run_of(stream, str(item["pk"]["S"])[len(prefix) :], item) for item in items]
+            runs = self._stripes.runs_of(
+                stream, [(str(item["pk"]["S"])[len(prefix) :], item) for item in items]
+            )
             return sorted(_left_open(runs, now_ms), key=lambda r: r.run), cursor
 
         yield from walk_items(
@@ -112,7 +121,7 @@ class DynamoDBRunReader:
         for item in self._table.scan(
             "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
         ):
-            yield run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
+            yield self._stripes.run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
 
 
 def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
@@ -135,34 +144,23 @@ class DynamoDBRunLedger(DynamoDBRunReader):
     def register_attempt(
         self, stream: str, run: str, attempt: RunAttempt, *, keep_s: int = 0
     ) -> RunRegistration:
-        """Two small writes: the run item (its execution: opened, or counted), then the task
-        item (the attempt). The run is not COMPLETE and the execution not superseded, or
-        nothing is written to the task item. A third when a higher attempt of the task
-        registered first: this one is outranked, and its count on the execution finished."""
+        """Two small writes: the attempt counted on its execution (the run item, or for a
+        task past its execution's first 256 its stripe's item, :meth:`_count_attempt`), then
+        the task item (the attempt). The run is not COMPLETE and the execution not
+        superseded, or nothing is written to the task item. A third when a higher attempt of
+        the task registered first: this one is outranked, and its count on the execution
+        finished. The run it returns shows the other executions with their stripes; its own
+        execution's counts as its stripe 0, the run item, holds them (its lease is there)."""
         next_run_state(None, RunTransition.REGISTER)
-        values = {
+        opening = {
             ":open": x.s(RunState.OPEN.value),
             ":stream": x.s(stream),
             ":bucket": x.s(self._run_bucket(stream, run)),
             ":first_lease": x.n(attempt.lease_expires_at_ms),
             ":expires": x.n(self._run_expires_at_s(attempt.lease_expires_at_ms, keep_s)),
             ":now": x.n(attempt.started_at_ms),
-            ":one": x.n(1),
-            ":tag": x.n(attempt.tag),
         }
-        applied, item = self._table.update(
-            replay_run_pk(stream, run),
-            None,
-            x.REGISTER_EXECUTION,
-            x.EXECUTION_REGISTRABLE,
-            values,
-            names=execution_names(attempt.execution_id),
-        )
-        if item is None:  # pragma: no cover - a lost condition always has an item
-            raise LedgerUnavailableError(
-                f"run {run!r} vanished while registering", table=self._table.table_name
-            )
-        current = run_of(stream, run, item)
+        applied, current = self._count_attempt(stream, run, attempt, opening)
         if not applied:
             return RunRegistration(False, current)
         bound = self._execution_bound(stream, run, current, attempt, keep_s)
@@ -188,6 +186,28 @@ class DynamoDBRunLedger(DynamoDBRunReader):
             self.finish_attempt(stream, run, attempt)
             return RunRegistration(False, current, task_attempts, outranked=True)
         return RunRegistration(True, current, task_attempts, bound)
+
+    def _count_attempt(
+        self, stream: str, run: str, attempt: RunAttempt, opening: dict[str, Any]
+    ) -> tuple[bool, ReplayRun]:
+        """The attempt counted on its execution (``opening``: the values that open it on the
+        run item): on the run item when its task is in stripe 0, else on its stripe's item.
+        Whether it was (the run OPEN, the execution not superseded), and the run."""
+        if stripe_of(attempt.task) > 0:
+            return self._stripes.register(stream, run, attempt, opening)
+        applied, item = self._table.update(
+            replay_run_pk(stream, run),
+            None,
+            x.REGISTER_EXECUTION,
+            x.EXECUTION_REGISTRABLE,
+            {**opening, ":one": x.n(1), ":tag": x.n(attempt.tag)},
+            names=execution_names(attempt.execution_id),
+        )
+        if item is None:  # pragma: no cover - a lost condition always has an item
+            raise LedgerUnavailableError(
+                f"run {run!r} vanished while registering", table=self._table.table_name
+            )
+        return applied, self._stripes.run_of(stream, run, item, skip={attempt.execution_id})
 
     def _run_expires_at_s(self, lease_expires_at_ms: int, keep_s: int) -> int:
         """When a run's item may go: the dedupe TTL or ``keep_s`` (the stream's retention),
@@ -216,6 +236,8 @@ class DynamoDBRunLedger(DynamoDBRunReader):
     def supersede_executions(
         self, stream: str, run: str, execution_ids: Sequence[str]
     ) -> ReplayRun | None:
+        """One write to the run item, then one to seal each stripe the superseded executions
+        announced (none for a run of up to 256 tasks a batch)."""
         if not execution_ids:
             return self.get_run(stream, run)
         names: dict[str, str] = {}
@@ -235,7 +257,8 @@ class DynamoDBRunLedger(DynamoDBRunReader):
             {":true": {"BOOL": True}},
             names=names,
         )
-        return None if item is None else run_of(stream, run, item)
+        # the run item first, then the stripes it lists: the order run_stripes argues
+        return None if item is None else self._stripes.seal(stream, run, item, execution_ids)
 
     def supersede_attempts(
         self, stream: str, run: str, me: RunAttempt, attempt_ids: Sequence[str]
@@ -265,7 +288,8 @@ class DynamoDBRunLedger(DynamoDBRunReader):
     ) -> AttemptRenewal:
         """Up to two writes: the execution's lease first, when the new lease would outgrow it
         (an attempt never puts past its execution's lease: what a replay reads up to), then the
-        attempt's own."""
+        attempt's own; a third for a task in a stripe k > 0: its stripe's item lives on with
+        the lease, as the run item does."""
         next_run_state(RunState.OPEN, RunTransition.RENEW)
         wanted = now_ms + lease_ms
         bound = self._extend_execution(
@@ -287,6 +311,9 @@ class DynamoDBRunLedger(DynamoDBRunReader):
             names={"#me": attempt_name(attempt.attempt_id)},
         )
         if applied:
+            if stripe_of(attempt.task) > 0:
+                expires_at_s = self._run_expires_at_s(lease, keep_s)
+                self._stripes.live_on(stream, run, attempt, expires_at_s=expires_at_s)
             return AttemptRenewal(True, lease)
         mine = next(
             (a for a in attempts_of(item or {}) if a.attempt_id == attempt.attempt_id), None
@@ -333,13 +360,13 @@ class DynamoDBRunLedger(DynamoDBRunReader):
         late_rows: frozenset[str] = frozenset(),
     ) -> None:
         """Take the attempt's tag off its execution's open sum, and add ``late_rows`` to the
-        execution's (one write): once every attempt of the execution has, a replay waits for
-        none of them, but for rows it does not find among those late rows."""
-        values: dict[str, Any] = {":minus_tag": x.n(-attempt.tag)}
-        update = x.FINISH_ATTEMPT
-        if late_rows:
-            values[":late"] = {"SS": sorted(late_rows_of(late_rows))}
-            update = x.FINISH_ATTEMPT_LATE
+        execution's (one write, on the item it registered on: the run item, or its stripe's):
+        once every attempt of the execution has, a replay waits for none of them, but for rows
+        it does not find among those late rows."""
+        if stripe_of(attempt.task) > 0:
+            self._stripes.finish(stream, run, attempt, late_rows=late_rows)
+            return
+        update, values = late_update(x.FINISH_ATTEMPT, x.FINISH_ATTEMPT_LATE, attempt, late_rows)
         self._table.update(
             replay_run_pk(stream, run),
             None,
@@ -352,6 +379,8 @@ class DynamoDBRunLedger(DynamoDBRunReader):
     def complete_run(
         self, stream: str, run: str, *, counts: dict[str, int], now_ms: int, keep_s: int = 0
     ) -> ReplayRun:
+        """One write to the run item, then one to seal each stripe its executions announced
+        (none for a run of up to 256 tasks a batch)."""
         next_run_state(RunState.OPEN, RunTransition.COMPLETE)
         values = {
             ":complete": x.s(RunState.COMPLETE.value),
@@ -369,7 +398,8 @@ class DynamoDBRunLedger(DynamoDBRunReader):
             raise LedgerUnavailableError(
                 f"run {run!r} vanished while completing", table=self._table.table_name
             )
-        return run_of(stream, run, item)
+        # COMPLETE first, then every stripe sealed: no attempt registers after it
+        return self._stripes.seal(stream, run, item, None, complete=True)
 
     def _run_bucket(self, stream: str, run: str) -> str:
         return run_bucket_partition(stream, bucket_of(run, self.inflight_buckets))

@@ -208,6 +208,22 @@ class DynamoDbQuotaState:
             for table, (key, counted) in sorted(busiest.items())
         }
 
+    def most_written_keys(self) -> dict[str, list[dict[str, object]]]:
+        """Per table, the keys that took the most writes in all, the most first, with their
+        counts (a run's items side by side: the run item and its stripes)."""
+        by_table: dict[str, list[tuple[str, KeyWrites]]] = {}
+        for (table, key), counted in self.key_writes.items():
+            by_table.setdefault(table, []).append((key, counted))
+        return {
+            table: [
+                {"key": key, **counted.as_json()}
+                for key, counted in sorted(keys, key=lambda kc: (-kc[1].writes, kc[0]))[
+                    :_HOT_KEYS_REPORTED
+                ]
+            ]
+            for table, keys in sorted(by_table.items())
+        }
+
     def snapshot(self) -> dict[str, object]:
         """The counters, as JSON-ready data (the proxy's ``GET /__keo/report``)."""
         return {
@@ -219,4 +235,5 @@ class DynamoDbQuotaState:
                 for (table, key), n in self.throttled_keys.most_common(_HOT_KEYS_REPORTED)
             ],
             "busiest_write_keys": self.busiest_write_keys(),
+            "most_written_keys": self.most_written_keys(),
         }

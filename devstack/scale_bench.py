@@ -105,6 +105,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 SCENARIOS: Final = ("clean", "killed", "killed-later", "retry-wave")
+_MOST_WRITTEN_REPORTED: Final = 5
 TASK_MAX_FAILURES: Final = 4  # spark.task.maxFailures: a task failing this often fails the job
 RETRY_WAVE_EVERY: Final = 4  # every fourth task's first attempt fails
 RETRY_WAVE_FAILPOINT: Final = "after_put=raise"
@@ -560,6 +561,8 @@ class ScenarioFigures:
     queries: list[QueryFigures]
     busiest_ledger_item: dict[str, Any]  # key, writes, peak_writes_per_s, ...
     audit: AuditFigures
+    # the ledger items that took the most writes in all, the most first (up to 5)
+    most_written_ledger_items: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "rows": self.shape.task_rows * self.shape.tasks}
@@ -658,6 +661,10 @@ class Bench:
         busiest: dict[str, Any] = proxy_counters(self.stack.dynamodb)["busiest_write_keys"]
         return dict(busiest.get(options["table"], {}))
 
+    def most_written_ledger_items(self, options: Mapping[str, str]) -> list[dict[str, Any]]:
+        most: dict[str, Any] = proxy_counters(self.stack.dynamodb).get("most_written_keys", {})
+        return list(most.get(options["table"], []))[:_MOST_WRITTEN_REPORTED]
+
     def audit(self, options: Mapping[str, str], rows: Rows) -> AuditFigures:
         """The stream read back from the emulator (no quota taken), row by row."""
         from kinesis_store.reader import KinesisReader
@@ -698,6 +705,7 @@ class Bench:
             queries=queries,
             busiest_ledger_item=self.busiest_ledger_item(options),
             audit=self.audit(options, rows),
+            most_written_ledger_items=self.most_written_ledger_items(options),
         )
 
 

@@ -15,7 +15,7 @@ the cases only DynamoDB can stage (a response lost on the wire, items written in
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,15 @@ from moto.server import ThreadedMotoServer
 from dedupe_store.connection import ConnectionOptions
 from dedupe_store.errors import LedgerError, LedgerSchemaError, LedgerThrottledError
 from dedupe_store.ledger import LEDGER_SCHEMA_VERSION, SCHEMA_PK, DynamoDBLedger, TtlStatus
-from dedupe_store.records import ClaimResult, ClaimStatus, Group, KeyClaim, PendingClaim
+from dedupe_store.records import (
+    ClaimResult,
+    ClaimStatus,
+    Group,
+    KeyClaim,
+    PendingClaim,
+    ReplayRun,
+    RunAttempt,
+)
 from dedupe_store.states import LedgerState
 from devstack import emulators as local_stack
 from devstack.fault_proxy import FaultProxy, FaultRule, FaultSchedule
@@ -42,11 +50,15 @@ from ledger_contract.staging import (
     BOB,
     LEASE_MS,
     POSITION,
+    RUN,
     SKEW_MS,
     STREAM,
     T0_MS,
     TTL_S,
+    attempt,
     claimed,
+    execution,
+    execution_of,
     in_two_halves,
     open_group,
     request_for,
@@ -444,6 +456,98 @@ def test_a_group_take_over_retried_by_the_sdk_after_its_first_try_applied_report
     assert result.applied
     assert result.current is not None
     assert (result.current.epoch, result.current.owner) == (2, BOB)
+
+
+# --- a registration in a stripe racing its execution's supersede ---------------------------------
+#
+# An execution's tasks past its first 256 register on stripe items (dedupe_store.run_stripes),
+# and a supersede writes the run item first, then seals the stripes. The fake has no stripes:
+# it registers an attempt in one step, so these orders exist only here.
+
+
+def _before_each(
+    ledger: DynamoDBLedger, operation: str, act: Callable[[dict[str, Any]], None]
+) -> None:
+    """``act`` called with the parameters of each ``operation`` call ``ledger`` makes, before
+    it is sent (not for the calls ``act`` makes itself)."""
+    acting = False
+
+    def handler(params: dict[str, Any], **_: Any) -> None:
+        nonlocal acting
+        if not acting:
+            acting = True
+            try:
+                act(params)
+            finally:
+                acting = False
+
+    ledger.client.meta.events.register(f"provide-client-params.dynamodb.{operation}", handler)
+
+
+def _stripes_registered_and_a_replay(ledger: DynamoDBLedger) -> tuple[RunAttempt, RunAttempt]:
+    """Tasks 0 and 300 of execution exec-1 registered (stripe 1 announced), and a replay's
+    first task (exec-2)."""
+    task0, task300 = attempt("a1"), attempt("a2", task="300")
+    for one in (task0, task300, attempt("b1", execution="exec-2", started_at_ms=T0_MS + 2_000)):
+        assert ledger.register_attempt(STREAM, RUN, one).registered
+    return task0, task300
+
+
+def test_an_attempt_counted_on_its_stripe_as_its_execution_is_superseded_is_refused(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN an execution's tasks in stripes 0 and 1, and a replay of the run
+    task0, task300 = _stripes_registered_and_a_replay(ledger)
+    superseded: list[ReplayRun | None] = []
+
+    def supersede_before_the_run_is_read(params: dict[str, Any]) -> None:
+        if not superseded and params["Key"]["pk"]["S"].startswith("__keo__/run/"):
+            superseded.append(ledger.supersede_executions(STREAM, RUN, ["exec-1"]))
+
+    _before_each(ledger, "GetItem", supersede_before_the_run_is_read)
+    # WHEN a retry of task 300 is counted on its stripe, the replay supersedes the execution
+    # (run item, then seals), and the retry then reads the run item
+    retry = attempt("a3", task="300", task_attempt=1, started_at_ms=T0_MS + 3_000)
+    refused = ledger.register_attempt(STREAM, RUN, retry)
+    # THEN the supersede counted the retry (it was on the stripe when sealed: a replay that
+    # read it waits for it), and the retry is refused and its tag taken off: it puts nothing
+    assert superseded
+    assert execution_of(superseded[0], "exec-1") == execution(
+        "exec-1", task0, task300, retry, superseded=True
+    )
+    assert (refused.registered, refused.superseded) == (False, True)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "300") == (task300,)
+    now = execution_of(ledger.get_run(STREAM, RUN), "exec-1")
+    assert (now.attempts, now.open_tags) == (3, task0.tag + task300.tag)
+
+
+def test_a_stripe_announced_as_its_execution_is_superseded_is_sealed_before_it_is_written(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN an execution's tasks in stripes 0 and 1, and a replay of the run
+    task0, task300 = _stripes_registered_and_a_replay(ledger)
+    announced: list[bool] = []
+
+    def supersede_once_stripe_2_is_announced(params: dict[str, Any]) -> None:
+        pk = params["Key"]["pk"]["S"]
+        if pk.startswith("__keo__/run/") and "ADD" in params["UpdateExpression"]:
+            announced.append(":stripe" in params["ExpressionAttributeValues"])
+        elif pk.startswith("__keo__/runpart/") and announced == [True]:
+            announced.append(True)  # once
+            ledger.supersede_executions(STREAM, RUN, ["exec-1"])
+
+    _before_each(ledger, "UpdateItem", supersede_once_stripe_2_is_announced)
+    # WHEN task 600 announces stripe 2 on the run item, the replay supersedes the execution
+    # (its stripes sealed: stripe 2 too, not yet written), and task 600 writes its stripe
+    late = attempt("a3", task="600", started_at_ms=T0_MS + 3_000)
+    refused = ledger.register_attempt(STREAM, RUN, late)
+    # THEN that write is refused: task 600 is not registered, and counted nowhere
+    assert announced == [True, True]
+    assert (refused.registered, refused.superseded) == (False, True)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "600") == ()
+    assert execution_of(ledger.get_run(STREAM, RUN), "exec-1") == execution(
+        "exec-1", task0, task300, superseded=True
+    )
 
 
 # --- batched reads ------------------------------------------------------------------------------

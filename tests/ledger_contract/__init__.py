@@ -8,6 +8,8 @@ module for each kind of item the ledger stores, as ``dedupe_store`` splits its c
     batched_claims  key claims in batches: inserted, the pending ones judged from their items
     batches         Spark batch records
     runs            replay runs, their executions and task attempts; OPEN runs in the index
+    run_stripes     replay runs of many tasks: attempts counted in stripes, every stripe
+                    fenced by a supersede and a COMPLETE, readers seeing them summed
 
 and what they stage a ledger with (a fixed "now", a stream, two producers, groups, claims and
 run attempts) in ``staging``.
@@ -23,4 +25,5 @@ from ledger_contract.batched_claims import *  # noqa: F403
 from ledger_contract.batches import *  # noqa: F403
 from ledger_contract.claims import *  # noqa: F403
 from ledger_contract.groups import *  # noqa: F403
+from ledger_contract.run_stripes import *  # noqa: F403
 from ledger_contract.runs import *  # noqa: F403

@@ -16,6 +16,7 @@ from dedupe_store.records import (
     KeyClaim,
     PendingClaim,
     Position,
+    ReplayRun,
     RunAttempt,
     RunExecution,
 )
@@ -129,3 +130,11 @@ def execution(
         attempts=len(attempts),
         open_tags=sum(a.tag for a in attempts[finished:]),
     )
+
+
+def execution_of(run: ReplayRun | None, execution_id: str) -> RunExecution:
+    """The execution ``execution_id`` of ``run``, which must have it."""
+    assert run is not None
+    found = run.execution(execution_id)
+    assert found is not None
+    return found

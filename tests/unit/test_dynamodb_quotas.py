@@ -80,3 +80,5 @@ def test_each_key_counts_its_writes_and_the_most_it_took_in_one_second() -> None
     assert state.snapshot()["busiest_write_keys"] == {
         "t": {"key": "run", "writes": 5, "units": 10, "peak_writes_per_s": 3, "peak_units_per_s": 6}
     }
+    # AND the keys that took the most writes in all, the most first
+    assert [k["key"] for k in state.snapshot()["most_written_keys"]["t"]] == ["run", "task"]
