@@ -116,8 +116,10 @@ def kill(pids: set[int]) -> None:
 # --- the driver program ----------------------------------------------------------------------
 
 
-def new_stream(emulators: Any, table: str, name: str, timing: Mapping[str, str]) -> dict[str, str]:
-    """The ``KEO_*`` settings of a new stream of ``SHARDS`` shards on the emulators (``name``
+def new_stream(
+    emulators: Any, table: str, name: str, timing: Mapping[str, str], *, shards: int = SHARDS
+) -> dict[str, str]:
+    """The ``KEO_*`` settings of a new stream of ``shards`` shards on the emulators (``name``
     and this process's id), created, with the ledger ``table`` and ``timing``."""
     settings = {
         "KEO_KINESIS_ENDPOINT_URL": emulators.kinesis,
@@ -128,20 +130,26 @@ def new_stream(emulators: Any, table: str, name: str, timing: Mapping[str, str])
         **timing,
     }
     parsed = producer_settings(settings)
-    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, SHARDS, timeout_s=30)
+    create_stream(kinesis_client(parsed, for_put=False), parsed.stream, shards, timeout_s=30)
     return settings
 
 
 def stream_job(
-    work_dir: Path, settings: Mapping[str, str], query: str, *, sink: str = "format"
+    work_dir: Path,
+    settings: Mapping[str, str],
+    query: str,
+    *,
+    sink: str = "format",
+    partitions: int = 2,
 ) -> dict[str, Any]:
     """A job for cluster_job.py: the streaming query ``query`` over the event files in
     ``work_dir/in`` (its checkpoint in ``work_dir``) into ``sink`` (``format``: format("keo");
-    ``foreach_batch``: ExactlyOnceSink), then nothing: no batch write, no read, no streaming
-    read."""
+    ``foreach_batch``: ExactlyOnceSink), ``partitions`` tasks a micro-batch, then nothing: no
+    batch write, no read, no streaming read."""
     return {
         "run": "first",
         "work_dir": str(work_dir),
+        "partitions": partitions,
         "options": setting_options(dict(settings)),
         "stream": {
             "source": str(work_dir / "in"),
@@ -190,9 +198,25 @@ def throttled_ledger_writes(seed: int) -> FaultSchedule:
 
 
 def steps(stdout: Path) -> dict[str, Any]:
-    """The steps the driver finished, by name (one JSON line each on its stdout)."""
-    lines = stdout.read_text(encoding="utf-8").splitlines()
+    """The steps the driver finished, by name (one JSON line each on its stdout; a line not
+    ended yet is left for later)."""
+    lines = stdout.read_text(encoding="utf-8").split("\n")[:-1]
     return {line["step"]: line for line in map(json.loads, lines)}
+
+
+def wait_step(driver: subprocess.Popen[bytes], logs: Path, step: str) -> dict[str, Any]:
+    """Waits until the driver has finished ``step``; fails with its stderr if it ends first or
+    never gets there."""
+    deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    while driver.poll() is None and time.monotonic() < deadline:
+        done = steps(logs.with_suffix(".out")).get(step)
+        if done is not None:
+            return done
+        time.sleep(POLL_S)
+    raise AssertionError(
+        f"the driver never finished step {step!r} (exit {driver.returncode}): "
+        + tail(logs.with_suffix(".err"))
+    )
 
 
 def tail(path: Path) -> str:

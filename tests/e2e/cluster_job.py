@@ -3,16 +3,19 @@
 process of its own: a process has one SparkContext, and the tests kill this one with SIGKILL.
 
     python cluster_job.py '{"run": "first", "work_dir": ..., "options": {...}, "stream": {...},
-                            "sink": "format" | "foreach_batch",
+                            "sink": "format" | "foreach_batch", "partitions": 2,
                             "batch_rows": [[key, data], ...] | null,
                             "read": "format" | "read_records" | null,
                             "stream_read": {"settings": {KEO_*...}, "checkpoint": ...} | null,
                             "task_failpoints": [{...}, ...],
-                            "driver_failpoints": [{...}, ...]}'
+                            "driver_failpoints": [{...}, ...],
+                            "start_when": path | null}'
 
-In order: the streaming query (JSON event files -> ``writeStream.format("keo")``, or with
+Once its session is up (and, with ``start_when``, that file exists: a test starts a driver's
+cluster while another driver runs, and lets it go later), in order: the streaming query (JSON event files -> ``writeStream.format("keo")``, or with
 ``"sink": "foreach_batch"`` ``writeStream.foreachBatch(ExactlyOnceSink(...))``, which Spark
-3.5 runs too; available now, one file per micro-batch, two partitions each; with
+3.5 runs too; available now, one file per micro-batch, ``"partitions"`` tasks each (2 unless
+the job says); with
 ``"relay_from": S, "per_trigger": N`` in ``"stream"``, ``readStream.format("keo")`` of Kinesis
 stream S, N records a micro-batch, instead of the files: a relay), then the batch
 write of ``batch_rows``, then a read of the stream (``spark.read.format("keo")``, or
@@ -24,8 +27,9 @@ is recorded); ``task_failpoints`` arm a step in one task attempt only, ``driver_
 driver step in one micro-batch only (:class:`OnTasks`). Each
 executor-side put leaves a file ``<work_dir>/where/<run>-<step>/executor-<id>-pid-<pid>``, so
 the test sees which executors did the work, and every Python process that reaches a hook logs
-the product's INFO lines to ``<work_dir>/logs/<pid>.log``. Prints one JSON line per finished
-step, at once, with the seconds since the start.
+the product's INFO lines to ``<work_dir>/logs/<pid>.log`` (with ``"sink": "foreach_batch"``, the
+driver's own from its start: the sink plans a replay's recovery there before any hook). Prints
+one JSON line per finished step, at once, with the seconds since the start.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from spark_jobs.session import SHORT_LIVED_JVM, cluster_session
 from spark_jobs.sink import ExactlyOnceSink
 from spark_jobs.writer import producer_settings, settings_from_env
 
-PARTITIONS = 2
+PARTITIONS = 2  # a micro-batch's and the batch write's, unless the job says
 FIRST_SHARD = "shardId-000000000000"
 # The working directory of the JVM that evaluates it, in the JVM (no Python worker of its own):
 # an executor's is <SPARK_HOME>/work/<application id>/<executor id>
@@ -171,16 +175,21 @@ class OnTasks:
         Failpoints(f"{step}={action}").at(Step(step))
 
     def _log_here(self) -> None:
-        path = str(Path(self.logs, f"{os.getpid()}.log"))
-        logged = logging.getLogger(LOGGED[0]).handlers
-        if any(getattr(handler, "baseFilename", None) == path for handler in logged):
-            return
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
-        for name in LOGGED:
-            logger = logging.getLogger(name)
-            logger.setLevel(logging.INFO)
-            logger.addHandler(handler)
+        log_to(self.logs)
+
+
+def log_to(logs: str) -> None:
+    """The product's INFO lines of this process to ``<logs>/<pid>.log`` (once a process)."""
+    path = str(Path(logs, f"{os.getpid()}.log"))
+    logged = logging.getLogger(LOGGED[0]).handlers
+    if any(getattr(handler, "baseFilename", None) == path for handler in logged):
+        return
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
+    for name in LOGGED:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
 
 
 STARTED = time.monotonic()
@@ -210,7 +219,8 @@ def register(spark: Any, job: dict[str, Any], step: str) -> None:
 
 def _source(spark: Any, job: dict[str, Any]) -> Any:
     """The streaming query's rows: one event file a micro-batch, or with ``relay_from`` the
-    records of that Kinesis stream, ``per_trigger`` a micro-batch (a relay); two partitions."""
+    records of that Kinesis stream, ``per_trigger`` a micro-batch (a relay); the job's
+    partitions."""
     stream = job["stream"]
     if stream.get("relay_from"):
         read = {
@@ -223,7 +233,7 @@ def _source(spark: Any, job: dict[str, Any]) -> Any:
     else:
         events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1)
         events = events.json(stream["source"])
-    return events.repartition(PARTITIONS)
+    return events.repartition(job.get("partitions", PARTITIONS))
 
 
 def run_stream(spark: Any, job: dict[str, Any]) -> None:
@@ -242,6 +252,9 @@ def run_stream(spark: Any, job: dict[str, Any]) -> None:
             query_id=stream["query_name"],
             hooks=hooks_of(job, "stream"),
         )
+        # the sink runs here, in the driver's process: its lines (a replay's recovery planned
+        # before the tasks) logged from the start
+        log_to(str(Path(job["work_dir"], "logs")))
         writing = events.writeStream.foreachBatch(sink)
     else:
         writing = (
@@ -266,7 +279,8 @@ def run_stream(spark: Any, job: dict[str, Any]) -> None:
 def run_batch(spark: Any, job: dict[str, Any]) -> None:
     register(spark, job, "batch")
     rows = [tuple(row) for row in job["batch_rows"]]
-    frame = spark.createDataFrame(rows, "key string, data string").repartition(PARTITIONS)
+    frame = spark.createDataFrame(rows, "key string, data string")
+    frame = frame.repartition(job.get("partitions", PARTITIONS))
     frame.write.format("keo").mode("append").options(**job["options"]).save()
     report("batch", rows=len(rows))
 
@@ -336,6 +350,12 @@ def run_stream_read(spark: Any, job: dict[str, Any]) -> None:
     )
 
 
+def _wait_for_file(path: Path) -> None:
+    """Until ``path`` exists: the test's go (it kills this driver if it never comes)."""
+    while not path.exists():
+        time.sleep(0.1)
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
     # three JVMs a driver (its own, two executors'): a session 9 -> 6 s
@@ -343,6 +363,8 @@ def main() -> None:
     try:
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
         report("session", pid=os.getpid(), executors=executors)
+        if job.get("start_when"):
+            _wait_for_file(Path(job["start_when"]))
         run_stream(spark, job)
         if job["batch_rows"]:
             run_batch(spark, job)

@@ -45,6 +45,16 @@ SPARK_VERSION = _installed_spark()
 needs_data_sources = pytest.mark.skipif(
     SPARK_VERSION < (4, 0), reason="format('keo') needs Spark 4's Python data sources"
 )
+# a module of Spark 3.5's sink on local-cluster (its two drivers cost CI a minute or more):
+# ``make test-spark35`` runs it, on pyspark 3.5; Spark 4's ``make test`` skips it
+SINK_ON_A_CLUSTER = [
+    pytest.mark.skipif(
+        SPARK_VERSION >= (4, 0), reason="Spark 3.5's sink on a cluster: make test-spark35 runs it"
+    ),
+    pytest.mark.spark,
+    pytest.mark.spark35,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+]
 OUTSIDE = "agg-outside"  # an aggregated user record outside its shard's range: KCL drops it
 # short leases so a lost race or a replay settles in seconds
 FAST_LEASES = {

@@ -35,7 +35,13 @@ from typing import Any
 import cluster_driver
 import pytest
 from cluster_driver import DRIVER_TIMEOUT_S, EXIT_TIMEOUT_S
-from spark_support import FAST_LEASES, assert_exactly_these, streamcheck, write_event_files
+from spark_support import (
+    FAST_LEASES,
+    SINK_ON_A_CLUSTER,
+    assert_exactly_these,
+    streamcheck,
+    write_event_files,
+)
 
 from dedupe_store.clock import SkewedClock, SystemClock
 from dedupe_store.states import RunState
@@ -44,15 +50,9 @@ from producer.audit.stream import Anomaly, audit_stream
 from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
-pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("pyspark")
 pytestmark = [
-    pytest.mark.skipif(
-        int(pyspark.__version__.split(".")[0]) >= 4,
-        reason="Spark 3.5's sink on a cluster: make test-spark35 runs it",
-    ),
-    pytest.mark.spark,
-    pytest.mark.spark35,
-    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+    *SINK_ON_A_CLUSTER,
     # a mode's scenario runs in its first test's setup: two drivers, two clusters
     pytest.mark.timeout(900),  # beyond the deadlines below, which say what they waited for
 ]
