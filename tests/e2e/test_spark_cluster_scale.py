@@ -4,12 +4,13 @@ killed after half the tasks put, and the batch replayed from the checkpoint: eve
 and the replay reads each shard about once, not once per task.
 
 The driver plans a replayed batch's recovery (``Guarantee.plan_recovery``:
-``producer.replay.recovery.plan_reads`` reads every shard's earlier windows once) and ships it
+``producer.replay.recovery.plan_reads_once_over`` supersedes the killed execution, waits until
+its lease is over for every clock, and reads every shard's earlier windows once) and ships it
 with the batch's tasks, whose workers are seeded with it (``producer.replay.shared_reads``) and
 read nothing. Before it, each of the 16 tasks read every shard its rows route to: 16
 ``GetShardIterator`` and 21 ``GetRecords`` a shard (the issue's measure). This is the cluster's
-cross-check of the scale harness's ``killed-later`` scenario
-(integration/test_scale_harness.py), with the same arithmetic on the same counters.
+cross-check of the scale harness's ``killed`` scenario (integration/test_scale_harness.py),
+with the same arithmetic on the same counters.
 
 Every Kinesis call of the drivers and executors goes through the quota mode's proxy (AWS's
 quotas; it counts calls by operation and reads by shard), every ledger call through
@@ -20,12 +21,11 @@ DynamoDB's. Spark 3.5's sink, so ``make test-spark35`` runs it (marker spark35) 
    (``before_put``): each executor has one core, and Spark hands out a stage's tasks in order,
    so tasks 0 to 7 have put their rows and 10 to 15 never start. The test kills the driver, its
    JVM and the two stopped tasks, and waits until every process of the cluster has ended;
-2. the test waits until a replay of the batch can be planned: the killed execution's lease
-   over for every clock (a state of the ledger against the clock, what ``plan_reads`` checks);
-3. driver B, whose cluster started while A worked and has waited since for a file (its
+2. driver B, whose cluster started while A worked and has waited since for a file (its
    session's start overlaps A's work: nothing of it calls Kinesis or the ledger before), is
-   let go: it restarts the query from the checkpoint, and Spark replays batch 0, 16 tasks
-   again. The proxies' counters are taken right before the go and once B ended.
+   let go at once, within the killed execution's lease: it restarts the query from the
+   checkpoint, its sink waits on the driver for that lease and plans, and Spark replays batch
+   0, 16 tasks again. The proxies' counters are taken right before the go and once B ended.
 
 The stream is read back with plain boto3 as a KCL consumer reads it (streamcheck). Nothing
 waits on the wall clock: each step waits for a state under a deadline.
@@ -42,7 +42,7 @@ from typing import Any
 
 import cluster_driver
 import pytest
-from cluster_driver import DRIVER_TIMEOUT_S, EXIT_TIMEOUT_S, POLL_S
+from cluster_driver import DRIVER_TIMEOUT_S, EXIT_TIMEOUT_S
 from spark_support import FAST_LEASES, SINK_ON_A_CLUSTER, streamcheck, write_event_files
 
 from dedupe_store.records import ReplayRun
@@ -56,9 +56,6 @@ from devstack.scale_bench import (
     reads_per_shard,
     throttles_between,
 )
-from producer.replay.recovery import plan_reads
-from producer.replay.shared_reads import PlannedReads
-from producer.retries import poll_until
 from producer.wiring import Stack, build_stack
 from spark_jobs.writer import producer_settings
 
@@ -75,7 +72,9 @@ EXECUTORS = 2  # local-cluster[2,1,1024]: one core, and so one Python worker, ea
 ROWS = TASKS * PER_TASK  # one event file: one micro-batch, repartitioned into 16 tasks
 STOPPED = (8, 9)  # one a core: once both stop, tasks 0 to 7 have put, 10 to 15 wait
 PAGE_ROWS = 10_000  # a GetRecords page's records at most (the reader's limit)
-TIMING = {**FAST_LEASES, "KEO_DEDUPE": "replay"}
+# a lease long enough that driver B, let go once A's cluster has ended, plans while the killed
+# execution's still runs (its sink waits for it: what each task would wait)
+TIMING = {**FAST_LEASES, "KEO_DEDUPE": "replay", "KEO_LEASE_S": "20"}
 
 
 @dataclass
@@ -87,7 +86,7 @@ class ScaleRun:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)
     in_stream_at_kill: int = -1
-    planned: PlannedReads | None = None  # what a replay could read once, found by the test
+    lease_left_at_go_ms: int = -1  # of the killed execution, when driver B was let go
     calls: dict[str, int] = field(default_factory=dict)  # driver B's, by operation
     throttles: dict[str, int] = field(default_factory=dict)  # driver B's, by operation
     reads: dict[str, ShardSpread] = field(default_factory=dict)  # driver B's, a shard
@@ -133,20 +132,6 @@ def _kill_after_half_the_puts(run: ScaleRun, driver: subprocess.Popen[bytes]) ->
     _ended(run, "first", set(frozen.processes))
 
 
-def _wait_until_a_replay_can_be_planned(run: ScaleRun) -> None:
-    """Until the killed execution's lease is over for every clock and its windows ended: what a
-    driver needs to read the recovery once for its tasks (read here on the emulators, not
-    counted)."""
-    stack = run.stack
-    lease = stack.settings.lease_policy()
-    run.planned = poll_until(
-        lambda: plan_reads(stack.ledger, stack.reader, stack.clock, lease, f"{QUERY}/0"),
-        timeout_s=DRIVER_TIMEOUT_S,
-        interval_s=POLL_S,
-    )
-    assert run.planned is not None, "the killed execution's lease never ended"
-
-
 def _grown_by_shard(before: Counted, after: Counted, stream: str) -> dict[str, dict[str, int]]:
     """``stream``'s read calls in between, by operation, then by shard (those it called)."""
     grown: dict[str, dict[str, int]] = {}
@@ -170,6 +155,8 @@ def _replay(
     and batch 0 replayed; the proxies' counters taken right before and once it ended."""
     logs = run.work_dir / "second"
     before = _counted(*proxies)
+    killed = run.run().executions[0]
+    run.lease_left_at_go_ms = killed.lease_expires_at_ms - run.stack.clock.now_ms()
     go.touch()
     assert driver.wait(DRIVER_TIMEOUT_S) == 0, cluster_driver.tail(logs.with_suffix(".err"))
     after = _counted(*proxies)
@@ -222,7 +209,6 @@ def scale_run(
                 # before the go), seconds saved
                 with cluster_driver.running(second, work_dir / "second") as driver_b:
                     _kill_after_half_the_puts(run, driver_a)
-                    _wait_until_a_replay_can_be_planned(run)
                     _replay(run, driver_b, go, (kinesis, ledger))
             yield run
         finally:
@@ -270,15 +256,17 @@ def test_every_row_is_in_the_stream_once_as_a_kcl_consumer_reads_it(scale_run: S
 def test_the_replay_reads_each_shard_about_once_not_once_per_task(scale_run: ScaleRun) -> None:
     run = scale_run
     # GIVEN the killed execution's windows, on every shard: the pages of data a shard holds
-    planned = run.planned
-    assert planned is not None
-    assert set(planned.reads) == {shard.shard_id for shard in planned.shards}
-    pages = max(-(-len(read) // PAGE_ROWS) for read in planned.reads.values())
+    # (its rows in the stream at the kill, each shard's a page at most)
+    pages = -(-run.in_stream_at_kill // PAGE_ROWS)
     assert pages == 1
-    # ... and driver B's sink read them once, on the driver, before its 16 tasks, each of
-    # which recovered from what it was sent
+    # ... and driver B, let go while the killed execution's lease still ran, superseded it,
+    # waited for that lease on the driver, then read the windows once there, before its 16
+    # tasks, each of which recovered from what it was sent
+    assert run.lease_left_at_go_ms > 0
     logged = [line for line in run.log_lines() if f" run={QUERY}/0 " in line]
+    assert any("waits on the driver for earlier leases" in line for line in logged), logged
     assert any("replay recovery planned on the driver" in line for line in logged), logged
+    assert run.run().executions[0].superseded
     replay = f" execution={run.run().executions[1].execution_id} "
     attempts = [line for line in logged if "replay attempt stream=" in line and replay in line]
     assert len(attempts) == TASKS, attempts
