@@ -57,7 +57,7 @@ from typing import Any
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import LedgerUnavailableError
-from dedupe_store.model import TTL_ATTRIBUTE
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.records import ReplayRun, RunAttempt, late_rows_of
 from dedupe_store.run_items import (
     announced_stripes,
