@@ -30,7 +30,7 @@ from producer.replay.context import ReplayTask
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer
 from producer.replay.recovery import plan_reads, plan_reads_once_over
-from producer.replay.shared_reads import shared_by
+from producer.replay.shared_reads import PlannedReads, shared_by
 
 STREAM = "orders"
 LEASE = LeasePolicy(lease_ms=20_000, put_timeout_ms=7_000, skew_ms=2_000)
@@ -726,15 +726,9 @@ def test_a_replay_planned_on_the_driver_is_read_once_there_and_its_tasks_read_no
     assert planned.records == 60
     assert 0 < driver_reads <= 2 * len(planned.shards)  # a page and the tip, a shard
 
-    worker = producer_over(ledger, kinesis, clock)
-    shared_by(worker._context.reader).seed(planned)
-    reads_before = kinesis.get_records_calls
-    found = Counter[str]()
-    for task in range(6):
-        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
-            found += statuses(replay.send(rows(10, f"t{task}-")))
+    found, reads = _six_tasks_seeded_with(planned, ledger, kinesis, clock)
     assert found == {"DUPLICATE": 60}
-    assert kinesis.get_records_calls == reads_before
+    assert reads == 0
 
 
 def test_a_replay_started_while_a_killed_execution_may_still_put_is_planned_once_it_is_over(
@@ -768,15 +762,9 @@ def test_a_replay_started_while_a_killed_execution_may_still_put_is_planned_once
     assert LEASE.expired_for_everyone(lease_end_ms, clock.now_ms())
     assert clock.now_ms() <= lease_end_ms + 2 * LEASE.skew_ms + 1000  # no longer than that
 
-    worker = producer_over(ledger, kinesis, clock)
-    shared_by(worker._context.reader).seed(planned)
-    reads_before = kinesis.get_records_calls
-    found = Counter[str]()
-    for task in range(6):
-        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
-            found += statuses(replay.send(rows(10, f"t{task}-")))
+    found, reads = _six_tasks_seeded_with(planned, ledger, kinesis, clock)
     assert found == {"DUPLICATE": 60}
-    assert kinesis.get_records_calls == reads_before
+    assert reads == 0
 
 
 def test_a_replay_of_an_execution_that_finished_is_not_waited_for_on_the_driver(
@@ -797,3 +785,18 @@ def test_a_replay_of_an_execution_that_finished_is_not_waited_for_on_the_driver(
     run = ledger.get_run(STREAM, RUN)
     assert run is not None
     assert [e.superseded for e in run.executions] == [False]
+
+
+def _six_tasks_seeded_with(
+    planned: PlannedReads, ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> tuple[Counter[str], int]:
+    """A worker seeded with a driver's plan runs the replay's 6 tasks (10 rows each, as the
+    killed execution's): what they found, and the GetRecords calls they made."""
+    worker = producer_over(ledger, kinesis, clock)
+    shared_by(worker._context.reader).seed(planned)
+    reads_before = kinesis.get_records_calls
+    found = Counter[str]()
+    for task in range(6):
+        with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
+            found += statuses(replay.send(rows(10, f"t{task}-")))
+    return found, kinesis.get_records_calls - reads_before
