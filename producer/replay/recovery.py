@@ -169,6 +169,7 @@ def plan_reads(
     run: str,
     *,
     max_records: int = MAX_PLANNED_RECORDS,
+    found: ReplayRun | None = None,
 ) -> PlannedReads | None:
     """On a driver, before a write's tasks start: what every task of a replay of ``run`` would
     read back, read once: every shard's records in the windows of the run's executions so far
@@ -176,7 +177,8 @@ def plan_reads(
     themselves: no earlier execution, the run COMPLETE, an earlier lease not over for every
     clock or a window not ended (a later read could find more), or more than ``max_records``
     (what the tasks are sent travels with each)."""
-    found = ledger.get_run(reader.stream, run)
+    if found is None:  # else the run as the caller just read it
+        found = ledger.get_run(reader.stream, run)
     now_ms = clock.now_ms()
     if found is None or found.state is RunState.COMPLETE or not found.executions:
         return None
@@ -251,7 +253,8 @@ def plan_reads_once_over(
         )
         while (left_ms := over_ms - clock.now_ms()) > 0:
             sleep(min(left_ms / 1000, 1.0))
-    return plan_reads(ledger, reader, clock, lease, run)
+        return plan_reads(ledger, reader, clock, lease, run)  # read again after the wait
+    return plan_reads(ledger, reader, clock, lease, run, found=found)
 
 
 class Recovery:
