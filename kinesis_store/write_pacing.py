@@ -33,6 +33,7 @@ it. Pure apart from the injected clock and sleep: no boto3 here.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -110,9 +111,14 @@ class WritePacer:
         self._share = 1.0
         self._grown_at_s: float | None = None
         self._lock = threading.Lock()
+        # the requests with a turn waiting for their shards: token -> (turn, shard ids)
+        self._waiting: dict[int, tuple[int, frozenset[str]]] = {}
+        self._tokens = itertools.count()
         self.waited_s = 0.0  # in all, for the metrics and the bench
 
-    def before_request(self, loads: Mapping[str, tuple[int, int]]) -> float:
+    def before_request(
+        self, loads: Mapping[str, tuple[int, int]], *, turn: int | None = None
+    ) -> float:
         """Wait until every shard of ``loads`` (shard id -> records, bytes) can take its part
         of the request at the share there is then; the seconds waited. A request reserves its
         shards' time only as it leaves: one that waits looks again every ``_REPLAN_S``. The
@@ -120,7 +126,26 @@ class WritePacer:
         writer left alone on shards it shared is not held to its small share until an answer
         comes (two hundred writers that start together kept a shard at 0.75 of its quota so,
         0.98 now: test_write_pacing.py); and a reservation made at a small share would hold
-        the shards back after it grew."""
+        the shards back after it grew.
+
+        ``turn``: the request's place among the writers of the process (a smaller one is
+        older: :mod:`producer.put_loop`'s puts, in the order they began); of the requests
+        waiting for a shard, the oldest leaves first. Without it, the claim groups a key-mode
+        sender keeps in flight shared the shards request by request, all finished their puts
+        together, and the next groups claimed with nothing left to put: two Spark tasks on a
+        shard left it idle 2 s in 8 (the groups in flight: :mod:`producer.key.pipeline`);
+        oldest first, one group finishes while the next ones wait, and the group after them
+        claims while they put."""
+        token = next(self._tokens)
+        try:
+            return self._wait_for_room(loads, turn, token)
+        finally:
+            with self._lock:
+                self._waiting.pop(token, None)
+
+    def _wait_for_room(
+        self, loads: Mapping[str, tuple[int, int]], turn: int | None, token: int
+    ) -> float:
         waited_s = 0.0
         started_s: float | None = None
         while True:
@@ -143,13 +168,15 @@ class WritePacer:
                         ),
                     ]
                 )
-                if leave_s <= now_s:
+                if leave_s <= now_s and not self._older_waiting(loads, turn):
                     for shard_id, cost_s in costs.items():
                         theoretical_s = max(self._theoretical_s.get(shard_id, now_s), now_s)
                         self._theoretical_s[shard_id] = theoretical_s + cost_s
                     self.waited_s += waited_s
                     return waited_s
-            pause_s = min(leave_s - now_s, _REPLAN_S)
+                if turn is not None:
+                    self._waiting[token] = (turn, frozenset(loads))
+            pause_s = max(0.0, min(leave_s - now_s, _REPLAN_S)) or _REPLAN_S / 10
             self._sleep(pause_s)
             waited_s += pause_s
             with self._lock:
@@ -177,6 +204,14 @@ class WritePacer:
             paced = self._share if paced_with is None else paced_with
             shrink = max(0.5, 1 - SHRINK_PER_REFUSED * part_refused)
             self._share = max(MIN_SHARE, min(self._share, paced * shrink))
+
+    def _older_waiting(self, loads: Mapping[str, tuple[int, int]], turn: int | None) -> bool:
+        """Whether a request older than ``turn`` waits for a shard of ``loads``; under the
+        lock."""
+        return turn is not None and any(
+            their_turn < turn and not shards.isdisjoint(loads)
+            for their_turn, shards in self._waiting.values()
+        )
 
     def _grow(self, now_s: float) -> None:
         """The share grown by ``SHARE_GROWTH_PER_S`` of itself a second since it last grew or

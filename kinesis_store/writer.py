@@ -112,7 +112,11 @@ class KinesisWriter:
         return split_to_fit(entries, shards, self._pacer), shards
 
     def put_entries(
-        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
+        self,
+        entries: list[dict[str, Any]],
+        *,
+        lease_expires_at_ms: int | None = None,
+        turn: int | None = None,
     ) -> list[RecordResult]:
         """PutRecords of ``entries``: one call, or when paced as many as keep each shard's part
         of each within what the shard takes at once, in order; one classified result per entry,
@@ -123,6 +127,9 @@ class KinesisWriter:
         of their groups'), for the before-send check the client has (:mod:`producer.fence`:
         the signature fence, or the lease deadline); a request it refuses is not sent:
         NOT_WRITTEN, retriable.
+
+        ``turn``: the caller's place among this process's writers (smaller: older), the
+        oldest first when several wait for a shard (:meth:`WritePacer.before_request`).
         """
         requests, shards = self._paced_requests(entries)
         results: list[RecordResult] = []
@@ -132,7 +139,7 @@ class KinesisWriter:
                 results += self._put(request, lease_expires_at_ms)
                 continue
             paced_with = pacer.share()
-            waited_s = pacer.before_request(shard_loads(request, shards))
+            waited_s = pacer.before_request(shard_loads(request, shards), turn=turn)
             if waited_s > 0 and self._on_paced is not None:
                 self._on_paced(waited_s)
             answered = self._put(request, lease_expires_at_ms)

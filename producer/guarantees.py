@@ -29,7 +29,7 @@ mode does not load the other's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -89,6 +89,11 @@ class Sender(Protocol):
 
     def send(self, messages: Sequence[Message]) -> list[Outcome]:
         """One outcome per message, in order."""
+        ...
+
+    def send_each(self, batches: Iterable[Sequence[Message]]) -> Iterator[list[Outcome]]:
+        """:meth:`send` of each of ``batches``, one after the other; where the mode can,
+        the next batch starts while this one finishes (key mode's claim groups)."""
         ...
 
     def interrupt(self) -> None:
@@ -174,6 +179,9 @@ class _KeySender:
     def send(self, messages: Sequence[Message]) -> list[Outcome]:
         return self._producer.send(list(messages))
 
+    def send_each(self, batches: Iterable[Sequence[Message]]) -> Iterator[list[Outcome]]:
+        return self._producer.send_each(batches)
+
     def interrupt(self) -> None:
         self._producer.interrupt()
 
@@ -199,6 +207,9 @@ class _ReplaySender:
 
     def send(self, messages: Sequence[Message]) -> list[Outcome]:
         return self._attempt.send(messages)
+
+    def send_each(self, batches: Iterable[Sequence[Message]]) -> Iterator[list[Outcome]]:
+        return (self._attempt.send(messages) for messages in batches)
 
     def interrupt(self) -> None:
         self._producer.interrupt()

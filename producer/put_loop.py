@@ -19,6 +19,7 @@ which lease it is put under, and what becomes of one given up.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -47,6 +48,8 @@ __all__ = ["PutContext", "PutLoop", "PutParty", "PutReport"]
 log = logging.getLogger(__name__)
 
 _M = TypeVar("_M")
+# each put loop's turn at a shard, in the order they were made (PutLoop)
+_TURNS = itertools.count()
 
 
 class PutContext(Protocol):
@@ -114,6 +117,9 @@ class PutLoop(Generic[_M]):
         self._context = context
         self._party = party
         self._max_attempts = max_attempts
+        # its place among the process's put loops: the older first at a shard (a key-mode
+        # sender's claim groups put one after the other, the next claiming meanwhile)
+        self._turn = next(_TURNS)
 
     def put(self, messages: list[_M]) -> PutReport[_M]:
         """Put every message once written; each record is put at most ``max_attempts``
@@ -227,7 +233,7 @@ class PutLoop(Generic[_M]):
         started = time.perf_counter()
         try:
             results = self._context.writer.put_entries(
-                entries, lease_expires_at_ms=lease_expires_at_ms
+                entries, lease_expires_at_ms=lease_expires_at_ms, turn=self._turn
             )
         finally:
             metrics.PUT_SECONDS.labels(stream).observe(time.perf_counter() - started)

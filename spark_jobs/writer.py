@@ -4,7 +4,7 @@
 
     executors                                     driver
     TaskWriter.write(partition, attempt, rows)    settle_batch(report, ...)
-      └─ sender.send(rows) per chunk                ├─ hooks: batch_after_puts
+      └─ sender.send_each(chunks of rows)           ├─ hooks: batch_after_puts
          ── PartitionReport: counts,                ├─ dead letters: DeadLetterWriter
             dead letters, unresolved keys           ├─ any key unresolved: UnresolvedKeysError
                                                     ├─ hooks: batch_before_complete
@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -240,8 +240,17 @@ class TaskWriter:
         tally = _Tally(partition, binary=self.data_is_binary)
         guarantee = guarantee_of(stack.settings)
         with guarantee.sender(stack, party, hooks=self.hooks, planned=self.planned) as sender:
-            for chunk in chunked(rows, self.rows_per_send):
-                tally.add(chunk, sender.send([_message(row) for row in chunk]))
+            # one pipeline for the partition: a chunk's end does not leave the shards idle
+            # while the next one's claims are made (key mode)
+            chunks: deque[list[Any]] = deque()
+
+            def batches() -> Iterator[list[Message]]:
+                for chunk in chunked(rows, self.rows_per_send):
+                    chunks.append(chunk)
+                    yield [_message(row) for row in chunk]
+
+            for outcomes in sender.send_each(batches()):
+                tally.add(chunks.popleft(), outcomes)
             end = sender.finish()
         report = tally.done()
         report.skipped = end.skipped

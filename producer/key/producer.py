@@ -1,6 +1,8 @@
 """``ExactlyOnceProducer``: the public face of the protocol (ledger schema v2: one
 conditional write per message). It validates a send, splits it into chunks of at most
-``group_size`` keys and pipelines them; each chunk's protocol is a :class:`ChunkDelivery`.
+``group_size`` keys and pipelines them (:mod:`producer.key.pipeline`, across the batches of a
+``send_each`` too); each chunk's protocol is a
+:class:`producer.key.delivery.ChunkDelivery`.
 
 ::
 
@@ -21,22 +23,20 @@ from __future__ import annotations
 import os
 import random
 import socket
-import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from dedupe_store.clock import Clock
 from dedupe_store.contract import Ledger
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.shards import OpenShards, Shard
 from kinesis_store.writer import KinesisWriter
-from producer import metrics, outcomes
+from producer import metrics
 from producer.hooks import NO_HOOKS, Hooks
 from producer.key.context import ProducerPolicy, SendContext
-from producer.key.delivery import ChunkDelivery
+from producer.key.pipeline import Batch, GroupPipeline
 from producer.key.readback import ReadBackResolver
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import (
@@ -120,63 +120,55 @@ class ExactlyOnceProducer:
 
     def send(self, messages: Sequence[Message]) -> list[Outcome]:
         """Deliver ``messages``; one outcome per message, in order."""
+        (sent,) = self.send_each([messages])
+        return sent
+
+    def send_each(self, batches: Iterable[Sequence[Message]]) -> Iterator[list[Outcome]]:
+        """Deliver each of ``batches`` as :meth:`send` would, one after the other: each one's
+        outcomes (one per message, in order) once they are all decided. One pipeline of
+        groups for them all (:mod:`producer.key.pipeline`): the next batch's groups claim
+        while this one's last groups put and settle. Every group started finishes its
+        protocol, even when the caller stops early."""
+        pipeline = GroupPipeline(self._context, self._groups, self._policy.groups_in_flight)
+        try:
+            for messages in batches:
+                self._start(pipeline, messages)
+                yield from self._counted(pipeline.ready())
+            yield from self._counted(pipeline.finish())
+        finally:
+            pipeline.close()
+
+    def _start(self, pipeline: GroupPipeline, messages: Sequence[Message]) -> None:
+        """``messages`` as a batch of ``pipeline``: rejected, or answered from a key's first
+        occurrence in it, or in a group. One group per chunk: at most ``group_size`` keys,
+        and a group item of bounded size."""
         prepared, rejections = prepare(messages, self._context.max_record_bytes)
-        decided: dict[int, Outcome] = {
-            r.index: Outcome(r.index, r.key, OutcomeStatus.REJECTED, reason=r.reason)
-            for r in rejections
-        }
         firsts: dict[str, PreparedMessage] = {}
         repeats: list[tuple[PreparedMessage, PreparedMessage]] = []
         for item in prepared:
             first = firsts.setdefault(item.key, item)
             if first is not item:
                 repeats.append((item, first))
-        self._deliver_all(list(firsts.values()), decided)
-        for item, first in repeats:
-            decided[item.index] = outcomes.repeat_outcome(item, first, decided[first.index])
-        ordered = [decided[i] for i in range(len(messages))]
-        for outcome in ordered:
-            metrics.OUTCOMES.labels(self.stream, outcome.status.value).inc()
-        return ordered
-
-    def _deliver_all(self, items: list[PreparedMessage], decided: dict[int, Outcome]) -> None:
-        """One group per chunk: at most ``group_size`` keys, and a group item of bounded size.
-
-        Groups are pipelined: a group opens once the group before it is open (the groups open
-        in input order), then claims beside it: its claims fill the time the other spends
-        claiming, putting and settling (the ledger and the client sit idle during a put
-        otherwise, and a batched claim's last answers leave the ledger idle until the next
-        group claims). At most ``groups_in_flight`` at once; their keys are distinct (a key
-        repeated in ``messages`` is sent once).
-        """
-        chunks = batch_by_size(
-            items,
+        batch = Batch(
+            len(messages),
+            {
+                r.index: Outcome(r.index, r.key, OutcomeStatus.REJECTED, reason=r.reason)
+                for r in rejections
+            },
+            repeats,
+        )
+        pipeline.start(batch)
+        for chunk in batch_by_size(
+            list(firsts.values()),
             lambda item: group_member_bytes(item.key),
             max_records=self._policy.group_size,
             max_request_bytes=MAX_GROUP_MEMBER_BYTES,
-        )
-        in_flight: deque[Future[dict[int, Outcome]]] = deque()
-        try:
-            for chunk in chunks:
-                if len(in_flight) == self._policy.groups_in_flight:
-                    decided.update(in_flight.popleft().result())
-                if self._context.interrupted.is_set():
-                    for item in chunk:
-                        decided[item.index] = outcomes.failed(
-                            item, "interrupted before it was claimed; send it again"
-                        )
-                    continue
-                opened = threading.Event()
-                delivery = ChunkDelivery(self._context, chunk)
-                in_flight.append(self._groups.submit(delivery.run, opened))
-                opened.wait()
-        finally:
-            # every group started finishes its protocol, even when one of them raised
-            failures: list[BaseException] = []
-            for future in in_flight:
-                try:
-                    decided.update(future.result())
-                except BaseException as exc:  # the first one is raised below
-                    failures.append(exc)
-            if failures:
-                raise failures[0]
+        ):
+            pipeline.open(batch, chunk)
+        batch.sealed = True
+
+    def _counted(self, batches: Iterator[list[Outcome]]) -> Iterator[list[Outcome]]:
+        for sent in batches:
+            for outcome in sent:
+                metrics.OUTCOMES.labels(self.stream, outcome.status.value).inc()
+            yield sent

@@ -252,3 +252,67 @@ def test_an_interrupt_leaves_the_groups_not_started_unclaimed(
     assert {o.status for o in result[GROUP_SIZE:]} == {OutcomeStatus.FAILED}
     assert all("before it was claimed" in str(o.reason) for o in result[GROUP_SIZE:])
     assert set(ledger.claimed) == {1}
+
+
+def test_the_next_batch_claims_while_the_last_group_of_a_batch_puts(
+    kinesis: HeldPuts, ledger: JournaledLedger, clock: ManualClock
+) -> None:
+    # GIVEN two groups in flight, and a first put held until batch 2's group made its claims
+    def release_when_group_two_claimed(group: int, count: int) -> None:
+        if (group, count) == (2, GROUP_SIZE):
+            kinesis.let_first_put_go.set()
+
+    ledger.on_claim = release_when_group_two_claimed
+    batches = [messages(3 * GROUP_SIZE)[:GROUP_SIZE], messages(3 * GROUP_SIZE)[GROUP_SIZE:]]
+    # WHEN two batches are sent, the first one group
+    with producer_over(kinesis, ledger, clock, groups_in_flight=2) as producer:
+        answers = list(producer.send_each(batches))
+    # THEN batch 2's first group claimed during batch 1's only put (else it is never let go)
+    assert ledger.claimed == {1: GROUP_SIZE, 2: GROUP_SIZE, 3: GROUP_SIZE}
+    # AND each batch has its outcomes, in its order, every message in the stream once
+    assert [[o.key for o in answer] for answer in answers] == [
+        [m.key for m in batch] for batch in batches
+    ]
+    assert {o.status for answer in answers for o in answer} == {OutcomeStatus.SENT}
+    keys = sorted(record.partition_key for record in kinesis.visible())
+    assert keys == sorted(m.key for m in messages(3 * GROUP_SIZE))
+
+
+def test_a_key_still_in_flight_from_an_earlier_batch_waits_for_it(
+    kinesis: HeldPuts, ledger: JournaledLedger, clock: ManualClock, journal: Journal
+) -> None:
+    # GIVEN two groups in flight, the first put let go as soon as it starts
+    kinesis.let_first_put_go.set()
+    first = messages(GROUP_SIZE)
+    # WHEN a second batch repeats a key of the first (the same data) beside new ones
+    second = [first[0], *messages(GROUP_SIZE + 2)[GROUP_SIZE:]]
+    with producer_over(kinesis, ledger, clock, groups_in_flight=2) as producer:
+        answers = list(producer.send_each([first, second]))
+    # THEN the second batch's group opened only once the first had settled
+    assert journal.entries.index("settle 1") < journal.entries.index("open 2")
+    # AND the repeated key was found delivered, and written once
+    assert [o.status for o in answers[1]] == [
+        OutcomeStatus.DUPLICATE,
+        OutcomeStatus.SENT,
+        OutcomeStatus.SENT,
+    ]
+    keys = [record.partition_key for record in kinesis.visible()]
+    assert keys.count(first[0].key) == 1
+
+
+def test_a_caller_that_stops_early_leaves_no_group_unfinished(
+    kinesis: HeldPuts, ledger: JournaledLedger, clock: ManualClock, journal: Journal
+) -> None:
+    # GIVEN three batches of a group each, two groups in flight
+    kinesis.let_first_put_go.set()
+    batches = [messages(3 * GROUP_SIZE)[i : i + GROUP_SIZE] for i in range(0, 15, GROUP_SIZE)]
+    with producer_over(kinesis, ledger, clock, groups_in_flight=2) as producer:
+        sending = producer.send_each(iter(batches))
+        # WHEN the caller takes the first batch's outcomes and stops
+        first = next(sending)
+        sending.close()
+    # THEN every group that had opened settled
+    opened = [e for e in journal.entries if e.startswith("open")]
+    settled = [e for e in journal.entries if e.startswith("settle")]
+    assert len(opened) == len(settled) >= 2
+    assert {o.status for o in first} == {OutcomeStatus.SENT}

@@ -408,10 +408,16 @@ class _LeaseTellingWriter(KinesisWriter):
         self.refused = 0  # puts the lease deadline kept from leaving
 
     def put_entries(
-        self, entries: list[dict[str, Any]], *, lease_expires_at_ms: int | None = None
+        self,
+        entries: list[dict[str, Any]],
+        *,
+        lease_expires_at_ms: int | None = None,
+        turn: int | None = None,
     ) -> list[RecordResult]:
         with self._kinesis.under_lease(lease_expires_at_ms):
-            results = super().put_entries(entries, lease_expires_at_ms=lease_expires_at_ms)
+            results = super().put_entries(
+                entries, lease_expires_at_ms=lease_expires_at_ms, turn=turn
+            )
         if any(result.error_code == LEASE_FENCE for result in results):
             self.refused += 1
         return results

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -437,6 +439,57 @@ def test_a_request_waiting_at_a_small_share_grows_it_while_it_waits() -> None:
     # at the share it had among them until an answer comes
     assert pacer.share() > 4 * MIN_SHARE
     assert waited_s < 5
+
+
+class SteppedClock:
+    """A clock only the test moves; a pacer's sleep notes who slept and yields the CPU."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.slept: dict[str, threading.Event] = {}
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, _seconds: float) -> None:
+        self.slept.setdefault(threading.current_thread().name, threading.Event()).set()
+        time.sleep(0.001)
+
+    def has_slept(self, name: str) -> bool:
+        event = self.slept.setdefault(name, threading.Event())
+        return event.wait(FAIL_SAFE_S)
+
+
+FAIL_SAFE_S = 60  # only bounds a hang when the pacer is broken
+
+
+def test_of_the_requests_waiting_for_a_shard_the_oldest_turn_leaves_first() -> None:
+    # GIVEN a shard whose burst a first request took (the next 100 records fit at 0.1 s)
+    clock = SteppedClock()
+    pacer = WritePacer(clock=clock, sleep=clock.sleep)
+    pacer.before_request({"a": (800, 800)})
+    # AND a younger writer's request waiting for it, then an older one's
+    left: list[str] = []
+
+    def request(turn: int) -> None:
+        pacer.before_request({"a": (100, 100)}, turn=turn)
+        left.append(threading.current_thread().name)
+
+    younger = threading.Thread(target=request, args=(2,), name="younger")
+    younger.start()
+    assert clock.has_slept("younger")
+    older = threading.Thread(target=request, args=(1,), name="older")
+    older.start()
+    assert clock.has_slept("older")
+    # WHEN the shard has room for one of them
+    clock.now_s = 0.15
+    older.join(FAIL_SAFE_S)
+    # THEN the older one left, the younger still waits; it leaves once there is room again
+    assert left == ["older"]
+    assert younger.is_alive()
+    clock.now_s = 0.25
+    younger.join(FAIL_SAFE_S)
+    assert left == ["older", "younger"]
 
 
 @pytest.mark.parametrize(
