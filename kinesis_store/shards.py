@@ -9,6 +9,7 @@ a record of that key may sit in any of them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from kinesis_store.kpl import UserRecord
 
 __all__ = [
+    "SHARD_MAP_MAX_AGE_S",
+    "ListedShards",
     "OpenShards",
     "Shard",
     "StreamInfo",
@@ -118,31 +121,79 @@ def _hash_key(record: UserRecord) -> int:
     return hash_key_of(record.partition_key)
 
 
-class OpenShards:
-    """The stream's open shards as last read, for packing user records per shard. Read on
-    first use and again after a reshard is noticed (:meth:`forget`, :meth:`landed_on`)."""
+# how long a writer trusts its shard map: a reshard is followed within it (ListShards takes
+# 1,000 calls a second per stream: one a minute a writer is nothing)
+SHARD_MAP_MAX_AGE_S = 60.0
 
-    def __init__(self, read: Callable[[], list[Shard]]) -> None:
+
+@dataclass(frozen=True, slots=True)
+class ListedShards:
+    """A stream's open shards as one listing read them, and when (epoch seconds): what a
+    driver read for a write, shipped to its tasks (:meth:`OpenShards.offer`)."""
+
+    shards: tuple[Shard, ...]
+    listed_at_s: float
+
+
+class OpenShards:
+    """The stream's open shards as last read, for pacing puts and packing user records per
+    shard. Read on first use, again once ``max_age_s`` old (a reshard is followed within it)
+    and after a reshard is noticed (:meth:`forget`, :meth:`landed_on`); or taken from a
+    listing read elsewhere (:meth:`offer`: a Spark write's driver lists once for all its
+    tasks, so that the calls do not grow with the workers)."""
+
+    def __init__(
+        self,
+        read: Callable[[], list[Shard]],
+        *,
+        max_age_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._read = read
-        self._open: list[Shard] | None = None
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._listed: ListedShards | None = None
+        self._stale_before_s = float("-inf")  # a listing older than this missed a reshard
 
     def current(self) -> list[Shard]:
-        shards = self._open
-        if shards is None:
-            shards = self._open = open_shards(self._read())
-        return shards
+        return list(self.listed().shards)
+
+    def listed(self) -> ListedShards:
+        """The open shards and when they were listed; read now when there is no listing or
+        it is past its age."""
+        listed = self._listed
+        if listed is None or (
+            self._max_age_s is not None and self._clock() - listed.listed_at_s > self._max_age_s
+        ):
+            listed = self._list()
+        return listed
+
+    def offer(self, listed: ListedShards) -> None:
+        """A listing read elsewhere, kept when it is newer than this one's and than the last
+        reshard noticed here."""
+        mine = self._listed
+        if listed.listed_at_s > self._stale_before_s and (
+            mine is None or listed.listed_at_s > mine.listed_at_s
+        ):
+            self._listed = listed
 
     def forget(self) -> None:
         """The map is stale (a reshard): read it again next time."""
-        self._open = None
+        self._listed = None
+        self._stale_before_s = self._clock()
 
     def landed_on(self, shard_id: str) -> Shard | None:
         """The shard an aggregate landed on, re-reading the map when it is a new one: the
         aggregate is delivered when the shard's range covers all its members, whatever our
         map said (the KCL takes an aggregate whole or not at all)."""
-        known = next((s for s in self._open or [] if s.shard_id == shard_id), None)
+        listed = self._listed
+        known = next((s for s in (listed.shards if listed else ()) if s.shard_id == shard_id), None)
         if known is not None:
             return known
         shards = self._read()
-        self._open = open_shards(shards)
+        self._listed = ListedShards(tuple(open_shards(shards)), self._clock())
         return next((s for s in shards if s.shard_id == shard_id), None)
+
+    def _list(self) -> ListedShards:
+        listed = self._listed = ListedShards(tuple(open_shards(self._read())), self._clock())
+        return listed

@@ -10,7 +10,6 @@ retries off: a retried PutRecords is exactly the duplicate this project exists t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +30,6 @@ from kinesis_store.shards import OpenShards, Shard
 from kinesis_store.write_pacing import WritePacer, shard_loads, split_to_fit
 
 __all__ = ["KinesisWriter", "transport_failure_of"]
-
-# how long the pacer trusts its shard map: a reshard is followed within it (ListShards takes
-# 1,000 calls a second per stream: one a minute a writer is nothing)
-_SHARD_MAP_MAX_AGE_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +57,10 @@ class KinesisWriter:
         *,
         pacer: WritePacer | None = None,
         shards: OpenShards | None = None,
-        clock: Callable[[], float] = time.monotonic,
         on_paced: Callable[[float], None] | None = None,
     ) -> None:
-        """With a ``pacer`` (and the stream's ``shards``, to know where each record goes, read
-        again each minute: a reshard is followed), each request waits until the shards it puts
+        """With a ``pacer`` (and the stream's ``shards``, to know where each record goes: read
+        again as :class:`OpenShards` says), each request waits until the shards it puts
         on have room (:mod:`kinesis_store.write_pacing`); ``on_paced`` is told the seconds
         each request that waited waited (a metric)."""
         if (pacer is None) != (shards is None):
@@ -75,14 +69,17 @@ class KinesisWriter:
         self.stream = stream
         self._pacer = pacer
         self._shards = shards
-        self._clock = clock
         self._on_paced = on_paced
-        self._shards_read_s: float | None = None
 
     @property
     def client(self) -> Any:
         """The botocore client, for event hooks (metrics, injected faults)."""
         return self._client
+
+    @property
+    def shards(self) -> OpenShards | None:
+        """The shard map the puts are paced by (None: not paced)."""
+        return self._shards if self._pacer is not None else None
 
     def _paced_requests(
         self, entries: list[dict[str, Any]]
@@ -95,10 +92,6 @@ class KinesisWriter:
         the put goes on."""
         if self._pacer is None or self._shards is None:
             return [entries], []
-        now_s = self._clock()
-        if self._shards_read_s is None or now_s - self._shards_read_s > _SHARD_MAP_MAX_AGE_S:
-            self._shards.forget()
-            self._shards_read_s = now_s
         try:
             shards = self._shards.current()
         except StreamError as exc:

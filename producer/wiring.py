@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from dedupe_store.clock import Clock, SystemClock
 from dedupe_store.ledger import DynamoDBLedger
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import OpenShards, Shard, StreamInfo
+from kinesis_store.shards import SHARD_MAP_MAX_AGE_S, OpenShards, Shard, StreamInfo
 from kinesis_store.write_pacing import WritePacer
 from kinesis_store.writer import KinesisWriter
 from producer import metrics
@@ -64,7 +64,7 @@ def put_writer(
         client,
         settings.stream,
         pacer=_pacer_of(settings.stream, percent),
-        shards=OpenShards(shard_map),
+        shards=OpenShards(shard_map, max_age_s=SHARD_MAP_MAX_AGE_S),
         on_paced=metrics.PUT_PACED_SECONDS.labels(settings.stream).inc,
     )
 

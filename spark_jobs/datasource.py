@@ -71,7 +71,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from kinesis_store.shards import Shard, StreamInfo
+from kinesis_store.shards import ListedShards, Shard, StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
@@ -94,6 +94,7 @@ from spark_jobs.writer import (
     PartitionReport,
     TaskWriter,
     data_is_binary,
+    listed_shard_map,
     settle_batch,
     stack_for,
     task_attempt_of,
@@ -129,6 +130,8 @@ class WritePlan:
     checked: StreamInfo | None = None
     # what the driver read back for the runs the write replays: its tasks need not read it
     planned: tuple[PlannedReads, ...] = ()
+    # the driver's listing of the stream's open shards, which the tasks pace their puts by
+    shard_map: ListedShards | None = None
 
     @classmethod
     def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
@@ -176,6 +179,7 @@ class WritePlan:
             binary,
             checked=stack.info,
             planned=planned,
+            shard_map=listed_shard_map(stack),
         )
 
     def with_hooks(self, hooks: Hooks) -> WritePlan:
@@ -267,6 +271,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
         hooks=plan.hooks,
         checked=plan.checked,
         planned=plan.planned,
+        shard_map=plan.shard_map,
     ).write(partition, task_attempt_of(context), rows)
     return KeoCommitMessage(report, skipped=report.skipped, query_id=query)
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dedupe_store.settings import env_var
-from kinesis_store.shards import StreamInfo
+from kinesis_store.shards import ListedShards, StreamInfo
 from producer.errors import UnresolvedKeysError
 from producer.guarantees import guarantee_of
 from producer.hooks import NO_HOOKS, Hooks
@@ -49,6 +49,7 @@ from spark_jobs.writer import (
     BatchReport,
     TaskWriter,
     data_is_binary,
+    listed_shard_map,
     producer_settings,
     settle_batch,
     stack_for,
@@ -126,6 +127,7 @@ class ExactlyOnceSink:
                         batch_id,
                         checked=stack.info,
                         planned=self.guarantee.plan_recovery(stack, [f"{query_id}/{batch_id}"]),
+                        shard_map=listed_shard_map(stack),
                     )
                 )
                 .collect()
@@ -201,11 +203,13 @@ class ExactlyOnceSink:
         *,
         checked: StreamInfo | None = None,
         planned: tuple[PlannedReads, ...] = (),
+        shard_map: ListedShards | None = None,
     ) -> TaskWriter:
         """The executor function of one batch of ``df`` (public for tests of racing tasks);
         ``checked``: the driver's check of the stream and the table, which its tasks then
         skip; ``planned``: what the driver read back for a replay of the batch, which its
-        tasks then need not read. A key-mode task keeps its unresolved rows for the driver's
+        tasks then need not read; ``shard_map``: the driver's listing of the stream's open
+        shards, which its tasks pace their puts by (none listed on a worker). A key-mode task keeps its unresolved rows for the driver's
         commit, which fails the batch; a replay-mode task fails, for Spark to retry it
         alone."""
         return TaskWriter(
@@ -222,6 +226,7 @@ class ExactlyOnceSink:
             hooks=self.hooks,
             checked=checked,
             planned=planned,
+            shard_map=shard_map,
         )
 
     def _rows(self, df: Any) -> Any:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from dedupe_store.settings import ENV_PREFIX, env_var
-from kinesis_store.shards import StreamInfo
+from kinesis_store.errors import StreamError
+from kinesis_store.shards import ListedShards, StreamInfo
 from producer import metrics
 from producer.errors import UnresolvedKeysError
 from producer.guarantees import Completer, Party, guarantee_of
@@ -141,6 +142,29 @@ def stack_for(settings: ProducerSettings, *, checked: StreamInfo | None = None) 
     return per_worker("stack", settings, build)
 
 
+def listed_shard_map(stack: Stack) -> ListedShards | None:
+    """On a driver: the stream's open shards, for a write's tasks to pace their puts by
+    (:func:`offer_shard_map`); listed at most once a minute (the writer's own map). None
+    where the puts are not paced, or the shards cannot be listed (the tasks list for
+    themselves, or put unpaced: pacing is a courtesy)."""
+    shards = stack.writer.shards
+    if shards is None:
+        return None
+    try:
+        return shards.listed()
+    except StreamError as exc:
+        log.warning("shard map not shipped: %s stream=%s", exc, stack.settings.stream)
+        return None
+
+
+def offer_shard_map(stack: Stack, listed: ListedShards | None) -> None:
+    """On an executor: the driver's listing, kept by this worker's writer when it is newer than
+    its own."""
+    shards = stack.writer.shards
+    if listed is not None and shards is not None:
+        shards.offer(listed)
+
+
 # --- what comes back from a partition ---------------------------------------------------------
 
 
@@ -226,9 +250,13 @@ class TaskWriter:
     checked: StreamInfo | None = None  # the driver's check of the stream and the table
     # what the driver read back for a replay's tasks (producer.replay.recovery.plan_reads)
     planned: tuple[PlannedReads, ...] = ()
+    # the driver's listing of the stream's open shards: the puts are paced by it, so that
+    # the workers list none (ListShards once a write, not once a worker)
+    shard_map: ListedShards | None = None
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
         stack = stack_for(self.settings, checked=self.checked)
+        offer_shard_map(stack, self.shard_map)
         batch = "" if self.batch_id is None else str(self.batch_id)
         party = Party(
             self.run,

@@ -47,11 +47,12 @@ def test_a_clean_write_describes_the_stream_and_the_table_once_and_reads_nothing
     clean = _query(figures, "clean", "clean")
     assert clean.committed
     assert (clean.attempts, clean.failed_attempts) == (SHAPE.tasks, {})
-    # the driver's check, shipped to the tasks; ListShards: each worker's put pacer, once
+    # the driver's check and its listing of the shards (the put pacers'), shipped to the
+    # tasks: the workers ask nothing
     assert clean.control_plane == {
         "DescribeStreamSummary": 1,
         "DescribeTable": 1,
-        "ListShards": SHAPE.workers,
+        "ListShards": 1,
     }
     assert "GetRecords" not in clean.calls
     assert "GetShardIterator" not in clean.calls
@@ -87,10 +88,10 @@ def test_a_replay_reads_each_shard_once_per_recovering_task_today(
     # NOT YET issue 39's target: each recovering task reads every shard its rows route to
     # (twice when it waited for a killed attempt's lease), so the reads per shard grow with T
     # (8 tasks: about 10 GetShardIterator and 20 GetRecords a shard); and each lists the
-    # shards (ListShards) when it starts reading, beside each worker's put pacer
+    # shards (ListShards) when it starts reading, beside the driver's listings
     assert iterators.max <= 2 * SHAPE.tasks
     assert records.max <= 4 * SHAPE.tasks
-    assert replay.control_plane["ListShards"] <= SHAPE.workers + 2 * SHAPE.tasks
+    assert replay.control_plane["ListShards"] <= 2 + 2 * SHAPE.tasks
 
 
 def test_a_replay_its_driver_planned_reads_each_shard_once_whatever_the_tasks(
@@ -104,8 +105,8 @@ def test_a_replay_its_driver_planned_reads_each_shard_once_whatever_the_tasks(
     # each shard's window holds one page of data (400 small rows on 4 shards): pages + 2
     assert replay.reads_per_shard["GetShardIterator"].max == 1
     assert replay.reads_per_shard["GetRecords"].max <= 1 + 2
-    # the driver's listing, and each worker's put pacer's
-    assert replay.control_plane["ListShards"] <= SHAPE.workers + 1
+    # the driver's listings: its plan's, and the put pacers' (shipped: no worker lists)
+    assert replay.control_plane["ListShards"] <= 2
 
 
 def test_a_retry_wave_retries_every_fourth_task_once_and_its_retries_find_their_rows(
@@ -127,7 +128,7 @@ def test_a_retry_wave_retries_every_fourth_task_once_and_its_retries_find_their_
     # (one GetShardIterator a window; twice if it waited for the failed attempt's lease), and
     # lists the shards once
     assert failing <= wave.reads_per_shard["GetShardIterator"].max <= 2 * failing
-    assert wave.control_plane["ListShards"] <= SHAPE.workers + failing
+    assert wave.control_plane["ListShards"] <= 1 + failing
 
 
 def test_the_busiest_ledger_item_of_a_batch_of_up_to_256_tasks_is_the_run_item(

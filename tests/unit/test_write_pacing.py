@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from devstack.quotas import KinesisQuotas, KinesisQuotaState
 from kinesis_store.errors import StreamUnavailableError
 from kinesis_store.results import PutResultKind
-from kinesis_store.shards import OpenShards, Shard
+from kinesis_store.shards import SHARD_MAP_MAX_AGE_S, ListedShards, OpenShards, Shard
 from kinesis_store.write_pacing import (
     MIN_SHARE,
     PUT_RECORDS_PER_S,
@@ -162,7 +162,7 @@ class _Client:
 
 
 def test_the_writer_reads_its_shard_map_again_each_minute() -> None:
-    # GIVEN a paced writer whose shard map is read through a counter
+    # GIVEN a paced writer whose shard map is read through a counter, at most a minute old
     clock = Clock()
     reads: list[float] = []
 
@@ -174,8 +174,7 @@ def test_the_writer_reads_its_shard_map_again_each_minute() -> None:
         _Client(),
         "s",
         pacer=WritePacer(clock=clock, sleep=clock.sleep),
-        shards=OpenShards(listed),
-        clock=clock,
+        shards=OpenShards(listed, max_age_s=SHARD_MAP_MAX_AGE_S, clock=clock),
     )
     entries = [{"PartitionKey": "k", "Data": b"x"}]
     # WHEN it puts now, within the minute, and after it
@@ -184,6 +183,53 @@ def test_the_writer_reads_its_shard_map_again_each_minute() -> None:
         writer.put_entries(entries)
     # THEN the map was read at the first put and again past the minute
     assert reads == [0.0, 61.0]
+
+
+def _counted_map(clock: Clock) -> tuple[OpenShards, list[float]]:
+    reads: list[float] = []
+
+    def listed() -> list[Shard]:
+        reads.append(clock.now_s)
+        return [_shard(0, 0, TOP)]
+
+    return OpenShards(listed, max_age_s=SHARD_MAP_MAX_AGE_S, clock=clock), reads
+
+
+def test_a_listing_offered_by_the_driver_spares_the_worker_its_own() -> None:
+    # GIVEN a worker's shard map that has listed nothing yet
+    clock = Clock()
+    shards, reads = _counted_map(clock)
+    driver = ListedShards((_shard(1, 0, TOP),), listed_at_s=0.0)
+    clock.now_s = 5.0
+    # WHEN the driver's listing of 5 s ago is offered, and the map is used
+    shards.offer(driver)
+    # THEN it is the driver's, and nothing was listed here
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000001"]
+    assert reads == []
+    # AND past its minute, the worker lists for itself
+    clock.now_s = 61.0
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000000"]
+    assert reads == [61.0]
+
+
+def test_an_offered_listing_older_than_the_map_or_a_reshard_noticed_is_not_kept() -> None:
+    # GIVEN a worker that listed at 10 s
+    clock = Clock()
+    shards, reads = _counted_map(clock)
+    clock.now_s = 10.0
+    shards.current()
+    # WHEN a driver's listing of 5 s is offered
+    shards.offer(ListedShards((_shard(1, 0, TOP),), listed_at_s=5.0))
+    # THEN the newer map stays
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000000"]
+    # AND a reshard noticed at 20 s refuses a listing read before it (15 s), not one after
+    clock.now_s = 20.0
+    shards.forget()
+    shards.offer(ListedShards((_shard(1, 0, TOP),), listed_at_s=15.0))
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000000"]
+    assert reads == [10.0, 20.0]
+    shards.offer(ListedShards((_shard(2, 0, TOP),), listed_at_s=25.0))
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000002"]
 
 
 def test_a_shard_map_that_cannot_be_read_leaves_the_puts_unpaced_not_failed() -> None:
@@ -255,7 +301,6 @@ def test_a_paced_writer_puts_a_request_larger_than_the_burst_unthrottled() -> No
         "s",
         pacer=WritePacer(percent=39.4, clock=clock, sleep=clock.sleep),
         shards=OpenShards(lambda: [_shard(0, 0, TOP)]),
-        clock=clock,
     )
     # WHEN it puts 500 records, twice
     entries = [{"PartitionKey": f"k{i}", "Data": b"x"} for i in range(500)]
@@ -275,7 +320,6 @@ def test_the_writer_says_how_long_each_paced_request_waited() -> None:
         "s",
         pacer=WritePacer(percent=39.4, clock=clock, sleep=clock.sleep),
         shards=OpenShards(lambda: [_shard(0, 0, TOP)]),
-        clock=clock,
         on_paced=waits.append,
     )
     # WHEN it puts 1,000 records, more than a second of the quota
