@@ -170,7 +170,11 @@ class OpenShards:
 
     def offer(self, listed: ListedShards) -> None:
         """A listing read elsewhere, kept when it is newer than this one's and than the last
-        reshard noticed here."""
+        reshard noticed here. A listing stamped later than this clock (another host's clock
+        ahead of ours) counts as listed now: its age starts here, not minutes from now."""
+        now_s = self._clock()
+        if listed.listed_at_s > now_s:
+            listed = ListedShards(listed.shards, now_s)
         mine = self._listed
         if listed.listed_at_s > self._stale_before_s and (
             mine is None or listed.listed_at_s > mine.listed_at_s

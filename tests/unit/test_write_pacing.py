@@ -212,6 +212,20 @@ def test_a_listing_offered_by_the_driver_spares_the_worker_its_own() -> None:
     assert reads == [61.0]
 
 
+def test_a_listing_stamped_by_a_clock_ahead_of_ours_ages_from_its_arrival() -> None:
+    # GIVEN a driver whose clock is ten minutes ahead of the worker's
+    clock = Clock()
+    shards, reads = _counted_map(clock)
+    clock.now_s = 5.0
+    # WHEN its listing arrives, stamped 605 s, and the worker puts for a minute and more
+    shards.offer(ListedShards((_shard(1, 0, TOP),), listed_at_s=605.0))
+    assert [s.shard_id for s in shards.current()] == ["shardId-000000000001"]
+    clock.now_s = 66.0
+    shards.current()
+    # THEN the worker listed for itself a minute after the listing came, not ten after
+    assert reads == [66.0]
+
+
 def test_an_offered_listing_older_than_the_map_or_a_reshard_noticed_is_not_kept() -> None:
     # GIVEN a worker that listed at 10 s
     clock = Clock()
@@ -228,6 +242,7 @@ def test_an_offered_listing_older_than_the_map_or_a_reshard_noticed_is_not_kept(
     shards.offer(ListedShards((_shard(1, 0, TOP),), listed_at_s=15.0))
     assert [s.shard_id for s in shards.current()] == ["shardId-000000000000"]
     assert reads == [10.0, 20.0]
+    clock.now_s = 30.0
     shards.offer(ListedShards((_shard(2, 0, TOP),), listed_at_s=25.0))
     assert [s.shard_id for s in shards.current()] == ["shardId-000000000002"]
 
