@@ -155,8 +155,8 @@ class OpenShards:
         self._listed: ListedShards | None = None
         self._stale_before_s = float("-inf")  # a listing older than this missed a reshard
 
-    def current(self) -> list[Shard]:
-        return list(self.listed().shards)
+    def current(self) -> Sequence[Shard]:
+        return self.listed().shards
 
     def listed(self) -> ListedShards:
         """The open shards and when they were listed; read now when there is no listing or
@@ -165,7 +165,7 @@ class OpenShards:
         if listed is None or (
             self._max_age_s is not None and self._clock() - listed.listed_at_s > self._max_age_s
         ):
-            listed = self._list()
+            listed = self._keep(self._read())
         return listed
 
     def offer(self, listed: ListedShards) -> None:
@@ -195,9 +195,10 @@ class OpenShards:
         if known is not None:
             return known
         shards = self._read()
-        self._listed = ListedShards(tuple(open_shards(shards)), self._clock())
+        self._keep(shards)
         return next((s for s in shards if s.shard_id == shard_id), None)
 
-    def _list(self) -> ListedShards:
-        listed = self._listed = ListedShards(tuple(open_shards(self._read())), self._clock())
+    def _keep(self, shards: list[Shard]) -> ListedShards:
+        """``shards``, just read, as the map: the open ones, listed now."""
+        listed = self._listed = ListedShards(tuple(open_shards(shards)), self._clock())
         return listed

@@ -37,7 +37,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from kinesis_store.shards import Shard
@@ -240,7 +240,7 @@ class WritePacer:
         return cost_s <= self._burst_s * REQUEST_PART_OF_BURST
 
 
-def _entry_load(entry: Mapping[str, Any], shards: list[Shard]) -> tuple[str, int]:
+def _entry_load(entry: Mapping[str, Any], shards: Sequence[Shard]) -> tuple[str, int]:
     """The open shard an entry goes to, by its hash key (its ``ExplicitHashKey``, else the MD5
     of its partition key; the first shard when none covers it: a map older than a reshard), and
     the bytes it counts there (data and partition key)."""
@@ -256,7 +256,7 @@ def _entry_load(entry: Mapping[str, Any], shards: list[Shard]) -> tuple[str, int
 
 
 def shard_loads(
-    entries: Iterable[Mapping[str, Any]], shards: list[Shard]
+    entries: Iterable[Mapping[str, Any]], shards: Sequence[Shard]
 ) -> dict[str, tuple[int, int]]:
     """The records and bytes (data and partition key) a PutRecords request puts on each open
     shard (:func:`_entry_load`)."""
@@ -270,7 +270,7 @@ def shard_loads(
 
 
 def split_to_fit(
-    entries: list[dict[str, Any]], shards: list[Shard], pacer: WritePacer
+    entries: list[dict[str, Any]], shards: Sequence[Shard], pacer: WritePacer
 ) -> list[list[dict[str, Any]]]:
     """``entries`` in order, in as few requests as keep each shard's part of each within
     :meth:`WritePacer.fits` (an entry too large alone goes alone)."""

@@ -10,7 +10,7 @@ retries off: a retried PutRecords is exactly the duplicate this project exists t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import botocore.exceptions
@@ -83,7 +83,7 @@ class KinesisWriter:
 
     def _paced_requests(
         self, entries: list[dict[str, Any]]
-    ) -> tuple[list[list[dict[str, Any]]], list[Shard]]:
+    ) -> tuple[list[list[dict[str, Any]]], Sequence[Shard]]:
         """The requests ``entries`` go in: one, or with a pacer as many as keep each shard's
         part of each within what it takes at once (:func:`split_to_fit`); and the shard map
         they were split by (none: not paced). Pacing is a
