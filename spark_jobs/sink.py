@@ -209,9 +209,9 @@ class ExactlyOnceSink:
         ``checked``: the driver's check of the stream and the table, which its tasks then
         skip; ``planned``: what the driver read back for a replay of the batch, which its
         tasks then need not read; ``shard_map``: the driver's listing of the stream's open
-        shards, which its tasks pace their puts by (none listed on a worker). A key-mode task keeps its unresolved rows for the driver's
-        commit, which fails the batch; a replay-mode task fails, for Spark to retry it
-        alone."""
+        shards, which its tasks pace their puts by (none listed on a worker). A key-mode task
+        keeps its unresolved rows for the driver's commit, which fails the batch; a
+        replay-mode task fails, for Spark to retry it alone."""
         return TaskWriter(
             settings=self.parsed,
             query_id=query_id,
