@@ -131,13 +131,20 @@ class KinesisReader:
             kwargs = {"NextToken": token}
 
     def read_window(
-        self, shard_id: str, start_ms: int, end_ms: int, *, now_ms: Callable[[], int]
+        self,
+        shard_id: str,
+        start_ms: int,
+        end_ms: int,
+        *,
+        now_ms: Callable[[], int],
+        on_end: Callable[[], object] = lambda: None,
     ) -> Iterator[UserRecord]:
         """User records that arrived in ``[start_ms, end_ms]``, read once from ``start_ms``.
 
-        Stops at the first record that arrived after ``end_ms``, at a closed shard's end,
-        or at the tip once ``end_ms`` has passed. Arrival times are not monotonic, hence
-        callers pad the window with the skew margin.
+        Stops at the first record that arrived after ``end_ms`` or at the tip once ``end_ms``
+        has passed (either way the shard was still open then), or at a closed shard's end,
+        where ``on_end`` is called: its children hold what arrived after it closed. Arrival
+        times are not monotonic, hence callers pad the window with the skew margin.
         """
         iterator = self._shard_pages.iterator_at_timestamp(shard_id, start_ms)
         last_sequence: str | None = None
@@ -151,10 +158,12 @@ class KinesisReader:
                 if arrival > end_ms:
                     return
                 yield from self._user_records(shard_id, raw)
-            if not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
+            at_tip = not page["Records"] and page.get("MillisBehindLatest", 0) == 0
+            if iterator is not None and at_tip:
                 if now_ms() > end_ms:
                     return
                 self._sleep(0.2)  # the window is still open: wait for late arrivals
+        on_end()
 
     def read_all(self, shard_id: str) -> Iterator[UserRecord]:
         """Every user record of a shard from TRIM_HORIZON to its end (closed) or the tip."""

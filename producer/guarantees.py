@@ -6,7 +6,8 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
     guarantee_of(settings) ── KEY or REPLAY
       ├─ sender(stack, party) ─── what one party of a write sends through: key mode's producer
       │                           (claims under the party's owner) or one replay attempt at the
-      │                           party's run; send(messages) per chunk, finish() at the end
+      │                           party's run; send(messages) per chunk, finish() at the end;
+      │                           given what the write's driver read for it (DriverReads)
       ├─ done_before(stack, ...)  whether a batch is settled already, asked before any task runs
       │                           (key mode's batch record; replay mode's tasks learn it from
       │                           their run)
@@ -19,6 +20,10 @@ writer (``keo send``, ``format("keo")``, ``ExactlyOnceSink``) asks its :class:`G
       │                           send's --run-id, format("keo")'s query_name and run_id)
       └─ auditor ──────────────── how keo audit proves the stream (producer.audit.auditors):
                                   each key once against the ledger, or the rows sent counted
+
+``read_on_driver(stack, runs)`` is what a Spark write's driver reads once for all its tasks
+and ships with them (:class:`DriverReads`): both of Spark's doors build it here, and a task's
+sender takes it whole.
 
 A third mode is a third :class:`Guarantee` here, and its tests. ``keo send``, ``keo audit``,
 ``format("keo")`` (its options too) and ``ExactlyOnceSink`` ask the guarantee, never the mode.
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from dedupe_store.errors import KeoError
+from kinesis_store.errors import StreamError
+from kinesis_store.shards import ListedShards, StreamInfo
 from producer.hooks import Hooks
 from producer.outcomes import Outcome
 from producer.parties import Party
@@ -52,15 +59,62 @@ __all__ = [
     "KEY",
     "REPLAY",
     "Completer",
+    "DriverReads",
     "Guarantee",
     "Party",
     "RunEnd",
     "SendEnd",
     "Sender",
     "guarantee_of",
+    "read_on_driver",
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverReads:
+    """What a write's driver read once for all its tasks, shipped with them (picklable), so
+    that neither the control-plane calls nor the recovery reads grow with the tasks::
+
+        checked    its check of the stream and the table: a task's clients ask neither
+        planned    what a replay's tasks would read back (Guarantee.plan_recovery)
+        shard_map  the stream's open shards, listed before any task put: the puts are paced
+                   by it, and a replay attempt's read-back of its execution's own puts is
+                   routed by it (a shard closed since is found by the read)
+
+    Empty where nothing was read for the tasks (``keo send``): each reads for itself."""
+
+    checked: StreamInfo | None = None
+    planned: tuple[PlannedReads, ...] = ()
+    shard_map: ListedShards | None = None
+
+
+NOTHING_READ: Final = DriverReads()
+
+
+def read_on_driver(stack: Stack, runs: Sequence[str]) -> DriverReads:
+    """On a driver, before a write's tasks start: its check of the stream and the table, what
+    a replay of ``runs`` would read back (:meth:`Guarantee.plan_recovery`), and the stream's
+    open shards (listed at most once a minute: the writer's own map)."""
+    return DriverReads(
+        checked=stack.info,
+        planned=guarantee_of(stack.settings).plan_recovery(stack, runs),
+        shard_map=_listed_shard_map(stack),
+    )
+
+
+def _listed_shard_map(stack: Stack) -> ListedShards | None:
+    """None where the puts are not paced, or the shards cannot be listed: the tasks list for
+    themselves (pacing is a courtesy, and a read-back lists without it)."""
+    shards = stack.writer.shards
+    if shards is None:
+        return None
+    try:
+        return shards.listed()
+    except StreamError as exc:
+        log.warning("shard map not shipped: %s stream=%s", exc, stack.settings.stream)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +202,10 @@ class Guarantee(Protocol):
         party: Party,
         *,
         hooks: Hooks | None = None,
-        planned: Sequence[PlannedReads] = (),
+        driver: DriverReads = NOTHING_READ,
     ) -> Sender:
-        """What ``party`` sends through; ``planned``: what a driver read for the write's
-        replays (:meth:`plan_recovery`), which the party's recovery then need not read."""
+        """What ``party`` sends through; ``driver``: what the write's driver read for its
+        tasks (:func:`read_on_driver`), which the party then need not read."""
         ...
 
     def plan_recovery(self, stack: Stack, runs: Sequence[str]) -> tuple[PlannedReads, ...]:
@@ -259,7 +313,7 @@ class _Key:
         party: Party,
         *,
         hooks: Hooks | None = None,
-        planned: Sequence[PlannedReads] = (),  # noqa: ARG002 - key mode reads back no run
+        driver: DriverReads = NOTHING_READ,  # noqa: ARG002 - key mode reads back no run
     ) -> Sender:
         return _KeySender(stack.producer(owner=party.owner, hooks=hooks))
 
@@ -317,18 +371,20 @@ class _Replay:
         party: Party,
         *,
         hooks: Hooks | None = None,
-        planned: Sequence[PlannedReads] = (),
+        driver: DriverReads = NOTHING_READ,
     ) -> Sender:
         from producer.replay.context import ReplayTask
         from producer.replay.shared_reads import shared_by
 
         shared = shared_by(stack.reader)
-        for plan in planned:
+        for plan in driver.planned:
             if plan.run == party.run:
                 shared.seed(plan)
         producer = stack.replay_producer(hooks=hooks)
         task = ReplayTask(party.run, party.execution_id, party.task, party.task_attempt)
-        return _ReplaySender(producer, producer.attempt(task))
+        listed = driver.shard_map
+        attempt = producer.attempt(task, listed_before=listed.shards if listed else None)
+        return _ReplaySender(producer, attempt)
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:  # noqa: ARG002 - the tasks learn it from their run
         return False

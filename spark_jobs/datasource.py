@@ -71,11 +71,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from kinesis_store.shards import ListedShards, Shard, StreamInfo
+from kinesis_store.shards import Shard
 from producer.errors import UnresolvedKeysError
-from producer.guarantees import guarantee_of
+from producer.guarantees import NOTHING_READ, DriverReads, guarantee_of, read_on_driver
 from producer.hooks import NO_HOOKS, Hooks
-from producer.replay.shared_reads import PlannedReads
 from spark_jobs.batch_read import read_shard, shards_of
 from spark_jobs.dead_letters import DeadLetterWriter, LocalFolders
 from spark_jobs.driver_metrics import BATCH_WRITE_QUERY, BatchEnd, BatchResult, FailureReason
@@ -94,7 +93,6 @@ from spark_jobs.writer import (
     PartitionReport,
     TaskWriter,
     data_is_binary,
-    listed_shard_map,
     settle_batch,
     stack_for,
     task_attempt_of,
@@ -126,12 +124,10 @@ class WritePlan:
     hooks: Hooks = NO_HOOKS
     # replay mode: this driver run of the write (a restarted query is another execution)
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # what the driver found when it checked the stream and the table: the tasks ask neither
-    checked: StreamInfo | None = None
-    # what the driver read back for the runs the write replays: its tasks need not read it
-    planned: tuple[PlannedReads, ...] = ()
-    # the driver's listing of the stream's open shards, which the tasks pace their puts by
-    shard_map: ListedShards | None = None
+    # what the driver read once for the tasks (producer.guarantees.read_on_driver): its check
+    # of the stream and the table, what the runs the write replays would read back, the
+    # stream's open shards
+    driver: DriverReads = NOTHING_READ
 
     @classmethod
     def of(cls, raw: Any, schema: StructType, *, overwrite: bool, streaming: bool) -> WritePlan:
@@ -164,23 +160,14 @@ class WritePlan:
             raise OptionsError(
                 f"format('keo'): data_column: {exc}", options=["data_column"]
             ) from exc
-        # the stream and the table exist, or the write fails now, once for all its tasks
-        stack = stack_for(options.settings)
-        # a batch write's run (run_id): what its tasks would read back, read once here (a
+        # the stream and the table exist, or the write fails now, once for all its tasks; a
+        # batch write's run (run_id): what its tasks would read back, read once here (a
         # streaming query's batch ids are its tasks' to learn; a worker's tasks share theirs)
-        planned = guarantee_of(options.settings).plan_recovery(
-            stack, runs=[options.run_id] if options.run_id is not None else []
+        driver = read_on_driver(
+            stack_for(options.settings),
+            runs=[options.run_id] if options.run_id is not None else [],
         )
-        return cls(
-            options,
-            key_index,
-            data_index,
-            routing_index,
-            binary,
-            checked=stack.info,
-            planned=planned,
-            shard_map=listed_shard_map(stack),
-        )
+        return cls(options, key_index, data_index, routing_index, binary, driver=driver)
 
     def with_hooks(self, hooks: Hooks) -> WritePlan:
         return replace(self, hooks=hooks)
@@ -255,7 +242,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
     batch_property = context.getLocalProperty(_BATCH_ID_PROPERTY) if context else None
     batch_id = int(batch_property) if batch_property is not None else None
     options = plan.options
-    stack = stack_for(options.settings, checked=plan.checked)
+    stack = stack_for(options.settings, checked=plan.driver.checked)
     query = options.query_name or (
         context.getLocalProperty(_QUERY_ID_PROPERTY) if context else None
     )
@@ -269,9 +256,7 @@ def _write_partition(plan: WritePlan, rows: Iterator[tuple[Any, Any, Any]]) -> K
         execution_id=plan.execution_id,
         data_is_binary=plan.binary,
         hooks=plan.hooks,
-        checked=plan.checked,
-        planned=plan.planned,
-        shard_map=plan.shard_map,
+        driver=plan.driver,
     ).write(partition, task_attempt_of(context), rows)
     return KeoCommitMessage(report, skipped=report.skipped, query_id=query)
 
@@ -283,7 +268,7 @@ def _commit(
     plan: WritePlan, messages: Sequence[WriterCommitMessage | None], batch_id: int | None
 ) -> BatchReport:
     options = plan.options
-    stack = stack_for(options.settings, checked=plan.checked)
+    stack = stack_for(options.settings, checked=plan.driver.checked)
     parts = [m for m in messages if isinstance(m, KeoCommitMessage)]
     report = BatchReport(options.query_name, batch_id)
     if parts and all(m.skipped for m in parts):

@@ -36,11 +36,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dedupe_store.settings import env_var
-from kinesis_store.shards import ListedShards, StreamInfo
 from producer.errors import UnresolvedKeysError
-from producer.guarantees import guarantee_of
+from producer.guarantees import NOTHING_READ, DriverReads, guarantee_of, read_on_driver
 from producer.hooks import NO_HOOKS, Hooks
-from producer.replay.shared_reads import PlannedReads
 from producer.settings import Dedupe
 from spark_jobs.dead_letters import DeadLetterWriter, HadoopFolders
 from spark_jobs.driver_metrics import BatchEnd, BatchResult, FailureReason, MetricsEndpoint
@@ -49,7 +47,6 @@ from spark_jobs.writer import (
     BatchReport,
     TaskWriter,
     data_is_binary,
-    listed_shard_map,
     producer_settings,
     settle_batch,
     stack_for,
@@ -125,9 +122,7 @@ class ExactlyOnceSink:
                         df,
                         query_id,
                         batch_id,
-                        checked=stack.info,
-                        planned=self.guarantee.plan_recovery(stack, [f"{query_id}/{batch_id}"]),
-                        shard_map=listed_shard_map(stack),
+                        driver=read_on_driver(stack, [f"{query_id}/{batch_id}"]),
                     )
                 )
                 .collect()
@@ -201,16 +196,13 @@ class ExactlyOnceSink:
         query_id: str,
         batch_id: int,
         *,
-        checked: StreamInfo | None = None,
-        planned: tuple[PlannedReads, ...] = (),
-        shard_map: ListedShards | None = None,
+        driver: DriverReads = NOTHING_READ,
     ) -> TaskWriter:
         """The executor function of one batch of ``df`` (public for tests of racing tasks);
-        ``checked``: the driver's check of the stream and the table, which its tasks then
-        skip; ``planned``: what the driver read back for a replay of the batch, which its
-        tasks then need not read; ``shard_map``: the driver's listing of the stream's open
-        shards, which its tasks pace their puts by (none listed on a worker). A key-mode task
-        keeps its unresolved rows for the driver's commit, which fails the batch; a
+        ``driver``: what the driver read once for the batch's tasks
+        (:func:`producer.guarantees.read_on_driver`: its check of the stream and the table,
+        a replay's planned reads, the shard map), which they then need not read. A key-mode
+        task keeps its unresolved rows for the driver's commit, which fails the batch; a
         replay-mode task fails, for Spark to retry it alone."""
         return TaskWriter(
             settings=self.parsed,
@@ -224,9 +216,7 @@ class ExactlyOnceSink:
             fail_on_unresolved=self.guarantee.retries_unresolved_tasks,
             rows_per_send=self.rows_per_send,
             hooks=self.hooks,
-            checked=checked,
-            planned=planned,
-            shard_map=shard_map,
+            driver=driver,
         )
 
     def _rows(self, df: Any) -> Any:

@@ -31,17 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from dedupe_store.settings import ENV_PREFIX, env_var
-from kinesis_store.errors import StreamError
 from kinesis_store.shards import ListedShards, StreamInfo
 from producer import metrics
 from producer.errors import UnresolvedKeysError
-from producer.guarantees import Completer, Party, guarantee_of
+from producer.guarantees import NOTHING_READ, Completer, DriverReads, Party, guarantee_of
 from producer.hooks import NO_HOOKS, Hooks, Step
 from producer.key.producer import default_owner
 from producer.metrics import SampleKey
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, chunked
-from producer.replay.shared_reads import PlannedReads
 from producer.settings import ProducerSettings
 from producer.wiring import Stack, build_stack
 from spark_jobs.dead_letters import (
@@ -142,21 +140,6 @@ def stack_for(settings: ProducerSettings, *, checked: StreamInfo | None = None) 
     return per_worker("stack", settings, build)
 
 
-def listed_shard_map(stack: Stack) -> ListedShards | None:
-    """On a driver: the stream's open shards, for a write's tasks to pace their puts by
-    (:func:`offer_shard_map`); listed at most once a minute (the writer's own map). None
-    where the puts are not paced, or the shards cannot be listed (the tasks list for
-    themselves, or put unpaced: pacing is a courtesy)."""
-    shards = stack.writer.shards
-    if shards is None:
-        return None
-    try:
-        return shards.listed()
-    except StreamError as exc:
-        log.warning("shard map not shipped: %s stream=%s", exc, stack.settings.stream)
-        return None
-
-
 def offer_shard_map(stack: Stack, listed: ListedShards | None) -> None:
     """On an executor: the driver's listing, kept by this worker's writer when it is newer than
     its own."""
@@ -247,16 +230,13 @@ class TaskWriter:
     fail_on_unresolved: bool = True
     rows_per_send: int = DEFAULT_ROWS_PER_SEND
     hooks: Hooks = NO_HOOKS
-    checked: StreamInfo | None = None  # the driver's check of the stream and the table
-    # what the driver read back for a replay's tasks (producer.replay.recovery.plan_reads)
-    planned: tuple[PlannedReads, ...] = ()
-    # the driver's listing of the stream's open shards: the puts are paced by it, so that
-    # the workers list none (ListShards once a write, not once a worker)
-    shard_map: ListedShards | None = None
+    # what the driver read once for the write's tasks (producer.guarantees.read_on_driver):
+    # its check of the stream and the table, a replay's planned reads, the shard map
+    driver: DriverReads = NOTHING_READ
 
     def write(self, partition: int, task_attempt: int, rows: Iterable[Any]) -> PartitionReport:
-        stack = stack_for(self.settings, checked=self.checked)
-        offer_shard_map(stack, self.shard_map)
+        stack = stack_for(self.settings, checked=self.driver.checked)
+        offer_shard_map(stack, self.driver.shard_map)
         batch = "" if self.batch_id is None else str(self.batch_id)
         party = Party(
             self.run,
@@ -267,7 +247,7 @@ class TaskWriter:
         )
         tally = _Tally(partition, binary=self.data_is_binary)
         guarantee = guarantee_of(stack.settings)
-        with guarantee.sender(stack, party, hooks=self.hooks, planned=self.planned) as sender:
+        with guarantee.sender(stack, party, hooks=self.hooks, driver=self.driver) as sender:
             # one pipeline for the partition: a chunk's end does not leave the shards idle
             # while the next one's claims are made (key mode)
             chunks: deque[list[Any]] = deque()

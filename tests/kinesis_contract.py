@@ -228,6 +228,44 @@ def test_a_window_read_whose_end_has_passed_stops_at_the_tip(kinesis: KinesisUnd
     )
 
 
+def test_a_window_read_says_when_it_met_a_closed_shards_end_and_never_on_an_open_shard(
+    kinesis: KinesisUnderTest,
+) -> None:
+    # GIVEN a record on each shard, then the first shard split
+    parent, other = sorted(kinesis.reader.shards(), key=lambda s: s.starting_hash_key)
+    start_ms = kinesis.now_ms() - GAP_MS
+    for shard in (parent, other):
+        written(kinesis.writer.put_entries([put_entry("e", b"x", str(shard.starting_hash_key))]))
+    middle = (parent.starting_hash_key + parent.ending_hash_key) // 2
+    kinesis.split(parent.shard_id, middle)
+    kinesis.let_pass(GAP_MS)
+    split_ms = kinesis.now_ms()
+    kinesis.let_pass(GAP_MS)
+    end_ms = kinesis.now_ms()
+    # WHEN each is read over windows that ended, noting the reads that met a shard's end
+    ended: list[str] = []
+
+    def read(shard: Shard, window_start_ms: int) -> list[str]:
+        records = kinesis.reader.read_window(
+            shard.shard_id,
+            window_start_ms,
+            end_ms,
+            now_ms=kinesis.now_ms,
+            on_end=lambda: ended.append(shard.shard_id),
+        )
+        return [r.partition_key for r in records]
+
+    # THEN each holds its record, and only the split parent's read met its end: a read that
+    # stops at the open shard's tip never says so (a reader that routes by an older listing
+    # trusts it: the shard was open through the window)
+    assert read(parent, start_ms) == ["e"]
+    assert read(other, start_ms) == ["e"]
+    assert ended == [parent.shard_id]
+    # AND a read of the parent from after it closed meets its end too, empty
+    assert read(parent, split_ms) == []
+    assert ended == [parent.shard_id, parent.shard_id]
+
+
 def test_an_aggregated_record_reads_back_as_its_user_records_with_sub_sequence_numbers(
     kinesis: KinesisUnderTest,
 ) -> None:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import Position
 from kinesis_store.results import RecordResult
+from kinesis_store.shards import Shard
 from producer import metrics
 from producer.outcomes import Outcome, OutcomeStatus
 from producer.protocol import Message, PreparedMessage, prepare
@@ -57,10 +58,20 @@ class ReplayAttempt:
     its own lease. Used by one thread; ``send`` may be called once per chunk of the task's rows
     (the rows found from earlier attempts are matched across calls, as one multiset). Built
     from where it starts (:func:`producer.replay.recovery.start_attempt`); builds nothing
-    else: the first call does I/O."""
+    else: the first call does I/O. ``listed_before``: the open shards its execution's driver
+    listed before any of its tasks put: a read-back of this execution's puts is routed by it
+    (:class:`producer.replay.readback.EarlierPuts`), not by a listing of its own."""
 
-    def __init__(self, context: ReplayContext, task: ReplayTask, start: AttemptStart) -> None:
+    def __init__(
+        self,
+        context: ReplayContext,
+        task: ReplayTask,
+        start: AttemptStart,
+        *,
+        listed_before: Sequence[Shard] | None = None,
+    ) -> None:
         self._context = context
+        self._listed_before = listed_before
         self.task = task
         self.me = start.me
         self.step = start.step
@@ -79,7 +90,14 @@ class ReplayAttempt:
         self._others_reported = False
         self._puts = PutLoop(context, self, max_attempts=context.policy.put_max_attempts)
         self._recovery = (
-            Recovery(context, task, start, self._lease, on_trimmed=self.finish)
+            Recovery(
+                context,
+                task,
+                start,
+                self._lease,
+                on_trimmed=self.finish,
+                listed_before=listed_before,
+            )
             if start.recovers
             else None
         )
@@ -291,6 +309,7 @@ class ReplayAttempt:
                 window,
                 excluding=excluding,
                 since_ms=since_ms,
+                listed_before=self._listed_before,
             )
             self._others_own += found.possibly_others
             left: list[PreparedMessage] = []

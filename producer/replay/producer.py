@@ -101,11 +101,16 @@ class ReplayProducer:
         not sent are FAILED, puts not resolved IN_FLIGHT. Thread-safe."""
         self._context.interrupted.set()
 
-    def attempt(self, task: ReplayTask) -> ReplayAttempt:
+    def attempt(
+        self, task: ReplayTask, *, listed_before: Sequence[Shard] | None = None
+    ) -> ReplayAttempt:
         """Register an attempt at ``task.run`` (two small conditional writes), supersede what
         is earlier and decide its first step. Raises :class:`dedupe_store.errors.LedgerError`
         when the ledger cannot say, :class:`producer.errors.ReplayWindowTrimmedError` when
-        what it must recover is past the stream's retention."""
+        what it must recover is past the stream's retention. ``listed_before``: the stream's
+        open shards as the execution's driver listed them before any of its tasks put (a
+        Spark write's :class:`producer.guarantees.DriverReads`), which route its read-backs
+        of the execution's own puts."""
         context = self._context
         # before the clock is read: an attempt held here registers with a fresh lease
         context.hooks.at(Step.REPLAY_BEFORE_REGISTER)
@@ -122,7 +127,12 @@ class ReplayProducer:
             self.stream, task.run, me, keep_s=context.keep_s
         )
         context.hooks.at(Step.REPLAY_AFTER_REGISTER)
-        attempt = ReplayAttempt(context, task, start_attempt(context, task, me, registration))
+        attempt = ReplayAttempt(
+            context,
+            task,
+            start_attempt(context, task, me, registration),
+            listed_before=listed_before,
+        )
         attempt.check_retention()
         return attempt
 

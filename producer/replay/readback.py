@@ -19,6 +19,14 @@ positions, oldest first.
                                                         each row matched only from its own
                                                         request's send time minus the skew
 
+A row is routed to the shards its hash key's lineage went through (the stream listed, closed
+shards included), or, for puts sent after a listing of the open shards (``listed_before``: a
+Spark write's driver lists before its tasks start; a task retry and an attempt's own read-back
+look only for its execution's puts), to the listed shard that covers it: a read that meets
+that shard's end proves it closed since, and the rows are routed by the stream's listing from
+then on; a read that stops at a later record or at the tip proves it open, and nothing is
+listed.
+
 Only KCL-visible records count (an aggregate's user record outside its shard's hash range is
 dropped by every consumer: it was not delivered), and only those that arrived inside a window.
 """
@@ -26,6 +34,7 @@ dropped by every consumer: it was not delivered), and only those that arrived in
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +58,8 @@ __all__ = [
     "row_id",
     "row_tag_of",
 ]
+
+log = logging.getLogger(__name__)
 
 RowId = tuple[str, bytes]  # the key, and a digest of the data
 
@@ -91,11 +102,14 @@ class FoundRows:
             self.by_row[row] = deque(p for p in positions if p not in taken)
 
 
-def _shards_of(items: Iterable[PreparedMessage], shards: Sequence[Shard]) -> set[str]:
-    """Every shard, open or closed, whose hash range covers one of the items' hash keys."""
-    return {
-        shard.shard_id for item in items for shard in lineage(shards, int(item.explicit_hash_key))
-    }
+def _shards_of(hash_keys: Iterable[int], shards: Sequence[Shard]) -> set[str]:
+    """Every shard of ``shards``, open or closed, whose hash range covers one of
+    ``hash_keys``."""
+    return {shard.shard_id for hash_key in hash_keys for shard in lineage(shards, hash_key)}
+
+
+def _hash_keys(items: Iterable[PreparedMessage]) -> set[int]:
+    return {int(item.explicit_hash_key) for item in items}
 
 
 def records_in(
@@ -105,12 +119,14 @@ def records_in(
     now_ms: int,
     *,
     keep_alive: Callable[[], object] = lambda: None,
+    on_end: Callable[[], object] = lambda: None,
 ) -> Iterator[RecordRead]:
     """The shard's KCL-visible records that arrived in one of ``windows``, read up to
     ``now_ms`` (never waiting for the future: the caller knows whether more may land).
     ``keep_alive`` is called before each window and each record (it must be cheap: a clock
     reading and a comparison, but when a lease runs short): a read of a long window outlasts a
-    lease, and pages come as fast as GetRecords answers."""
+    lease, and pages come as fast as GetRecords answers. ``on_end``: called when a read met
+    the shard's end (it closed: its children hold what arrived later)."""
     for start_ms, end_ms in windows:
         keep_alive()
         if start_ms > now_ms:
@@ -120,7 +136,7 @@ def records_in(
         def closed(end: int = end) -> int:
             return end + 1  # a read of what has arrived: the caller knows what may still land
 
-        read = reader.read_window(shard.shard_id, start_ms, end, now_ms=closed)
+        read = reader.read_window(shard.shard_id, start_ms, end, now_ms=closed, on_end=on_end)
         for record, delivered in kcl_view(read, shard):
             keep_alive()
             if not start_ms <= record.arrival_ms <= end:
@@ -141,9 +157,10 @@ def _read_shard(
     into: FoundRows,
     *,
     wanted: Callable[[RowId], bool] | None = None,
+    on_end: Callable[[], object] = lambda: None,
 ) -> None:
     """The shard's records in ``windows`` (:func:`records_in`) of the ``wanted`` rows."""
-    for row, position, arrival_ms in records_in(reader, shard, windows, now_ms):
+    for row, position, arrival_ms in records_in(reader, shard, windows, now_ms, on_end=on_end):
         if wanted is None or wanted(row):
             into.add(row, position, arrival_ms)
 
@@ -158,7 +175,14 @@ class EarlierPuts:
     ``keep_alive``: called while a read goes on (the attempt keeps its lease with it).
     ``before_read``: called with the clock's reading before each shard is read (reads come
     later than the plan, and again after a wait: the attempt checks the windows are still in
-    the stream's retention, and raises when they are not)."""
+    the stream's retention, and raises when they are not).
+
+    The shards are routed by the stream's listing, closed shards included (a row's lineage),
+    or by ``listed_before``: the open shards listed before every earlier put was sent (the
+    driver's listing shipped with the write, when the earlier attempts are of this execution:
+    a task retry). A put sent since is on the shard that listing routes its row to, unless
+    that shard closed first: then its read meets the shard's end, and the rows are routed by
+    the stream's listing from then on (:class:`_Routing`)."""
 
     def __init__(
         self,
@@ -170,6 +194,7 @@ class EarlierPuts:
         skew_ms: int = 0,
         keep_alive: Callable[[], object] = lambda: None,
         before_read: Callable[[int], object] = lambda _now_ms: None,
+        listed_before: Sequence[Shard] | None = None,
     ) -> None:
         self._reader = reader
         self._shared = shared_by(reader)
@@ -179,7 +204,11 @@ class EarlierPuts:
         self._clock = clock
         self._windows = list(windows)
         self.final = final
-        self._shards: list[Shard] | None = None
+        until_ms = max((end_ms for _, end_ms in self._windows), default=0)
+        self._routing = _Routing(
+            listed_before,
+            lambda: self._shared.shard_map(reader, clock, until_ms=until_ms, skew_ms=self._skew_ms),
+        )
         self._read: set[str] = set()
         self._found = FoundRows()
         self._taken: set[Position] = set()
@@ -192,7 +221,7 @@ class EarlierPuts:
 
     def match(self, items: Sequence[PreparedMessage]) -> list[Position | None]:
         """Per item, in order: the position of a found record of its row (taken), or None."""
-        self._read_shards(_shards_of(items, self._shard_map()) - self._read)
+        self._read_routed(_hash_keys(items))
         matched: list[Position | None] = []
         for item in items:
             row = _id_of(item)
@@ -222,22 +251,32 @@ class EarlierPuts:
         """Read every shard read so far again, now that no earlier put can still land: the
         reads become final. Records taken before stay taken."""
         self.final = True
-        self._shards = None
+        self._routing.listed_again()
         shards, self._read = self._read, set()
         self._found = FoundRows()
         self._read_shards(shards)
+        self._reroute_if_closed()
         self._found.drop(self._taken)
 
-    def _shard_map(self) -> list[Shard]:
-        if self._shards is None:
-            until_ms = max((end_ms for _, end_ms in self._windows), default=0)
-            self._shards = self._shared.shard_map(
-                self._reader, self._clock, until_ms=until_ms, skew_ms=self._skew_ms
+    def _read_routed(self, hash_keys: set[int]) -> None:
+        """Read the shards ``hash_keys`` route to that were not read yet."""
+        self._read_shards(self._routing.shards_of(hash_keys) - self._read)
+        self._reroute_if_closed()
+
+    def _reroute_if_closed(self) -> None:
+        """When a shard routed by the listing made before the puts turned out closed: read
+        every shard the rows so far route to by the stream's listing (its children among
+        them) that was not read yet."""
+        if self._routing.reroute():
+            log.info(
+                "replay read-back found a shard closed since the write's listing: routing by "
+                "the stream's listing stream=%s",
+                self._reader.stream,
             )
-        return self._shards
+            self._read_shards(self._routing.shards_of_all() - self._read)
 
     def _read_shards(self, shard_ids: set[str]) -> None:
-        by_id = {shard.shard_id: shard for shard in self._shard_map()}
+        by_id = {shard.shard_id: shard for shard in self._routing.shards()}
         for shard_id in sorted(shard_ids):
             now_ms = self._clock.now_ms()
             self._before_read(now_ms)
@@ -249,21 +288,84 @@ class EarlierPuts:
         """The shard's records in the windows: read now, or, once the reads are final and
         every window ended before now (plus the skew), as this process read them before
         (:mod:`producer.replay.shared_reads`: a replayed batch's tasks in one worker read
-        each shard once)."""
+        each shard once). A read routed by the listing made before the puts is always made:
+        it is what proves the shard stayed open."""
 
         def read() -> list[RecordRead]:
             return list(
-                records_in(self._reader, shard, self._windows, now_ms, keep_alive=self._keep_alive)
+                records_in(
+                    self._reader,
+                    shard,
+                    self._windows,
+                    now_ms,
+                    keep_alive=self._keep_alive,
+                    on_end=self._routing.closed,
+                )
             )
 
         ended = all(end_ms + self._skew_ms < now_ms for _, end_ms in self._windows)
-        if not (self.final and ended):
+        if not (self.final and ended) or self._routing.before_puts:
             return read()
         return self._shared.records(shard.shard_id, self._windows, read)
 
     def positions(self) -> set[Position]:
         """Every record read, taken or not: an attempt's own read-back must not count them."""
         return {p for rows in self._found.by_row.values() for p in rows} | self._taken
+
+
+class _Routing:
+    """Which shards a read-back's rows route to: by ``listed_before`` (the open shards listed
+    before every put looked for was sent) while every shard read by it is proved open
+    through the windows, else by ``listing()`` (the stream's shards, closed ones included:
+    each row's lineage). A read that meets a shard's end (:meth:`closed`) proves it closed;
+    one that reads past the windows or to the tip proves it open. The hash keys routed so far
+    are kept: once routed by the listing, every row is routed again by it."""
+
+    def __init__(
+        self, listed_before: Sequence[Shard] | None, listing: Callable[[], list[Shard]]
+    ) -> None:
+        self._before = list(listed_before) if listed_before is not None else None
+        self._listing = listing
+        self._shards: list[Shard] | None = None
+        self._hash_keys: set[int] = set()
+        self._closed = False
+
+    @property
+    def before_puts(self) -> bool:
+        """Whether the rows are routed by the listing made before the puts."""
+        return self._before is not None
+
+    def shards(self) -> list[Shard]:
+        if self._before is not None:
+            return self._before
+        if self._shards is None:
+            self._shards = self._listing()
+        return self._shards
+
+    def shards_of(self, hash_keys: set[int]) -> set[str]:
+        """The shards ``hash_keys`` route to (kept: :meth:`shards_of_all`)."""
+        self._hash_keys |= hash_keys
+        return _shards_of(hash_keys, self.shards())
+
+    def shards_of_all(self) -> set[str]:
+        """The shards every hash key routed so far routes to."""
+        return _shards_of(self._hash_keys, self.shards())
+
+    def closed(self) -> None:
+        """A read met a shard's end: it closed, maybe before a put looked for was sent."""
+        self._closed = True
+
+    def reroute(self) -> bool:
+        """Whether a shard routed by the listing made before the puts turned out closed: the
+        rows are routed by the stream's listing from now on (True once, as that switches)."""
+        if self._before is None or not self._closed:
+            return False
+        self._before = None
+        return True
+
+    def listed_again(self) -> None:
+        """The next routing by the stream's listing lists it again (a wait went by)."""
+        self._shards = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,20 +385,37 @@ def read_rows(
     *,
     excluding: set[Position],
     since_ms: Sequence[int] | None = None,
+    listed_before: Sequence[Shard] | None = None,
 ) -> RowsRead:
     """Per item, in order: the position of a record of its row in ``window`` on the shards
     it routes to, none of them at a position in ``excluding`` (records known to be others'
     or already matched), each record matched once; None when not found. ``since_ms``: per
     item, the earliest arrival its put can have (its request's send time minus the skew):
-    an identical record that arrived before it is another writer's, never matched to it."""
+    an identical record that arrived before it is another writer's, never matched to it.
+    ``listed_before``: the open shards listed before the items' puts were sent (routed by
+    it, without a listing, while each shard read proves open: :class:`EarlierPuts`)."""
     wanted = {_id_of(item) for item in items}
     found = FoundRows(arrival_ms={})
-    shards = reader.shards()
-    by_id = {shard.shard_id: shard for shard in shards}
-    for shard_id in sorted(_shards_of(items, shards)):
-        _read_shard(
-            reader, by_id[shard_id], [window], clock.now_ms(), found, wanted=wanted.__contains__
-        )
+    routing = _Routing(listed_before, reader.shards)
+    read: set[str] = set()
+
+    def read_shards(shard_ids: set[str]) -> None:
+        by_id = {shard.shard_id: shard for shard in routing.shards()}
+        for shard_id in sorted(shard_ids - read):
+            _read_shard(
+                reader,
+                by_id[shard_id],
+                [window],
+                clock.now_ms(),
+                found,
+                wanted=wanted.__contains__,
+                on_end=routing.closed,
+            )
+            read.add(shard_id)
+
+    read_shards(routing.shards_of(_hash_keys(items)))
+    if routing.reroute():
+        read_shards(routing.shards_of_all())
     found.drop(excluding)
     arrival_ms = found.arrival_ms or {}
     starts = since_ms if since_ms is not None else [window[0]] * len(items)

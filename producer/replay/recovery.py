@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dedupe_store.clock import Clock
@@ -30,6 +30,7 @@ from dedupe_store.contract import RunLedger, RunReader
 from dedupe_store.records import ReplayRun, RunAttempt, RunRegistration
 from dedupe_store.states import RunState
 from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard
 from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
 from producer.outcomes import Outcome, OutcomeStatus
@@ -68,7 +69,9 @@ class AttemptStart:
     """Where a registered attempt starts: ``me`` with the lease it registered (its own, or its
     execution's when that ends first), its first ``step``, whether a higher attempt of its task
     ``outranked`` it, and, to recover or wait, the earlier attempts' ``windows`` and when the
-    last earlier lease that can still put ends (``earlier_end_ms``: none can grow now)."""
+    last earlier lease that can still put ends (``earlier_end_ms``: none can grow now);
+    ``in_execution``: every earlier attempt is of my execution (a task retry: each put of
+    theirs was sent after my execution's driver listed the shards)."""
 
     me: RunAttempt
     step: RecoveryStep
@@ -76,6 +79,7 @@ class AttemptStart:
     windows: list[tuple[int, int]]
     landing_late: list[Earlier]  # finished executions whose late rows may still land
     earlier_end_ms: int
+    in_execution: bool = False
 
     @property
     def recovers(self) -> bool:
@@ -124,6 +128,7 @@ def start_attempt(
         windows=[],
         landing_late=late,
         earlier_end_ms=max((e.lease_expires_at_ms for e in [*running, *late]), default=0),
+        in_execution=all(e.kind is EarlierKind.ATTEMPT for e in earlier),
     )
     if start.recovers:
         metrics.REPLAY_RECOVERIES.labels(context.stream).inc()
@@ -261,7 +266,9 @@ class Recovery:
     """What the earlier attempts of a run put, read back over their ``start.windows`` once per
     shard (:class:`producer.replay.readback.EarlierPuts`), while the attempt keeps its
     ``lease``. ``on_trimmed``: what the attempt does before a recovery past the stream's
-    retention raises (it finishes, no put of it in flight)."""
+    retention raises (it finishes, no put of it in flight). ``listed_before``: the open shards
+    the execution's driver listed before its tasks started, which route the read-back of a
+    task retry (every earlier attempt of this execution) without a listing of its own."""
 
     def __init__(
         self,
@@ -271,6 +278,7 @@ class Recovery:
         lease: AttemptLease,
         *,
         on_trimmed: Callable[[], None],
+        listed_before: Sequence[Shard] | None = None,
     ) -> None:
         self._context = context
         self._task = task
@@ -288,6 +296,7 @@ class Recovery:
             skew_ms=context.lease.skew_ms,
             keep_alive=lease.keep,
             before_read=self.check_retention,
+            listed_before=listed_before if start.in_execution else None,
         )
 
     def check_retention(self, now_ms: int) -> None:

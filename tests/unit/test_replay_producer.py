@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 from fakes.kinesis import FakeKinesisClient, PutFault
@@ -21,6 +22,7 @@ from dedupe_store.clock import ManualClock
 from dedupe_store.records import RunAttempt
 from dedupe_store.states import RunState
 from kinesis_store.reader import KinesisReader
+from kinesis_store.shards import Shard, open_shards
 from producer import metrics
 from producer.errors import ReplayWindowTrimmedError
 from producer.hooks import Step
@@ -800,3 +802,126 @@ def _six_tasks_seeded_with(
         with worker.attempt(ReplayTask(RUN, "exec-2", task=str(task))) as replay:
             found += statuses(replay.send(rows(10, f"t{task}-")))
     return found, kinesis.get_records_calls - reads_before
+
+
+# --- a read-back routed by the driver's listing (issue 39: a retry wave listed once a retry) --
+
+
+def _counting_listings(kinesis: FakeKinesisClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The stream's ListShards calls from now on, counted in a one-item list."""
+    calls = [0]
+    list_shards = kinesis.list_shards
+
+    def counted(**kwargs: Any) -> Any:
+        calls[0] += 1
+        return list_shards(**kwargs)
+
+    monkeypatch.setattr(kinesis, "list_shards", counted)
+    return calls
+
+
+def _listed_open(kinesis: FakeKinesisClient) -> list[Shard]:
+    """The stream's open shards as a driver lists them before its write's tasks start."""
+    return open_shards(KinesisReader(kinesis, STREAM).shards())
+
+
+def test_a_task_retry_reads_back_by_the_drivers_listing_and_lists_nothing(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the open shards a driver listed before its execution's tasks started, and a task
+    whose first attempt put its rows WHEN the task is retried with that listing THEN it finds
+    every row (DUPLICATE) without listing the stream: a retry wave's read-backs list nothing."""
+    listed = _listed_open(kinesis)
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed) as first:
+        first.send(rows(20))
+    listings = _counting_listings(kinesis, monkeypatch)
+    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
+    with producer.attempt(retry_task, listed_before=listed) as retry:
+        found = statuses(retry.send(rows(20)))
+    assert found == {"DUPLICATE": 20}
+    assert listings == [0]
+    assert in_stream(kinesis) == as_multiset(rows(20))
+
+
+def test_a_task_retry_after_a_split_since_the_drivers_listing_finds_the_rows_on_the_children(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the driver's listing, then a first attempt that put half its rows, a split of a
+    shard the listing holds, and the other half put (some on the children, which the listing
+    does not hold) WHEN the task is retried with that listing THEN its read of the split shard
+    meets the shard's end, so it lists the stream and reads the children: every row found,
+    none sent twice."""
+    listed = _listed_open(kinesis)
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(40)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed) as first:
+        first.send(messages[:20])
+        clock.advance(1_000)
+        kinesis.split_shard(listed[0].shard_id, listed[0].starting_hash_key + 2**125)
+        clock.advance(1_000)
+        first.send(messages[20:])
+    children = {s.shard_id for s in _listed_open(kinesis)} - {s.shard_id for s in listed}
+    assert {r.shard_id for r in kinesis.visible()} & children  # rows the listing cannot route
+    listings = _counting_listings(kinesis, monkeypatch)
+    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
+    with producer.attempt(retry_task, listed_before=listed) as retry:
+        found = statuses(retry.send(messages))
+    assert found == {"DUPLICATE": 40}
+    assert listings == [1]
+    assert in_stream(kinesis) == as_multiset(messages)
+
+
+def test_an_ambiguous_put_on_a_child_born_since_the_drivers_listing_is_found_not_resent(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the driver's listing, then a split of every shard it holds WHEN an attempt's first
+    PutRecords is written with its response lost THEN its own read-back, routed by the listing,
+    meets the split shards' ends and reads the children: every row SENT, each once."""
+    listed = _listed_open(kinesis)
+    for shard in listed:
+        kinesis.split_shard(shard.shard_id, shard.starting_hash_key + 2**125)
+    clock.advance(1_000)
+    kinesis.script(PutFault.RESPONSE_LOST)
+    listings = _counting_listings(kinesis, monkeypatch)
+    messages = rows(12)
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1"), listed_before=listed) as attempt:
+        outcomes = attempt.send(messages)
+    assert statuses(outcomes) == {"SENT": 12}
+    assert listings == [1]
+    assert in_stream(kinesis) == as_multiset(messages)
+
+
+def test_a_replay_of_another_execution_never_routes_by_the_drivers_listing(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN an execution that put its rows, then a split of every shard, and a new execution
+    whose driver listed the open shards after it (the children only) WHEN the new execution's
+    task replays the run with that listing THEN it lists the stream (the earlier execution's
+    puts came before the listing: on shards it does not hold) and finds every row."""
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0")) as first:
+        first.send(rows(20))
+    for shard in _listed_open(kinesis):
+        kinesis.split_shard(shard.shard_id, shard.starting_hash_key + 2**125)
+    clock.advance(3 * LEASE.lease_ms)
+    listed = _listed_open(kinesis)
+    listings = _counting_listings(kinesis, monkeypatch)
+    with producer.attempt(ReplayTask(RUN, "exec-2", task="0"), listed_before=listed) as replay:
+        found = statuses(replay.send(rows(20)))
+    assert found == {"DUPLICATE": 20}
+    assert listings[0] >= 1
+    assert in_stream(kinesis) == as_multiset(rows(20))
