@@ -269,8 +269,8 @@ class EarlierPuts:
         them) that was not read yet."""
         if self._routing.reroute():
             log.info(
-                "replay read-back found a shard closed since the write's listing: routing by "
-                "the stream's listing stream=%s",
+                "replay read-back found the write's listing not enough (a shard closed since): "
+                "routing by the stream's listing stream=%s",
                 self._reader.stream,
             )
             self._read_shards(self._routing.shards_of_all() - self._read)
@@ -318,8 +318,9 @@ class _Routing:
     before every put looked for was sent) while every shard read by it is proved open
     through the windows, else by ``listing()`` (the stream's shards, closed ones included:
     each row's lineage). A read that meets a shard's end (:meth:`closed`) proves it closed;
-    one that reads past the windows or to the tip proves it open. The hash keys routed so far
-    are kept: once routed by the listing, every row is routed again by it."""
+    one that reads past the windows or to the tip proves it open; a hash key no listed shard
+    covers proves the listing incomplete. The hash keys routed so far are kept: once routed by
+    the listing, every row is routed again by it."""
 
     def __init__(
         self, listed_before: Sequence[Shard] | None, listing: Callable[[], list[Shard]]
@@ -328,7 +329,7 @@ class _Routing:
         self._listing = listing
         self._shards: list[Shard] | None = None
         self._hash_keys: set[int] = set()
-        self._closed = False
+        self._not_enough = False  # the listing made before the puts is not enough
 
     @property
     def before_puts(self) -> bool:
@@ -345,7 +346,14 @@ class _Routing:
     def shards_of(self, hash_keys: set[int]) -> set[str]:
         """The shards ``hash_keys`` route to (kept: :meth:`shards_of_all`)."""
         self._hash_keys |= hash_keys
-        return _shards_of(hash_keys, self.shards())
+        shards = self.shards()
+        routed: set[str] = set()
+        for hash_key in hash_keys:
+            covering = lineage(shards, hash_key)
+            if not covering:
+                self._not_enough = True
+            routed.update(shard.shard_id for shard in covering)
+        return routed
 
     def shards_of_all(self) -> set[str]:
         """The shards every hash key routed so far routes to."""
@@ -353,12 +361,13 @@ class _Routing:
 
     def closed(self) -> None:
         """A read met a shard's end: it closed, maybe before a put looked for was sent."""
-        self._closed = True
+        self._not_enough = True
 
     def reroute(self) -> bool:
-        """Whether a shard routed by the listing made before the puts turned out closed: the
-        rows are routed by the stream's listing from now on (True once, as that switches)."""
-        if self._before is None or not self._closed:
+        """Whether the listing made before the puts turned out not to be enough (a shard it
+        routed to closed, or it does not cover a hash key): the rows are routed by the
+        stream's listing from now on (True once, as that switches)."""
+        if self._before is None or not self._not_enough:
             return False
         self._before = None
         return True

@@ -13,6 +13,7 @@ claimed, their records put, the group never settled); the reconciler's injected 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import planting
@@ -26,13 +27,14 @@ from devstack import emulators as local_stack
 from kinesis_store import provisioning as kinesis_admin
 from kinesis_store.entries import DEFAULT_MAX_RECORD_BYTES
 from kinesis_store.results import PutResultKind
-from kinesis_store.shards import Shard
+from kinesis_store.shards import Shard, open_shards
 from producer.audit.stream import audit_stream
 from producer.errors import StreamUnavailableError
 from producer.outcomes import OutcomeStatus
 from producer.protocol import Message, prepare
 from producer.reconcile.reconciler import Reconciler
-from producer.settings import ProducerSettings
+from producer.replay.context import ReplayTask
+from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack, build_stack
 
 if TYPE_CHECKING:
@@ -260,3 +262,38 @@ def test_stale_claims_are_found_in_the_parents_and_the_child_of_a_merge(
     # and the audit, over parents and child, finds each key exactly once
     everything = messages("before", 10) + in_parents + messages("after", 10) + in_child
     assert_clean(stack, kinesis, [m.key for m in everything])
+
+
+def test_a_task_retry_routed_by_a_listing_older_than_a_merge_finds_every_row_once(
+    settings: ProducerSettings, kinesis: Any
+) -> None:
+    # GIVEN a 2-shard stream, its open shards listed as a Spark write's driver lists them
+    # before its tasks start, and a replay-mode task whose first attempt put half its rows
+    create_stream(kinesis, settings.stream, 2)
+    stack = build_stack(settings.model_copy(update={"dedupe": Dedupe.REPLAY}))
+    listed = open_shards(stack.reader.shards())
+    rows = messages("row", 30)
+    task = ReplayTask("query-a/3", "exec-1", task="0")
+    producer = stack.replay_producer()
+    with producer.attempt(task, listed_before=listed) as first:
+        assert {o.status for o in first.send(rows[:15])} == {OutcomeStatus.SENT}
+        # and the two listed shards then merged, the other half put on the child
+        kinesis.merge_shards(
+            StreamName=settings.stream,
+            ShardToMerge=listed[0].shard_id,
+            AdjacentShardToMerge=listed[1].shard_id,
+        )
+        wait_active(kinesis, settings.stream)
+        assert {o.status for o in first.send(rows[15:])} == {OutcomeStatus.SENT}
+
+    # WHEN the task is retried with the driver's listing, which holds neither the child
+    retry = replace(task, task_attempt=1)
+    with stack.replay_producer().attempt(retry, listed_before=listed) as second:
+        outcomes = second.send(rows)
+
+    # THEN its reads of the listed shards met their ends, it read the child, and found every
+    # row: nothing sent again; a KCL consumer reads each row once
+    assert {o.status for o in outcomes} == {OutcomeStatus.DUPLICATE}
+    contents = streamcheck.read_stream(kinesis, settings.stream)
+    assert all(contents.counts[m.key] == 1 for m in rows), contents.counts
+    streamcheck.assert_only(contents, [m.key for m in rows])

@@ -925,3 +925,26 @@ def test_a_replay_of_another_execution_never_routes_by_the_drivers_listing(
     assert found == {"DUPLICATE": 20}
     assert listings[0] >= 1
     assert in_stream(kinesis) == as_multiset(rows(20))
+
+
+def test_a_listing_that_does_not_cover_a_rows_hash_key_is_not_trusted(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN a task whose first attempt put its rows on both shards WHEN its retry is given a
+    listing that holds only one of them (not the stream's open shards) THEN the rows it does
+    not cover are routed by the stream's listing: found, not sent again."""
+    producer = producer_over(ledger, kinesis, clock)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0")) as first:
+        first.send(rows(20))
+    assert len({r.shard_id for r in kinesis.visible()}) == 2
+    half = _listed_open(kinesis)[:1]
+    listings = _counting_listings(kinesis, monkeypatch)
+    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
+    with producer.attempt(retry_task, listed_before=half) as retry:
+        found = statuses(retry.send(rows(20)))
+    assert found == {"DUPLICATE": 20}
+    assert listings == [1]
+    assert in_stream(kinesis) == as_multiset(rows(20))
