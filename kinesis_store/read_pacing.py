@@ -73,13 +73,23 @@ class ReadPacer:
         self._lock = threading.Lock()
 
     def before_call(self, shard_id: str) -> float:
-        """Wait for the shard's next slot; the time the call leaves (for ``after_call``)."""
+        """Wait for the shard's next slot; the time the call leaves (for ``after_call``). A
+        caller that wakes past its slot (a process starved of CPU) leaves when it wakes: the
+        shard's next slot moves to a whole interval after that, so that late calls never catch
+        up on their schedule in a burst (the shard's other consumer would be refused)."""
         with self._lock:
             now_s = self._clock()
             at_s = max(now_s, self._next_s.get(shard_id, now_s))
             self._next_s[shard_id] = at_s + self._call_interval_s
-        if at_s > now_s:
-            self._sleep(at_s - now_s)
+        if at_s <= now_s:
+            return at_s
+        self._sleep(at_s - now_s)
+        left_s = self._clock()
+        if left_s > at_s:
+            with self._lock:
+                after_s = left_s + self._call_interval_s
+                self._next_s[shard_id] = max(self._next_s[shard_id], after_s)
+            return left_s
         return at_s
 
     def after_call(

@@ -5,6 +5,7 @@ sockets, no wall clock."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Any
 
@@ -55,6 +56,27 @@ def test_calls_on_one_shard_leave_at_most_four_a_second_one_left_for_another_con
     # THEN the calls left 0.25 s apart: never more than 4 in a second
     assert calls_in_any_second(left) == 4
     assert time.sleeps == pytest.approx([0.25] * 11)
+
+
+def test_a_call_that_wakes_late_moves_the_next_one_a_whole_interval_after_it() -> None:
+    # GIVEN a pacer whose caller oversleeps: each sleep lasts 0.4 s longer than asked (a
+    # process starved of CPU)
+    time = Time()
+
+    def oversleep(seconds: float) -> None:
+        time.sleep(seconds + 0.4)
+
+    pacer = ReadPacer(clock=time.clock, sleep=oversleep)
+    # WHEN it calls 12 times on one shard, each answer empty
+    left = []
+    for _ in range(12):
+        at = pacer.before_call(SHARD)
+        pacer.after_call(SHARD, at, page_bytes=0)
+        left.append(time.now_s)
+    # THEN each call left a whole interval (and the oversleep) after the one before: the late
+    # calls never caught up on their schedule, two calls in one slot
+    assert [b - a for a, b in itertools.pairwise(left)] == pytest.approx([0.65] * 11)
+    assert calls_in_any_second(left) <= 4
 
 
 def test_a_large_page_holds_the_next_call_until_its_bytes_fit_in_our_share() -> None:
