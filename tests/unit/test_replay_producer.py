@@ -948,3 +948,28 @@ def test_a_listing_that_does_not_cover_a_rows_hash_key_is_not_trusted(
     assert found == {"DUPLICATE": 20}
     assert listings == [1]
     assert in_stream(kinesis) == as_multiset(rows(20))
+
+
+class RaiseAfterPut:
+    """Hooks that raise right after a PutRecords came back (a worker failing mid-send)."""
+
+    def at(self, step: Step, *, batch_id: int | None = None) -> None:  # noqa: ARG002
+        if step is Step.AFTER_PUT:
+            raise RuntimeError("failed right after a put")
+
+
+def test_a_task_whose_send_raised_keeps_its_lease_for_its_retry_to_wait_out(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN a task attempt whose send raised while putting (a request may be in flight)
+    WHEN the task is retried THEN the failed attempt is not finished: the retry waits for its
+    lease before it decides a row it did not find; each row once."""
+    producer = replay_producer_over(ledger, kinesis, clock, LEASE, hooks=RaiseAfterPut())
+    messages = rows(10)
+    with pytest.raises(RuntimeError), producer.attempt(ReplayTask(RUN, "exec-1")) as first:
+        first.send(messages)
+    retry_producer = producer_over(ledger, kinesis, clock)
+    with retry_producer.attempt(ReplayTask(RUN, "exec-1", task_attempt=1)) as retry:
+        assert retry.step is RecoveryStep.WAIT
+        assert statuses(retry.send(messages)) == {"DUPLICATE": 10}
+    assert in_stream(kinesis) == as_multiset(messages)
