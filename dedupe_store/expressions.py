@@ -31,6 +31,8 @@ from typing import Any
 
 # the attribute DynamoDB's TTL deletes items by (``keo init`` turns it on)
 TTL_ATTRIBUTE = "expires_at"
+# a run's stripe item, once a supersede or a commit sealed it: no attempt registers on it
+SEALED_ATTRIBUTE = "sealed"
 
 NAMES: dict[str, str] = {
     "#pk": "pk",
@@ -58,7 +60,7 @@ NAMES: dict[str, str] = {
     "#sopen": "open",
     "#sattempts": "attempts",
     "#slate": "late",
-    "#sealed": "sealed",
+    "#sealed": SEALED_ATTRIBUTE,
 }
 
 # --- conditions, from named parts ------------------------------------------------------------

@@ -18,7 +18,8 @@ read or write more), stripe k > 0 an item of its own::
 Registering an attempt in stripe k > 0 (:meth:`RunStripes.register`)::
 
     1 stripe item: present and not sealed ─── ADD tag, attempt ───────────────────┐
-        absent ─ 2 run item: announce k, with a registration's condition (the run   │
+        absent (or refused, then read back not sealed: a sibling wrote it since)    │
+               ─ 2 run item: announce k, with a registration's condition (the run   │
                    OPEN or new, the execution not superseded), opening the          │
                    execution, counting nothing; refused: not registered             │
                ─ 3 stripe item: not sealed ─── ADD tag, attempt ────────────────────┤
@@ -57,7 +58,7 @@ from typing import Any
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import LedgerUnavailableError
-from dedupe_store.expressions import TTL_ATTRIBUTE
+from dedupe_store.expressions import SEALED_ATTRIBUTE, TTL_ATTRIBUTE
 from dedupe_store.records import ReplayRun, RunAttempt, late_rows_of
 from dedupe_store.run_items import (
     announced_stripes,
@@ -138,7 +139,9 @@ class RunStripes:
         applied, item = self._table.update(
             pk, None, x.REGISTER_IN_STRIPE, x.STRIPE_REGISTRABLE, dict(counted)
         )
-        if not applied and item is None:
+        # refused and not sealed: the item was absent when written (a sibling may have made
+        # it since: a backend that returns no item on a lost condition has it read after)
+        if not applied and (item is None or SEALED_ATTRIBUTE not in item):
             announced, run_item = self._announce(stream, run, attempt, opening)
             if not announced:
                 return False, self.run_of(stream, run, run_item, skip={attempt.execution_id})

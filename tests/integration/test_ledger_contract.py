@@ -550,6 +550,34 @@ def test_a_stripe_announced_as_its_execution_is_superseded_is_sealed_before_it_i
     )
 
 
+def test_two_first_registrations_in_a_new_stripe_both_register_whichever_writes_it_first(
+    ledger: DynamoDBLedger,
+) -> None:
+    # GIVEN an execution's task 0 registered, stripe 1 not written yet
+    task0 = attempt("a1")
+    assert ledger.register_attempt(STREAM, RUN, task0).registered
+    sibling = attempt("a2", task="301")
+    raced: list[bool] = []
+
+    def sibling_writes_the_stripe_before_it_is_read(params: dict[str, Any]) -> None:
+        if not raced and params["Key"]["pk"]["S"].startswith("__keo__/runpart/"):
+            raced.append(ledger.register_attempt(STREAM, RUN, sibling).registered)
+
+    _before_each(ledger, "GetItem", sibling_writes_the_stripe_before_it_is_read)
+    # WHEN task 300's write to its stripe is refused (the item absent), and task 301 writes
+    # the stripe before the refusal's item is read back
+    task300 = attempt("a3", task="300")
+    registration = ledger.register_attempt(STREAM, RUN, task300)
+    # THEN both registered (the read found an item not sealed: it was absent when written,
+    # not refused by a seal): nothing superseded the execution, whose stripe counts both
+    assert raced == [True]
+    assert (registration.registered, registration.superseded) == (True, False)
+    assert ledger.task_attempts(STREAM, RUN, "exec-1", "300") == (task300,)
+    assert execution_of(ledger.get_run(STREAM, RUN), "exec-1") == execution(
+        "exec-1", task0, sibling, task300
+    )
+
+
 # --- batched reads ------------------------------------------------------------------------------
 
 
