@@ -825,6 +825,12 @@ def _listed_open(kinesis: FakeKinesisClient) -> list[Shard]:
     return open_shards(KinesisReader(kinesis, STREAM).shards())
 
 
+def _split_each(kinesis: FakeKinesisClient, shards: list[Shard]) -> None:
+    """Each of ``shards`` split a quarter of the hash space past its start."""
+    for shard in shards:
+        kinesis.split_shard(shard.shard_id, shard.starting_hash_key + 2**125)
+
+
 def test_a_task_retry_reads_back_by_the_drivers_listing_and_lists_nothing(
     ledger: InMemoryLedger,
     kinesis: FakeKinesisClient,
@@ -888,8 +894,7 @@ def test_an_ambiguous_put_on_a_child_born_since_the_drivers_listing_is_found_not
     PutRecords is written with its response lost THEN its own read-back, routed by the listing,
     meets the split shards' ends and reads the children: every row SENT, each once."""
     listed = _listed_open(kinesis)
-    for shard in listed:
-        kinesis.split_shard(shard.shard_id, shard.starting_hash_key + 2**125)
+    _split_each(kinesis, listed)
     clock.advance(1_000)
     kinesis.script(PutFault.RESPONSE_LOST)
     listings = _counting_listings(kinesis, monkeypatch)
@@ -915,8 +920,7 @@ def test_a_replay_of_another_execution_never_routes_by_the_drivers_listing(
     producer = producer_over(ledger, kinesis, clock)
     with producer.attempt(ReplayTask(RUN, "exec-1", task="0")) as first:
         first.send(rows(20))
-    for shard in _listed_open(kinesis):
-        kinesis.split_shard(shard.shard_id, shard.starting_hash_key + 2**125)
+    _split_each(kinesis, _listed_open(kinesis))
     clock.advance(3 * LEASE.lease_ms)
     listed = _listed_open(kinesis)
     listings = _counting_listings(kinesis, monkeypatch)
