@@ -213,6 +213,14 @@ class LeasePolicy:
     def lease_expires_at_ms(self, claimed_at_ms: int) -> int:
         return claimed_at_ms + self.lease_ms
 
+    @property
+    def send_margin_ms(self) -> int:
+        """The lease a put needs left to be sent now (:meth:`safe_to_send`): the signature
+        window and the skew with the fence, else the put's timeouts and the skew."""
+        if self.signature_window_ms is not None:
+            return self.signature_window_ms + self.skew_ms
+        return self.put_timeout_ms + self.skew_ms
+
     def safe_to_send(self, lease_expires_at_ms: int, now_ms: int) -> bool:
         """True while the lease outlasts a put sent now, with the skew margin to spare: with
         the fence, the fence's own check at ``now_ms`` (a put checked here then passes it

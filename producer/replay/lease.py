@@ -1,17 +1,39 @@
 """An attempt's own lease (:class:`AttemptLease`): renewed when a put sent now could outlive
-it, and waits for another lease to be over for every clock while it is kept."""
+it, and waits for another lease to be over for every clock while it is kept.
+
+Every renewal writes the run's item (its execution's lease). The tasks of a batch start
+together, so their leases run short together: T tasks longer than a lease's slack (the lease
+less the send margin: 55 s with the fence's defaults) would write that item T times in the same
+second, and DynamoDB takes 1,000 writes a second on one key. So each attempt renews up to half
+the slack early, by a fraction its id fixes (:func:`early_renewal_ms`): their renewals spread
+over that half (27 s by default), and stay spread.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from typing import Final
 
 from dedupe_store.errors import LedgerError
 from dedupe_store.records import RunAttempt
+from producer.protocol import LeasePolicy
 from producer.replay.context import ReplayContext, ReplayTask
 
-__all__ = ["AttemptLease"]
+__all__ = ["AttemptLease", "early_renewal_ms"]
 
 log = logging.getLogger(__name__)
+
+# an early renewal the ledger failed is tried again this much later, while the lease is safe
+_EARLY_RETRY_MS: Final = 1_000
+
+
+def early_renewal_ms(lease: LeasePolicy, attempt_id: str) -> int:
+    """How long before it must an attempt renews its lease: a fraction of half the slack (the
+    lease less the send margin), fixed by the attempt's id, uniform over the attempts."""
+    slack_ms = max(0, lease.lease_ms - lease.send_margin_ms)
+    digest = hashlib.blake2b(attempt_id.encode(), digest_size=4).digest()
+    return slack_ms * int.from_bytes(digest, "big") // (2 * 2**32)
 
 
 class AttemptLease:
@@ -24,16 +46,22 @@ class AttemptLease:
         self._me = me
         self.end_ms = me.lease_expires_at_ms
         self._lost = False
+        self._early_ms = early_renewal_ms(context.lease, me.attempt_id)
+        self._early_retry_at_ms = 0  # after an early renewal the ledger failed
 
     def keep(self) -> bool:
-        """Renew the lease when a put sent now could outlive it; False once it cannot be
-        (superseded, ran out, the run completed, or the ledger failed)."""
+        """Renew the lease when a put sent now could outlive it (early: :func:`early_renewal_ms`);
+        False once it cannot be kept (superseded, ran out, the run completed, or the ledger
+        failed while a put sent now could outlive it)."""
         context = self._context
         lease = context.lease
         now_ms = context.clock.now_ms()
         if self._lost:
             return False
-        if lease.safe_to_send(self.end_ms, now_ms):
+        if lease.safe_to_send(self.end_ms - self._early_ms, now_ms):
+            return True
+        safe = lease.safe_to_send(self.end_ms, now_ms)
+        if safe and now_ms < self._early_retry_at_ms:
             return True
         try:
             renewal = context.ledger.renew_attempt(
@@ -52,7 +80,8 @@ class AttemptLease:
                 self._task.run,
                 exc,
             )
-            return False
+            self._early_retry_at_ms = now_ms + _EARLY_RETRY_MS
+            return safe
         if not renewal.applied or renewal.lease_expires_at_ms is None:
             self._lost = True
             log.warning(

@@ -140,3 +140,21 @@ def test_a_put_sent_while_safe_lands_inside_the_read_back_window_and_before_expi
     assert latest_landing <= end
     assert latest_landing <= lease_end + policy.skew_ms
     assert not policy.expired_for_everyone(lease_end, sent_at + policy.put_timeout_ms - 1)
+
+
+@given(
+    policy=policies(),
+    window_ms=st.one_of(st.none(), st.integers(1, 600_000)),
+    left_ms=st.integers(-(2**20), 2**22),
+)
+def test_the_send_margin_is_the_lease_safe_to_send_needs_left(
+    policy: LeasePolicy, window_ms: int | None, left_ms: int
+) -> None:
+    # GIVEN any policy, with the signature fence or without
+    fenced = LeasePolicy(
+        policy.lease_ms + (window_ms or 0), policy.put_timeout_ms, policy.skew_ms, window_ms
+    )
+    # THEN a put may be sent exactly while the lease has the send margin left
+    assert fenced.safe_to_send(CLAIMED_AT_MS + left_ms, CLAIMED_AT_MS) == (
+        left_ms >= fenced.send_margin_ms
+    )

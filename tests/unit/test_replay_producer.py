@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fakes.kinesis import FakeKinesisClient, PutFault
-from fakes.ledger import InMemoryLedger
+from fakes.ledger import InMemoryLedger, LedgerFault
 from fakes.replay import replay_producer_over
 
 from dedupe_store.clock import ManualClock
@@ -29,6 +29,7 @@ from producer.hooks import Step
 from producer.outcomes import OutcomeStatus
 from producer.protocol import LeasePolicy, Message
 from producer.replay.context import ReplayTask
+from producer.replay.lease import early_renewal_ms
 from producer.replay.plan import RecoveryStep
 from producer.replay.producer import ReplayProducer
 from producer.replay.recovery import plan_reads, plan_reads_once_over
@@ -977,3 +978,78 @@ def test_a_task_whose_send_raised_keeps_its_lease_for_its_retry_to_wait_out(
         assert retry.step is RecoveryStep.WAIT
         assert statuses(retry.send(messages)) == {"DUPLICATE": 10}
     assert in_stream(kinesis) == as_multiset(messages)
+
+
+# --- renewals spread (issue 39: every renewal writes the run item) ----------------------------
+
+
+def test_early_renewals_of_2000_attempts_spread_over_half_the_fences_slack() -> None:
+    """GIVEN the fence's default lease (360 s, a 300 s window, 5 s of skew: a slack of 55 s)
+    WHEN 2,000 attempts that started together take their early renewal THEN each renews up to
+    half the slack early, and no second of that half holds more than 5 times its even share:
+    not the 2,000 writes on the run item in one second that renewing together would be."""
+    fenced = LeasePolicy(
+        lease_ms=360_000, put_timeout_ms=7_000, skew_ms=5_000, signature_window_ms=300_000
+    )
+    slack_ms = fenced.lease_ms - fenced.send_margin_ms
+    early = [early_renewal_ms(fenced, f"{i:032x}") for i in range(2_000)]
+    assert slack_ms == 55_000
+    assert all(0 <= e < slack_ms // 2 for e in early)
+    per_second = Counter(e // 1_000 for e in early)
+    assert len(per_second) == slack_ms // 2_000 + 1
+    assert max(per_second.values()) <= 5 * 2_000 // 28
+
+
+def test_attempts_started_together_renew_in_different_seconds_and_keep_their_leases(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN 100 attempts of one execution registered in the same instant WHEN their leases are
+    kept through two leases, each looked at every 250 ms THEN none was lost, each renewed, and
+    their renewals spread over the seconds of half the slack (11 s: at most a quarter in any
+    second), not all in one."""
+    producer = producer_over(ledger, kinesis, clock)
+    attempts = [producer.attempt(ReplayTask(RUN, "exec-1", task=str(t))) for t in range(100)]
+    renewed_at: list[int] = []
+    renew = ledger.renew_attempt
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        renewed_at.append(clock.now_ms())
+        return renew(*args, **kwargs)
+
+    ledger.renew_attempt = counted  # type: ignore[method-assign]
+    for _ in range(2 * LEASE.lease_ms // 250):
+        clock.advance(250)
+        assert all(a._lease.keep() for a in attempts)
+    per_second = Counter(at // 1_000 for at in renewed_at)
+    assert len(renewed_at) >= len(attempts)
+    assert max(per_second.values()) <= len(attempts) // 4
+
+
+def test_an_early_renewal_the_ledger_fails_keeps_the_lease_while_it_is_safe(
+    ledger: InMemoryLedger, kinesis: FakeKinesisClient, clock: ManualClock
+) -> None:
+    """GIVEN an attempt whose lease is in its early-renewal span, and the ledger failing the
+    renewal WHEN the lease is kept THEN it still is (a put sent now cannot outlive it), and the
+    renewal is tried again a second later, not at every put."""
+    producer = producer_over(ledger, kinesis, clock)
+    attempt = next(
+        a
+        for t in range(50)
+        if early_renewal_ms(
+            LEASE, (a := producer.attempt(ReplayTask(RUN, "e", task=str(t)))).me.attempt_id
+        )
+        > 2_000
+    )
+    lease = attempt._lease
+    clock.advance(attempt.me.lease_expires_at_ms - LEASE.send_margin_ms - clock.now_ms() - 1_000)
+    ledger.inject("renew_attempt", LedgerFault.UNAVAILABLE)
+    assert lease.keep()
+    assert ledger.pending_faults() == 0
+    ledger.inject("renew_attempt", LedgerFault.UNAVAILABLE)
+    assert lease.keep()  # within the second: not tried again
+    assert ledger.pending_faults() == 1
+    ledger.clear_faults()
+    clock.advance(1_000)
+    before_ms = lease.end_ms
+    assert lease.keep()
+    assert lease.end_ms > before_ms
