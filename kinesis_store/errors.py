@@ -32,6 +32,7 @@ __all__ = [
     "AggregationFormatError",
     "PutFencedError",
     "ShardPositionLostError",
+    "StaleSignatureError",
     "StreamError",
     "StreamNotFoundError",
     "StreamThrottledError",
@@ -108,6 +109,12 @@ class StreamUnavailableError(StreamError):
 
 class StreamThrottledError(StreamUnavailableError):
     """Kinesis throttled a read: the reader waits and tries again before raising it."""
+
+
+class StaleSignatureError(StreamUnavailableError):
+    """Kinesis refused a read's signature as expired (or not yet current) on arrival: the
+    process stalled between signing and sending longer than the signature window. The reader
+    tries again, signed anew, before raising it."""
 
 
 class PutFencedError(KeoError):

@@ -25,6 +25,7 @@ __all__ = [
     "classify_response",
     "classify_transport_failure",
     "not_written",
+    "stale_signature",
 ]
 
 
@@ -161,6 +162,12 @@ def classify_response(response: dict[str, Any], sent: int) -> list[RecordResult]
     return [classify_record(entry) for entry in entries]
 
 
+def stale_signature(error_code: str | None, message: str | None) -> bool:
+    """Whether Kinesis refused a request's signature as expired or not yet current on arrival
+    (the request was not applied: one signed anew may be)."""
+    return error_code == INVALID_SIGNATURE and (message or "").startswith(_STALE_SIGNATURE_MESSAGES)
+
+
 def classify_request_error(
     status_code: int | None, error_code: str | None, message: str | None = None
 ) -> RecordResult:
@@ -168,7 +175,7 @@ def classify_request_error(
     (or a throttle, whatever the status) refused it whole; a 5xx may have applied it. A
     signature refused as expired or not yet current is worth another attempt (signed anew)."""
     code = error_code or str(status_code)
-    if code == INVALID_SIGNATURE and (message or "").startswith(_STALE_SIGNATURE_MESSAGES):
+    if stale_signature(code, message):
         # refused on arrival, so not written; the next attempt carries a fresh signature
         return RecordResult(
             PutResultKind.NOT_WRITTEN, error_code=code, error_message=message, retriable=True

@@ -39,6 +39,7 @@ from tenacity import (
 from dedupe_store.errors import aws_error_code
 from kinesis_store.errors import (
     ShardPositionLostError,
+    StaleSignatureError,
     StreamNotFoundError,
     StreamThrottledError,
     StreamUnavailableError,
@@ -46,6 +47,7 @@ from kinesis_store.errors import (
 from kinesis_store.kpl import arrival_ms_of
 from kinesis_store.positions import SeenRecord, ShardStart, StartKind
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
+from kinesis_store.results import stale_signature
 
 __all__ = ["Ahead", "Page", "ShardPages", "ShardReads", "cause_code_of", "raise_lost", "seen"]
 
@@ -391,7 +393,8 @@ class ShardPages:
         )["ShardIterator"]
 
     def _read_retrying(self) -> Retrying:
-        """Reads are idempotent: a throttled one is tried again, after a jittered backoff
+        """Reads are idempotent: a throttled one, or one whose signature arrived stale (a
+        process stalled between signing and sending), is tried again after a jittered backoff
         (0.4 s doubling to 5 s, half of it drawn), up to ``max_throttle_retries`` times. Other
         failures are raised at once: the SDK has retried them already."""
 
@@ -399,7 +402,7 @@ class ShardPages:
             return throttle_backoff_s(state.attempt_number, draw=self._jitter)
 
         return Retrying(
-            retry=retry_if_exception_type(StreamThrottledError),
+            retry=retry_if_exception_type((StreamThrottledError, StaleSignatureError)),
             wait=backoff_s,
             stop=stop_after_attempt(self._max_throttle_retries + 1),
             sleep=self._sleep,
@@ -421,6 +424,13 @@ class ShardPages:
         self, exc: botocore.exceptions.ClientError, doing: str, shard_id: str | None
     ) -> StreamNotFoundError | StreamUnavailableError:
         code = aws_error_code(exc)
+        if stale_signature(code, exc.response.get("Error", {}).get("Message")):
+            return StaleSignatureError(
+                f"Kinesis failed to {doing}: {code} (the request arrived after its signature "
+                "expired: the process stalled)",
+                stream=self.stream,
+                shard_id=shard_id,
+            )
         if code == "ResourceNotFoundException":
             return StreamNotFoundError(
                 f"stream {self.stream!r} does not exist: run 'keo init'",

@@ -12,6 +12,7 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from kinesis_store.errors import StreamUnavailableError
 from kinesis_store.positions import ShardStart
 from kinesis_store.read_pacing import SHARED_BYTES_PER_S, ReadPacer, throttle_backoff_s
 from kinesis_store.reader import KinesisReader
@@ -231,3 +232,43 @@ def test_a_page_cut_to_the_pacers_share_is_full_not_the_tip() -> None:
     # THEN the full page was not taken for the tip: the tail is the record after it
     assert last is not None
     assert last.sequence_number == str(cut + 1)
+
+
+def test_a_read_whose_signature_arrived_stale_is_signed_anew_and_tried_again() -> None:
+    # GIVEN a shard whose first GetRecords is refused for its signature's age (the process
+    # stalled between signing and sending), then answered
+    time = Time()
+    stale = botocore.exceptions.ClientError(
+        {
+            "Error": {
+                "Code": "InvalidSignatureException",
+                "Message": "Signature expired: 20261129T090332Z is now earlier than ...",
+            }
+        },
+        "GetRecords",
+    )
+    client = Pages(
+        time,
+        [stale, {"Records": [record(1)], "NextShardIterator": "a", "MillisBehindLatest": 0}],
+    )
+    reader = KinesisReader(client, "orders", sleep=time.sleep, jitter=lambda: 1.0)
+    # WHEN the shard is read
+    read = list(reader.read_range(SHARD, ShardStart.trim_horizon(), "1"))
+    # THEN the refused call was tried again, and the record came once
+    assert [r.sequence_number for r in read] == ["1"]
+    assert len(client.called_at) == 2
+
+
+def test_a_read_refused_for_a_wrong_signature_is_not_tried_again() -> None:
+    # GIVEN a shard whose GetRecords is refused for a signature that is wrong, not stale
+    time = Time()
+    wrong = botocore.exceptions.ClientError(
+        {"Error": {"Code": "InvalidSignatureException", "Message": "The request signature..."}},
+        "GetRecords",
+    )
+    client = Pages(time, [wrong])
+    reader = KinesisReader(client, "orders", sleep=time.sleep, jitter=lambda: 1.0)
+    # WHEN the shard is read THEN it fails at once: another try would fail the same way
+    with pytest.raises(StreamUnavailableError, match="InvalidSignatureException"):
+        list(reader.read_range(SHARD, ShardStart.trim_horizon(), "1"))
+    assert len(client.called_at) == 1
