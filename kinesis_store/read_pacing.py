@@ -3,9 +3,9 @@
 
 ::
 
-    call n at t, its page B bytes                  call n + 1 not before
-      ├─ 5 calls/s  ──────────────────────────────>  t + 0.2 s
-      └─ 2 MB/s     ──────────────────────────────>  t + B / 2 MiB   (a 10 MB page: 5 s)
+    call n leaves at t, answered at a, its page B bytes     call n + 1 not before
+      ├─ 5 calls/s  ────────────────────────────────────────>  a + 0.2 s
+      └─ 2 MB/s     ────────────────────────────────────────>  t + B / 2 MiB   (a 10 MB page: 5 s)
 
 :class:`ReadPacer` keeps, per shard, when its next call may leave, for one process
 (:func:`process_read_pacer`): the driver's planner and a Python worker's reads each pace their
@@ -15,6 +15,15 @@ retries apart. By default it takes 4 calls and 1.8 MiB a second, leaving room fo
 consumer of the shard (a KCL worker polls once a second), and sizes each page to one call's
 share of the bytes (:meth:`ReadPacer.page_limit`), so that no page leaves the shard in debt
 for the other consumer's next call.
+
+The calls are spaced from each answer, not from each departure: Kinesis counts a call when it
+arrives, and a call held up on its way (a slow network, a starved process or proxy) arrives
+late, while the next one, leaving on its schedule, does not; spaced from departures they would
+arrive in a burst. A call arrives before its answer comes back, so the next call, leaving a
+whole interval after that answer, arrives at least an interval after it, whatever the delays.
+The time a call takes is then part of each call's cycle, and pages are sized to the cycle (one
+call's share of the bytes for the interval plus the shard's last call's time, at most twice
+the share), so that the reader still takes its share of the bytes.
 Pure apart from the injected clock and sleep: no boto3 here.
 """
 
@@ -51,8 +60,8 @@ class ReadPacer:
     """When each shard's next GetRecords may leave, in this process; thread-safe.
 
     ``before_call`` reserves the shard's next slot and sleeps until it (outside the lock, so
-    other shards' calls are not held up); ``after_call`` pushes the slot after that by the
-    bytes the page brought back."""
+    other shards' calls are not held up); ``after_call`` pushes the slot after that to an
+    interval after the answer, and by the bytes the page brought back."""
 
     def __init__(
         self,
@@ -70,6 +79,7 @@ class ReadPacer:
         self._bytes_per_s = bytes_per_s
         self._next_s: dict[str, float] = {}
         self._record_bytes: dict[str, float] = {}  # a shard's last page's bytes a record
+        self._call_s: dict[str, float] = {}  # a shard's last call's time, leaving to answer
         self._lock = threading.Lock()
 
     def before_call(self, shard_id: str) -> float:
@@ -95,23 +105,30 @@ class ReadPacer:
     def after_call(
         self, shard_id: str, left_at_s: float, page_bytes: int, records: int = 0
     ) -> None:
-        """A page of ``page_bytes`` (``records`` records) came back for the call that left at
-        ``left_at_s``."""
+        """A page of ``page_bytes`` (``records`` records) came back, now, for the call that
+        left at ``left_at_s``: the next call leaves an interval after now at the earliest, and
+        once the page's bytes fit in our share."""
+        answered_s = self._clock()
         by_bytes_s = left_at_s + page_bytes / self._bytes_per_s
+        not_before_s = max(by_bytes_s, answered_s + self._call_interval_s)
         with self._lock:
-            self._next_s[shard_id] = max(self._next_s.get(shard_id, by_bytes_s), by_bytes_s)
+            self._next_s[shard_id] = max(self._next_s.get(shard_id, not_before_s), not_before_s)
+            self._call_s[shard_id] = max(0.0, answered_s - left_at_s)
             if records:
                 self._record_bytes[shard_id] = page_bytes / records
 
     def page_limit(self, shard_id: str, wanted: int) -> int:
         """How many records to ask of ``shard_id`` at most: no more than ``wanted``, and no
-        more than one call's share of the bytes (``bytes_per_s / calls_per_s``) by the size of
-        its last page's records. A page of 10 MB owes the shard 5 s of its 2 MB a second, and
-        every other consumer's read in those 5 s is refused; pages of a call's share never
-        leave the shard in debt past the next call."""
+        more than one call's share of the bytes by the size of its last page's records. The
+        share is the bytes of one cycle (the interval, and the time the shard's last call
+        took), at most twice the interval's. A page of 10 MB owes the shard 5 s of its 2 MB a
+        second, and every other consumer's read in those 5 s is refused; pages of a cycle's
+        share never leave the shard in debt past the next call."""
         with self._lock:
             record_bytes = self._record_bytes.get(shard_id, _FIRST_RECORD_BYTES)
-        share = self._bytes_per_s * self._call_interval_s
+            call_s = self._call_s.get(shard_id, 0.0)
+        cycle_s = self._call_interval_s + min(call_s, self._call_interval_s)
+        share = self._bytes_per_s * cycle_s
         return max(1, min(wanted, int(share / max(record_bytes, 1.0))))
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kinesis_store.errors import StreamUnavailableError
 from kinesis_store.positions import ShardStart
@@ -106,8 +108,9 @@ def test_time_spent_elsewhere_counts_and_shards_are_paced_apart() -> None:
 
 
 def test_a_page_asks_for_no_more_than_one_calls_share_of_the_bytes() -> None:
-    # GIVEN our share of a shard: 1.8 MiB a second in 4 calls, 471,859 bytes a call
-    pacer = ReadPacer()
+    # GIVEN our share of a shard: 1.8 MiB a second in 4 calls, 471,859 bytes a call (calls
+    # answered at once)
+    pacer = Time().pacer()
     share = int(SHARED_BYTES_PER_S / 4)
     # THEN before any page, records are taken to be of 1 KiB
     assert pacer.page_limit(SHARD, 10_000) == share // 1024
@@ -118,6 +121,54 @@ def test_a_page_asks_for_no_more_than_one_calls_share_of_the_bytes() -> None:
     assert pacer.page_limit(SHARD, 7) == 7
     pacer.after_call(SHARD, 0.0, page_bytes=5 * 1024 * 1024, records=1)
     assert pacer.page_limit(SHARD, 10_000) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    delays=st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=2.0),  # on the way: leaving to arriving
+            st.floats(min_value=0.0, max_value=1.0),  # arriving to answered
+        ),
+        min_size=2,
+        max_size=30,
+    )
+)
+def test_calls_held_up_on_their_way_never_arrive_more_than_four_in_a_second(
+    delays: list[tuple[float, float]],
+) -> None:
+    # GIVEN a pacer whose calls are held up on their way to the shard and in it, each for its
+    # own time (a slow network, a starved process, a starved proxy)
+    time = Time()
+    pacer = time.pacer()
+    arrived = []
+    # WHEN it calls once for each, one after another
+    for on_the_way_s, served_s in delays:
+        at = pacer.before_call(SHARD)
+        time.now_s += on_the_way_s
+        arrived.append(time.now_s)
+        time.now_s += served_s
+        pacer.after_call(SHARD, at, page_bytes=0)
+    # THEN the shard saw them at least an interval apart: never more than 4 in a second,
+    # whatever the delays, one call a second left to its other consumer
+    assert all(b - a >= 0.25 - 1e-9 for a, b in itertools.pairwise(arrived))
+    assert calls_in_any_second(arrived) <= 4
+
+
+def test_pages_are_sized_to_the_call_and_the_time_it_took() -> None:
+    # GIVEN a shard whose last call took 0.1 s from leaving to its answer
+    time = Time()
+    pacer = time.pacer()
+    at = pacer.before_call(SHARD)
+    time.now_s += 0.1
+    pacer.after_call(SHARD, at, page_bytes=1024 * 100, records=100)
+    # THEN the next page takes the bytes of the interval and that time: 0.35 s of our share
+    assert pacer.page_limit(SHARD, 10_000) == int(SHARED_BYTES_PER_S * 0.35 / 1024)
+    # AND a call that took a second makes it no larger than twice a call's share
+    at = pacer.before_call(SHARD)
+    time.now_s += 1.0
+    pacer.after_call(SHARD, at, page_bytes=1024 * 100, records=100)
+    assert pacer.page_limit(SHARD, 10_000) == int(SHARED_BYTES_PER_S * 0.5 / 1024)
 
 
 def test_limits_must_be_positive() -> None:
