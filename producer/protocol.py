@@ -222,12 +222,11 @@ class LeasePolicy:
         return self.put_timeout_ms + self.skew_ms
 
     def safe_to_send(self, lease_expires_at_ms: int, now_ms: int) -> bool:
-        """True while the lease outlasts a put sent now, with the skew margin to spare: with
-        the fence, the fence's own check at ``now_ms`` (a put checked here then passes it
-        unless its process stalls before signing); without, a put's timeout plus the skew."""
-        if self.signature_window_ms is not None:
-            return self.fence_admits(now_ms, lease_expires_at_ms)
-        return self.outlasts_put(lease_expires_at_ms, now_ms)
+        """True while the lease outlasts a put sent now, with the skew margin to spare
+        (:attr:`send_margin_ms`): with the fence, the fence's own check at ``now_ms`` (a put
+        checked here then passes it unless its process stalls before signing); without, a
+        put's timeout plus the skew."""
+        return lease_expires_at_ms - now_ms >= self.send_margin_ms
 
     def outlasts_put(self, lease_expires_at_ms: int, now_ms: int) -> bool:
         """True while a put sent at ``now_ms`` lands (or times out) before the lease ends,
