@@ -137,14 +137,17 @@ class KinesisReader:
         end_ms: int,
         *,
         now_ms: Callable[[], int],
-        on_end: Callable[[], object] = lambda: None,
+        on_no_later_record: Callable[[], object] = lambda: None,
     ) -> Iterator[UserRecord]:
         """User records that arrived in ``[start_ms, end_ms]``, read once from ``start_ms``.
 
-        Stops at the first record that arrived after ``end_ms`` or at the tip once ``end_ms``
-        has passed (either way the shard was still open then), or at a closed shard's end,
-        where ``on_end`` is called: its children hold what arrived after it closed. Arrival
-        times are not monotonic, hence callers pad the window with the skew margin.
+        Stops at the first record that arrived after ``end_ms`` (the shard was still open
+        then), at the tip once ``end_ms`` has passed, or at a closed shard's end. At the tip or
+        the end ``on_no_later_record`` is called: nothing read proves the shard open after the
+        window (a closed shard may answer an empty page at its tip before the page without a
+        next iterator: kinesalite does, and Kinesis does not promise otherwise), and a closed
+        shard's children hold what arrived after it closed. Arrival times are not monotonic,
+        hence callers pad the window with the skew margin.
         """
         iterator = self._shard_pages.iterator_at_timestamp(shard_id, start_ms)
         last_sequence: str | None = None
@@ -161,9 +164,9 @@ class KinesisReader:
             at_tip = not page["Records"] and page.get("MillisBehindLatest", 0) == 0
             if iterator is not None and at_tip:
                 if now_ms() > end_ms:
-                    return
+                    break
                 self._sleep(0.2)  # the window is still open: wait for late arrivals
-        on_end()
+        on_no_later_record()
 
     def read_all(self, shard_id: str) -> Iterator[UserRecord]:
         """Every user record of a shard from TRIM_HORIZON to its end (closed) or the tip."""

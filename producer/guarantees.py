@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from dedupe_store.errors import KeoError
 from kinesis_store.errors import StreamError
-from kinesis_store.shards import ListedShards, StreamInfo
+from kinesis_store.shards import ListedShards, Shard, StreamInfo
 from producer.hooks import Hooks
 from producer.outcomes import Outcome
 from producer.parties import Party
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KEY",
+    "LISTING_ROUTES_S",
     "REPLAY",
     "Completer",
     "DriverReads",
@@ -81,7 +82,7 @@ class DriverReads:
         planned    what a replay's tasks would read back (Guarantee.plan_recovery)
         shard_map  the stream's open shards, listed before any task put: the puts are paced
                    by it, and a replay attempt's read-back of its execution's own puts is
-                   routed by it (a shard closed since is found by the read)
+                   routed by it for an hour (:meth:`listed_before`)
 
     Empty where nothing was read for the tasks (``keo send``): each reads for itself."""
 
@@ -89,8 +90,22 @@ class DriverReads:
     planned: tuple[PlannedReads, ...] = ()
     shard_map: ListedShards | None = None
 
+    def listed_before(self, now_s: float) -> tuple[Shard, ...] | None:
+        """The open shards to route a read-back of this execution's own puts by, at
+        ``now_s`` (epoch seconds): the driver's listing while it is younger than
+        :data:`LISTING_ROUTES_S`, else None (the stream is listed). A streaming query ships
+        the listing it started with to every batch: a shard it holds that closed since is
+        deleted once the stream's retention (24 h at least) is over, and a read of it fails."""
+        listed = self.shard_map
+        if listed is None or now_s - listed.listed_at_s > LISTING_ROUTES_S:
+            return None
+        return listed.shards
+
 
 NOTHING_READ: Final = DriverReads()
+# how long a driver's listing routes its tasks' read-backs: well within the shortest retention
+# (24 h), after which a shard it lists may be gone
+LISTING_ROUTES_S: Final = 3600
 
 
 def read_on_driver(stack: Stack, runs: Sequence[str]) -> DriverReads:
@@ -382,8 +397,8 @@ class _Replay:
                 shared.seed(plan)
         producer = stack.replay_producer(hooks=hooks)
         task = ReplayTask(party.run, party.execution_id, party.task, party.task_attempt)
-        listed = driver.shard_map
-        attempt = producer.attempt(task, listed_before=listed.shards if listed else None)
+        listed_before = driver.listed_before(stack.clock.now_ms() / 1000)
+        attempt = producer.attempt(task, listed_before=listed_before)
         return _ReplaySender(producer, attempt)
 
     def done_before(self, stack: Stack, query: str | None, batch_id: int | None) -> bool:  # noqa: ARG002 - the tasks learn it from their run

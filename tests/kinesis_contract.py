@@ -228,7 +228,7 @@ def test_a_window_read_whose_end_has_passed_stops_at_the_tip(kinesis: KinesisUnd
     )
 
 
-def test_a_window_read_says_when_it_met_a_closed_shards_end_and_never_on_an_open_shard(
+def test_a_window_read_says_when_no_record_past_it_proves_its_shard_open(
     kinesis: KinesisUnderTest,
 ) -> None:
     # GIVEN a record on each shard, then the first shard split
@@ -242,8 +242,8 @@ def test_a_window_read_says_when_it_met_a_closed_shards_end_and_never_on_an_open
     split_ms = kinesis.now_ms()
     kinesis.let_pass(GAP_MS)
     end_ms = kinesis.now_ms()
-    # WHEN each is read over windows that ended, noting the reads that met a shard's end
-    ended: list[str] = []
+    # WHEN each is read over windows that ended, noting the reads that met no later record
+    unproven: list[str] = []
 
     def read(shard: Shard, window_start_ms: int) -> list[str]:
         records = kinesis.reader.read_window(
@@ -251,19 +251,25 @@ def test_a_window_read_says_when_it_met_a_closed_shards_end_and_never_on_an_open
             window_start_ms,
             end_ms,
             now_ms=kinesis.now_ms,
-            on_end=lambda: ended.append(shard.shard_id),
+            on_no_later_record=lambda: unproven.append(shard.shard_id),
         )
         return [r.partition_key for r in records]
 
-    # THEN each holds its record, and only the split parent's read met its end: a read that
-    # stops at the open shard's tip never says so (a reader that routes by an older listing
-    # trusts it: the shard was open through the window)
+    # THEN each holds its record, and both reads say so: the split parent's met its end, the
+    # open shard's its tip (an empty page at the tip is no proof the shard is open: a closed
+    # one can answer one before its end)
     assert read(parent, start_ms) == ["e"]
     assert read(other, start_ms) == ["e"]
-    assert ended == [parent.shard_id]
+    assert unproven == [parent.shard_id, other.shard_id]
     # AND a read of the parent from after it closed meets its end too, empty
     assert read(parent, split_ms) == []
-    assert ended == [parent.shard_id, parent.shard_id]
+    assert unproven[2:] == [parent.shard_id]
+    # AND once a record arrived on the open shard after the window, its read stops there and
+    # proves it open through the window
+    kinesis.let_pass(GAP_MS)
+    written(kinesis.writer.put_entries([put_entry("later", b"x", str(other.starting_hash_key))]))
+    assert read(other, start_ms) == ["e"]
+    assert unproven[3:] == []
 
 
 def test_an_aggregated_record_reads_back_as_its_user_records_with_sub_sequence_numbers(

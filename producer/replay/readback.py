@@ -22,10 +22,10 @@ positions, oldest first.
 A row is routed to the shards its hash key's lineage went through (the stream listed, closed
 shards included), or, for puts sent after a listing of the open shards (``listed_before``: a
 Spark write's driver lists before its tasks start; a task retry and an attempt's own read-back
-look only for its execution's puts), to the listed shard that covers it: a read that meets
-that shard's end proves it closed since, and the rows are routed by the stream's listing from
-then on; a read that stops at a later record or at the tip proves it open, and nothing is
-listed.
+look only for its execution's puts), to the listed shard that covers it: a read that stops at
+a record past the windows proves that shard open through them, and nothing is listed; one that
+stops at the shard's end or at its tip proves nothing (an empty page at a closed shard's tip
+can come before its end), and the rows are routed by the stream's listing from then on.
 
 Only KCL-visible records count (an aggregate's user record outside its shard's hash range is
 dropped by every consumer: it was not delivered), and only those that arrived inside a window.
@@ -119,14 +119,15 @@ def records_in(
     now_ms: int,
     *,
     keep_alive: Callable[[], object] = lambda: None,
-    on_end: Callable[[], object] = lambda: None,
+    on_no_later_record: Callable[[], object] = lambda: None,
 ) -> Iterator[RecordRead]:
     """The shard's KCL-visible records that arrived in one of ``windows``, read up to
     ``now_ms`` (never waiting for the future: the caller knows whether more may land).
     ``keep_alive`` is called before each window and each record (it must be cheap: a clock
     reading and a comparison, but when a lease runs short): a read of a long window outlasts a
-    lease, and pages come as fast as GetRecords answers. ``on_end``: called when a read met
-    the shard's end (it closed: its children hold what arrived later)."""
+    lease, and pages come as fast as GetRecords answers. ``on_no_later_record``: called when a
+    read met no record past its window (:meth:`KinesisReader.read_window`: the shard may have
+    closed, and its children hold what arrived later)."""
     for start_ms, end_ms in windows:
         keep_alive()
         if start_ms > now_ms:
@@ -136,7 +137,9 @@ def records_in(
         def closed(end: int = end) -> int:
             return end + 1  # a read of what has arrived: the caller knows what may still land
 
-        read = reader.read_window(shard.shard_id, start_ms, end, now_ms=closed, on_end=on_end)
+        read = reader.read_window(
+            shard.shard_id, start_ms, end, now_ms=closed, on_no_later_record=on_no_later_record
+        )
         for record, delivered in kcl_view(read, shard):
             keep_alive()
             if not start_ms <= record.arrival_ms <= end:
@@ -157,10 +160,11 @@ def _read_shard(
     into: FoundRows,
     *,
     wanted: Callable[[RowId], bool] | None = None,
-    on_end: Callable[[], object] = lambda: None,
+    on_no_later_record: Callable[[], object] = lambda: None,
 ) -> None:
     """The shard's records in ``windows`` (:func:`records_in`) of the ``wanted`` rows."""
-    for row, position, arrival_ms in records_in(reader, shard, windows, now_ms, on_end=on_end):
+    records = records_in(reader, shard, windows, now_ms, on_no_later_record=on_no_later_record)
+    for row, position, arrival_ms in records:
         if wanted is None or wanted(row):
             into.add(row, position, arrival_ms)
 
@@ -181,8 +185,9 @@ class EarlierPuts:
     or by ``listed_before``: the open shards listed before every earlier put was sent (the
     driver's listing shipped with the write, when the earlier attempts are of this execution:
     a task retry). A put sent since is on the shard that listing routes its row to, unless
-    that shard closed first: then its read meets the shard's end, and the rows are routed by
-    the stream's listing from then on (:class:`_Routing`)."""
+    that shard closed first. A read that meets a record past the windows proves its shard was
+    open through them; one that ends at the shard's tip or end proves nothing, and the rows
+    are routed by the stream's listing from then on (:class:`_Routing`)."""
 
     def __init__(
         self,
@@ -255,22 +260,22 @@ class EarlierPuts:
         shards, self._read = self._read, set()
         self._found = FoundRows()
         self._read_shards(shards)
-        self._reroute_if_closed()
+        self._reroute_if_unproven()
         self._found.drop(self._taken)
 
     def _read_routed(self, hash_keys: set[int]) -> None:
         """Read the shards ``hash_keys`` route to that were not read yet."""
         self._read_shards(self._routing.shards_of(hash_keys) - self._read)
-        self._reroute_if_closed()
+        self._reroute_if_unproven()
 
-    def _reroute_if_closed(self) -> None:
-        """When a shard routed by the listing made before the puts turned out closed: read
+    def _reroute_if_unproven(self) -> None:
+        """When a shard routed by the listing made before the puts was not proven open: read
         every shard the rows so far route to by the stream's listing (its children among
         them) that was not read yet."""
         if self._routing.reroute():
             log.info(
-                "replay read-back found the write's listing not enough (a shard closed since): "
-                "routing by the stream's listing stream=%s",
+                "replay read-back could not prove the write's listing enough (a shard read to "
+                "its tip or end): routing by the stream's listing stream=%s",
                 self._reader.stream,
             )
             self._read_shards(self._routing.shards_of_all() - self._read)
@@ -291,6 +296,10 @@ class EarlierPuts:
         each shard once). A read routed by the listing made before the puts is always made:
         it is what proves the shard stayed open."""
 
+        # a read that is not final finds what is sure (a row it misses is waited for and read
+        # again, finally): only a final read must prove the listing made before the puts enough
+        unproven = self._routing.unproven if self.final else lambda: None
+
         def read() -> list[RecordRead]:
             return list(
                 records_in(
@@ -299,7 +308,7 @@ class EarlierPuts:
                     self._windows,
                     now_ms,
                     keep_alive=self._keep_alive,
-                    on_end=self._routing.closed,
+                    on_no_later_record=unproven,
                 )
             )
 
@@ -317,10 +326,11 @@ class _Routing:
     """Which shards a read-back's rows route to: by ``listed_before`` (the open shards listed
     before every put looked for was sent) while every shard read by it is proved open
     through the windows, else by ``listing()`` (the stream's shards, closed ones included:
-    each row's lineage). A read that meets a shard's end (:meth:`closed`) proves it closed;
-    one that reads past the windows or to the tip proves it open; a hash key no listed shard
-    covers proves the listing incomplete. The hash keys routed so far are kept: once routed by
-    the listing, every row is routed again by it."""
+    each row's lineage). Only a read that meets a record past the windows proves its shard
+    open through them; one that ends at the shard's end or at its tip (:meth:`unproven`: a
+    closed shard can answer an empty page at its tip before its end) leaves it unproven, and
+    a hash key no listed shard covers proves the listing incomplete. The hash keys routed so
+    far are kept: once routed by the listing, every row is routed again by it."""
 
     def __init__(
         self, listed_before: Sequence[Shard] | None, listing: Callable[[], list[Shard]]
@@ -359,14 +369,15 @@ class _Routing:
         """The shards every hash key routed so far routes to."""
         return _shards_of(self._hash_keys, self.shards())
 
-    def closed(self) -> None:
-        """A read met a shard's end: it closed, maybe before a put looked for was sent."""
+    def unproven(self) -> None:
+        """A read met no record past the windows: its shard may have closed before a put
+        looked for was sent."""
         self._not_enough = True
 
     def reroute(self) -> bool:
         """Whether the listing made before the puts turned out not to be enough (a shard it
-        routed to closed, or it does not cover a hash key): the rows are routed by the
-        stream's listing from now on (True once, as that switches)."""
+        routed to not proven open, or a hash key it does not cover): the rows are routed by
+        the stream's listing from now on (True once, as that switches)."""
         if self._before is None or not self._not_enough:
             return False
         self._before = None
@@ -418,7 +429,7 @@ def read_rows(
                 clock.now_ms(),
                 found,
                 wanted=wanted.__contains__,
-                on_end=routing.closed,
+                on_no_later_record=routing.unproven,
             )
             read.add(shard_id)
 

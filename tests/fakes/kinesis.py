@@ -160,6 +160,9 @@ class FakeKinesisClient:
         self.faults_met: list[PutFault] = []
         self.put_calls = 0
         self.get_records_calls = 0
+        # kinesalite's way: a closed shard read to its end answers first an empty page at its
+        # tip with a next iterator, and only the call after it none (Kinesis promises neither)
+        self.tip_page_before_end = False
         width = (MAX_HASH_KEY + 1) // shard_count
         for index in range(shard_count):
             end = MAX_HASH_KEY if index == shard_count - 1 else (index + 1) * width - 1
@@ -368,13 +371,18 @@ class FakeKinesisClient:
         with self._lock:
             self.get_records_calls += 1
             shard_id, _, position = ShardIterator.partition("|")
+            position, _, tipped = position.partition("|")
             shard = self._shard(shard_id, "GetRecords")
             start = int(position)
             page = shard.records[start : start + max(1, min(Limit, 10_000))]
             end = start + len(page)
             at_tip = end >= len(shard.records)
             closed = shard.ending_sequence_number is not None
-            next_iterator = None if closed and at_tip else f"{shard_id}|{end}"
+            next_iterator: str | None = f"{shard_id}|{end}"
+            if closed and at_tip and (tipped or not self.tip_page_before_end):
+                next_iterator = None
+            elif closed and at_tip and not page:  # the empty page at the tip, then the end
+                next_iterator = f"{shard_id}|{end}|tipped"
             behind = 0
             if not at_tip:
                 behind = max(1, self._clock.now_ms() - shard.records[end].arrival_ms)

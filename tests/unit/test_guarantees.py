@@ -13,11 +13,18 @@ from fakes.ledger import InMemoryLedger
 
 from dedupe_store.clock import ManualClock
 from kinesis_store.reader import KinesisReader
-from kinesis_store.shards import StreamInfo
+from kinesis_store.shards import ListedShards, Shard, StreamInfo
 from kinesis_store.writer import KinesisWriter
 from producer.audit.auditors import AuditLimits
 from producer.audit.rows import ExpectedRow
-from producer.guarantees import KEY, REPLAY, Party, guarantee_of
+from producer.guarantees import (
+    KEY,
+    LISTING_ROUTES_S,
+    REPLAY,
+    DriverReads,
+    Party,
+    guarantee_of,
+)
 from producer.protocol import Message
 from producer.settings import Dedupe, ProducerSettings
 from producer.wiring import Stack
@@ -177,3 +184,17 @@ def test_only_replay_mode_names_its_runs() -> None:
     # keo send's --run-id, format("keo")'s query_name (streaming) and run_id (a batch write)
     assert REPLAY.named_runs
     assert not KEY.named_runs
+
+
+def test_a_drivers_listing_routes_read_backs_for_an_hour_then_the_stream_is_listed() -> None:
+    # GIVEN what a driver read for its tasks, the stream's open shards listed at some second
+    shards = (Shard("shardId-000000000000", 0, 2**128 - 1, None, None, "0", None),)
+    listed_at_s = 1_700_000_000.0
+    driver = DriverReads(shard_map=ListedShards(shards, listed_at_s))
+    # THEN a read-back is routed by it within the hour (a streaming query ships the listing it
+    # started with to every batch: a shard it holds that closed since is deleted once the
+    # stream's retention is over)
+    assert driver.listed_before(listed_at_s + LISTING_ROUTES_S) == shards
+    # AND after it by the stream's listing, as where nothing was listed
+    assert driver.listed_before(listed_at_s + LISTING_ROUTES_S + 1) is None
+    assert DriverReads().listed_before(listed_at_s) is None

@@ -839,12 +839,14 @@ def test_a_task_retry_reads_back_by_the_drivers_listing_and_lists_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """GIVEN the open shards a driver listed before its execution's tasks started, and a task
-    whose first attempt put its rows WHEN the task is retried with that listing THEN it finds
-    every row (DUPLICATE) without listing the stream: a retry wave's read-backs list nothing."""
+    whose first attempt put its rows and failed (its lease left running) WHEN the task is
+    retried with that listing THEN its first read, made while that lease runs, finds every row
+    (DUPLICATE) without listing the stream: a read that is not final proves nothing and needs
+    to prove nothing (a row it missed would be waited for and read again)."""
     listed = _listed_open(kinesis)
     producer = producer_over(ledger, kinesis, clock)
-    with producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed) as first:
-        first.send(rows(20))
+    first = producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed)
+    first.send(rows(20))  # never finished: the task failed after its puts
     listings = _counting_listings(kinesis, monkeypatch)
     retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
     with producer.attempt(retry_task, listed_before=listed) as retry:
@@ -852,6 +854,69 @@ def test_a_task_retry_reads_back_by_the_drivers_listing_and_lists_nothing(
     assert found == {"DUPLICATE": 20}
     assert listings == [0]
     assert in_stream(kinesis) == as_multiset(rows(20))
+
+
+def test_a_final_read_back_routed_by_the_drivers_listing_lists_nothing_when_later_records_prove_it(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN the driver's listing, a first attempt that put half its rows and failed (its lease
+    left running), and records that arrived on every shard after that lease (the batch's other
+    tasks, the stream's traffic) WHEN the task is retried with that listing THEN it waits for
+    the lease, and its final reads each stop at a record past the window, proving every listed
+    shard open through it: the half put is found, the rest sent, and the stream not listed."""
+    listed = _listed_open(kinesis)
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(20)
+    first = producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed)
+    first.send(messages[:10])  # never finished: the task failed half way
+    clock.advance(LEASE.lease_ms + 2 * LEASE.skew_ms + 1_000)
+    traffic = [
+        {"PartitionKey": "other", "Data": b"x", "ExplicitHashKey": str(s.starting_hash_key)}
+        for s in listed
+    ]
+    kinesis.put_records(StreamName=STREAM, Records=traffic)
+    listings = _counting_listings(kinesis, monkeypatch)
+    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
+    with producer.attempt(retry_task, listed_before=listed) as retry:
+        found = statuses(retry.send(messages))
+    assert found == {"DUPLICATE": 10, "SENT": 10}
+    assert listings == [0]
+    assert in_stream(kinesis) - Counter({("other", b"x"): len(listed)}) == as_multiset(messages)
+
+
+@pytest.mark.parametrize("tip_page_before_end", [False, True])
+def test_a_task_retry_whose_reads_end_at_the_tip_lists_the_stream_and_finds_rows_on_children(
+    ledger: InMemoryLedger,
+    kinesis: FakeKinesisClient,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    tip_page_before_end: bool,
+) -> None:
+    """GIVEN the driver's listing, a first attempt that put half its rows, a shard the listing
+    holds split more than a second later, the other half put (some on the children), and a
+    Kinesis that may answer an empty page at a closed shard's tip before its end (kinesalite)
+    WHEN the task is retried with that listing and nothing arrived after the window THEN no
+    read proves its shard open (each ends at a tip or an end), so it lists the stream and
+    reads the children: every row found, none sent twice."""
+    kinesis.tip_page_before_end = tip_page_before_end
+    listed = _listed_open(kinesis)
+    producer = producer_over(ledger, kinesis, clock)
+    messages = rows(40)
+    with producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed) as first:
+        first.send(messages[:20])
+        clock.advance(1_500)
+        kinesis.split_shard(listed[0].shard_id, listed[0].starting_hash_key + 2**125)
+        first.send(messages[20:])
+    listings = _counting_listings(kinesis, monkeypatch)
+    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
+    with producer.attempt(retry_task, listed_before=listed) as retry:
+        found = statuses(retry.send(messages))
+    assert found == {"DUPLICATE": 40}
+    assert listings == [1]
+    assert in_stream(kinesis) == as_multiset(messages)
 
 
 def test_a_task_retry_after_a_split_since_the_drivers_listing_finds_the_rows_on_the_children(
