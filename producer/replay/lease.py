@@ -1,12 +1,13 @@
 """An attempt's own lease (:class:`AttemptLease`): renewed when a put sent now could outlive
 it, and waits for another lease to be over for every clock while it is kept.
 
-Every renewal writes the run's item (its execution's lease). The tasks of a batch start
-together, so their leases run short together: T tasks longer than a lease's slack (the lease
-less the send margin: 55 s with the fence's defaults) would write that item T times in the same
-second, and DynamoDB takes 1,000 writes a second on one key. So each attempt renews up to half
-the slack early, by a fraction its id fixes (:func:`early_renewal_ms`): their renewals spread
-over that half (27 s by default), and stay spread.
+A renewal reads the run's item, and extends its execution's lease there when no sibling did
+within the last twentieth of a lease (:data:`dedupe_store.runs.RENEWALS_SHARE_EXTENSION`). The
+tasks of a batch start together, so their leases run short together: T tasks longer than a
+lease's slack (the lease less the send margin: 55 s with the fence's defaults) would renew T
+times in the same second, each writing its task's item and reading the run's. So each attempt
+renews up to half the slack early, by a fraction its id fixes (:func:`early_renewal_ms`): their
+renewals spread over that half (27 s by default), and stay spread.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dedupe_store.records import (
     RunRegistration,
     late_rows_of,
 )
+from dedupe_store.runs import RENEWALS_SHARE_EXTENSION
 from dedupe_store.states import RunState, RunTransition, next_run_state
 
 
@@ -166,7 +167,9 @@ class InMemoryRunLedger:
             if execution.superseded:
                 return AttemptRenewal(False, refused=RenewalRefused.EXECUTION_SUPERSEDED)
             wanted = now_ms + lease_ms
-            execution = self._extended(stream, run, execution, wanted, keep_s)
+            if execution.lease_expires_at_ms < wanted:
+                extended = wanted + lease_ms // RENEWALS_SHARE_EXTENSION
+                execution = self._extended(stream, run, execution, extended, keep_s)
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = next(
                 (

@@ -6,10 +6,12 @@ the OPEN runs in the in-flight index.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dedupe_store.contract import Ledger
 from dedupe_store.inflight import bucket_share
 from dedupe_store.records import ANY_ROW, LATE_ROWS_MAX
+from dedupe_store.runs import RENEWALS_SHARE_EXTENSION
 from dedupe_store.states import RunState
 from ledger_contract.staging import (
     LEASE_MS,
@@ -134,7 +136,8 @@ def test_a_run_lives_the_streams_retention_when_it_outlasts_the_dedupe_ttl(
     assert renewal.applied
     renewed = ledger.get_run(STREAM, RUN)
     assert renewed is not None
-    assert renewed.expires_at_s == (later_ms + 10_000 + LEASE_MS) // 1000 + keep_s
+    ahead_ms = LEASE_MS // RENEWALS_SHARE_EXTENSION  # the execution's lease, past the attempt's
+    assert renewed.expires_at_s == (later_ms + 10_000 + LEASE_MS + ahead_ms) // 1000 + keep_s
     # AND once completed, the retention from its completion: a re-run finds it COMPLETE while
     # the rows it put are in the stream
     done_ms = later_ms + 60_000
@@ -156,20 +159,53 @@ def test_an_attempt_renews_its_lease_and_its_executions_while_valid(ledger: Ledg
     renewed = ledger.renew_attempt(
         STREAM, RUN, first, now_ms=now_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     )
-    # THEN its lease runs from now, and its execution's with it
+    # THEN its lease runs from now, and its execution's with it (a twentieth of a lease
+    # further: its siblings' renewals of that while need not write it)
     assert (renewed.applied, renewed.lease_expires_at_ms) == (True, now_ms + LEASE_MS)
     assert ledger.task_attempts(STREAM, RUN, "exec-1", "0") == (
         dataclasses.replace(first, lease_expires_at_ms=now_ms + LEASE_MS),
     )
     run = ledger.get_run(STREAM, RUN)
     assert run is not None
-    assert run.executions[0].lease_expires_at_ms == now_ms + LEASE_MS
+    ahead_ms = LEASE_MS // RENEWALS_SHARE_EXTENSION
+    assert run.executions[0].lease_expires_at_ms == now_ms + LEASE_MS + ahead_ms
     # AND once its lease is within the skew of its end, it cannot
     late_ms = now_ms + LEASE_MS - SKEW_MS
     late = ledger.renew_attempt(
         STREAM, RUN, first, now_ms=late_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS
     )
     assert not late.applied
+
+
+def test_renewals_a_moment_after_a_siblings_take_the_lease_it_extended_without_a_write(
+    ledger: Ledger,
+) -> None:
+    # GIVEN two tasks of an execution, the first renewing 10 s in: its execution's lease
+    # extended a twentieth of a lease (1.5 s of 30 s) past its own
+    first, second = attempt("a1"), attempt("a2", task="1")
+    ledger.register_attempt(STREAM, RUN, first)
+    ledger.register_attempt(STREAM, RUN, second)
+    now_ms = T0_MS + 10_000
+    ahead_ms = LEASE_MS // RENEWALS_SHARE_EXTENSION
+    renew = functools.partial(ledger.renew_attempt, STREAM, RUN, lease_ms=LEASE_MS, skew_ms=SKEW_MS)
+
+    def execution_lease_ms() -> int:
+        run = ledger.get_run(STREAM, RUN)
+        assert run is not None
+        return run.executions[0].lease_expires_at_ms
+
+    assert renew(first, now_ms=now_ms).lease_expires_at_ms == now_ms + LEASE_MS
+    assert execution_lease_ms() == now_ms + LEASE_MS + ahead_ms
+    # WHEN the second renews within that twentieth after it
+    moment_ms = now_ms + ahead_ms
+    shared = renew(second, now_ms=moment_ms)
+    # THEN its lease runs a whole lease from now, and the run item kept the execution's lease
+    assert (shared.applied, shared.lease_expires_at_ms) == (True, moment_ms + LEASE_MS)
+    assert execution_lease_ms() == now_ms + LEASE_MS + ahead_ms
+    # AND a renewal later than that extends the execution's lease again, as far past its own
+    later_ms = moment_ms + 1
+    assert renew(second, now_ms=later_ms).lease_expires_at_ms == later_ms + LEASE_MS
+    assert execution_lease_ms() == later_ms + LEASE_MS + ahead_ms
 
 
 def test_a_late_task_extends_its_executions_lease_even_once_it_ran_out(ledger: Ledger) -> None:
