@@ -112,9 +112,9 @@ class StreamThrottledError(StreamUnavailableError):
 
 
 class StaleSignatureError(StreamUnavailableError):
-    """Kinesis refused a read's signature as expired (or not yet current) on arrival: the
-    process stalled between signing and sending longer than the signature window. The reader
-    tries again, signed anew, before raising it."""
+    """Kinesis refused a read's signature as expired on arrival: the process stalled between
+    signing and sending longer than the signature window. The reader tries again, signed anew,
+    before raising it (one not yet current, a clock ahead, fails at once)."""
 
 
 class PutFencedError(KeoError):

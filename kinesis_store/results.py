@@ -25,6 +25,7 @@ __all__ = [
     "classify_response",
     "classify_transport_failure",
     "not_written",
+    "signature_expired",
     "stale_signature",
 ]
 
@@ -166,6 +167,15 @@ def stale_signature(error_code: str | None, message: str | None) -> bool:
     """Whether Kinesis refused a request's signature as expired or not yet current on arrival
     (the request was not applied: one signed anew may be)."""
     return error_code == INVALID_SIGNATURE and (message or "").startswith(_STALE_SIGNATURE_MESSAGES)
+
+
+def signature_expired(error_code: str | None, message: str | None) -> bool:
+    """Whether Kinesis refused a request's signature as expired on arrival: its process stalled
+    between signing and sending, and one signed anew passes. (Not yet current: the signer's
+    clock runs ahead of Kinesis', and one signed anew by it is refused the same way.)"""
+    return error_code == INVALID_SIGNATURE and (message or "").startswith(
+        _STALE_SIGNATURE_MESSAGES[0]
+    )
 
 
 def classify_request_error(

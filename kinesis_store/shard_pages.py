@@ -47,7 +47,7 @@ from kinesis_store.errors import (
 from kinesis_store.kpl import arrival_ms_of
 from kinesis_store.positions import SeenRecord, ShardStart, StartKind
 from kinesis_store.read_pacing import ReadPacer, throttle_backoff_s
-from kinesis_store.results import stale_signature
+from kinesis_store.results import signature_expired
 
 __all__ = ["Ahead", "Page", "ShardPages", "ShardReads", "cause_code_of", "raise_lost", "seen"]
 
@@ -424,7 +424,7 @@ class ShardPages:
         self, exc: botocore.exceptions.ClientError, doing: str, shard_id: str | None
     ) -> StreamNotFoundError | StreamUnavailableError:
         code = aws_error_code(exc)
-        if stale_signature(code, exc.response.get("Error", {}).get("Message")):
+        if signature_expired(code, exc.response.get("Error", {}).get("Message")):
             return StaleSignatureError(
                 f"Kinesis failed to {doing}: {code} (the request arrived after its signature "
                 "expired: the process stalled)",
