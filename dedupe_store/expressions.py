@@ -123,6 +123,10 @@ REGISTER_EXECUTION = f"{_OPEN_EXECUTION} ADD #xattempts :one, #xopen :tag"
 # batch (a retry once lost executors are back) extends it even when it ran out.
 EXECUTION_EXTENDABLE = "#state = :open AND attribute_not_exists(#xsuperseded) AND #xlease < :lease"
 EXTEND_EXECUTION = "SET #xlease = :lease, #expires = :expires, #token = :token"
+# A registration sets the expiry from its own lease, so it can move it back under a lease a
+# renewal took without writing the item (dedupe_store.runs): that renewal moves it on again.
+RUN_KEEPABLE = "#state = :open AND attribute_not_exists(#xsuperseded) AND #expires < :expires"
+KEEP_RUN = "SET #expires = :expires, #token = :token"
 FINISH_ATTEMPT = "SET #token = :token ADD #xopen :minus_tag"
 # ... with the tags of rows whose put may land after it finished (a string set: a repeated
 # request adds the same tags again)

@@ -21,7 +21,7 @@ from typing import Any, Final
 from dedupe_store import expressions as x
 from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.names import check_stream_name
-from dedupe_store.records import ReplayRun, RunAttempt, RunExecution
+from dedupe_store.records import RenewalRefused, ReplayRun, RunAttempt, RunExecution
 from dedupe_store.states import RunState
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "attempt_value",
     "attempts_of",
     "execution_names",
+    "execution_standing",
     "executions_of",
     "replay_run_pk",
     "replay_stripe_pk",
@@ -195,3 +196,17 @@ def run_of(stream: str, run: str, item: Mapping[str, Any]) -> ReplayRun:
         counts={k: int(v) for k, v in json.loads(counts).items()} if counts else {},
         expires_at_s=int(expires) if (expires := item.get(TTL_ATTRIBUTE, {}).get("N")) else None,
     )
+
+
+def execution_standing(
+    stream: str, run: str, item: Mapping[str, Any] | None, execution_id: str
+) -> int | RenewalRefused:
+    """The lease of ``execution_id`` on the run item ``item``, or why it can no longer grow:
+    the run is not OPEN (or gone), or the execution superseded."""
+    current = None if item is None else run_of(stream, run, item)
+    execution = None if current is None else current.execution(execution_id)
+    if current is None or execution is None or current.state is not RunState.OPEN:
+        return RenewalRefused.RUN_NOT_OPEN
+    if execution.superseded:
+        return RenewalRefused.EXECUTION_SUPERSEDED
+    return execution.lease_expires_at_ms

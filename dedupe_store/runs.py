@@ -20,21 +20,20 @@ SDK retry of an applied write); the conditions are in :mod:`dedupe_store.express
 transitions in :mod:`dedupe_store.states`, the items' keys and attributes in
 :mod:`dedupe_store.run_items`.
 
-A renewal extends its execution's lease a twentieth of a lease past the one it wants
-(:data:`RENEWALS_SHARE_EXTENSION`), and one that finds it long enough already (a sibling's a
-moment ago) writes only its task's item: the run item is written about once a twentieth of a
-lease by renewals, not once a renewal; a replay waits up to that much longer for a killed one.
+Renewals write the run item about once a twentieth of a lease, not once each
+(:data:`RENEWALS_SHARE_EXTENSION`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from dedupe_store import expressions as x
 from dedupe_store.errors import LedgerUnavailableError
+from dedupe_store.expressions import TTL_ATTRIBUTE
 from dedupe_store.inflight import Cursor, bucket_of, run_bucket_partition, walk_items
 from dedupe_store.records import (
     AttemptRenewal,
@@ -48,9 +47,9 @@ from dedupe_store.run_items import (
     attempt_value,
     attempts_of,
     execution_names,
+    execution_standing,
     replay_run_pk,
     replay_task_pk,
-    run_of,
     stripe_of,
 )
 from dedupe_store.run_stripes import RunStripes, late_update
@@ -64,6 +63,7 @@ __all__ = ["RENEWALS_SHARE_EXTENSION", "DynamoDBRunLedger", "DynamoDBRunReader",
 
 # a renewal extends its execution's lease 1 / n of a lease past the lease it wants (3 s of the
 # fence's 60 s), so that its siblings' renewals of the next 1 / n of a lease need not write it
+# (a replay waits up to that much longer for a killed execution)
 RENEWALS_SHARE_EXTENSION: Final = 20
 
 
@@ -131,20 +131,6 @@ class DynamoDBRunReader:
             "begins_with(#pk, :runs)", {":runs": x.s(prefix)}, page_size=page_size
         ):
             yield self._stripes.run_of(stream, str(item["pk"]["S"])[len(prefix) :], item)
-
-
-def _execution_standing(
-    stream: str, run: str, item: Mapping[str, Any] | None, execution_id: str
-) -> int | RenewalRefused:
-    """The lease of ``execution_id`` on the run item ``item``, or why it can no longer grow:
-    the run is not OPEN (or gone), or the execution superseded."""
-    current = None if item is None else run_of(stream, run, item)
-    execution = None if current is None else current.execution(execution_id)
-    if current is None or execution is None or current.state is not RunState.OPEN:
-        return RenewalRefused.RUN_NOT_OPEN
-    if execution.superseded:
-        return RenewalRefused.EXECUTION_SUPERSEDED
-    return execution.lease_expires_at_ms
 
 
 def _left_open(runs: Iterable[ReplayRun], now_ms: int | None) -> Iterator[ReplayRun]:
@@ -355,13 +341,28 @@ class DynamoDBRunLedger(DynamoDBRunReader):
         self, stream: str, run: str, execution_id: str, *, wanted: int, extended: int, keep_s: int
     ) -> int | RenewalRefused:
         """The execution's lease for a renewal wanting ``wanted``: as the run item holds it
-        when it reaches ``wanted`` (one consistent read), else extended to ``extended``; or why
-        it can no longer grow."""
-        item = self._table.get_item(replay_run_pk(stream, run), None, "read a run", consistent=True)
-        standing = _execution_standing(stream, run, item, execution_id)
-        if isinstance(standing, RenewalRefused) or standing >= wanted:
+        when it reaches ``wanted`` (one consistent read; the item kept as long as that lease
+        needs, which a registration since may have shortened), else extended to ``extended``;
+        or why it can no longer grow."""
+        pk = replay_run_pk(stream, run)
+        item = self._table.get_item(pk, None, "read a run", consistent=True)
+        standing = execution_standing(stream, run, item, execution_id)
+        if isinstance(standing, RenewalRefused):
             return standing
-        return self._extend_execution(stream, run, execution_id, wanted=extended, keep_s=keep_s)
+        if standing < wanted:
+            return self._extend_execution(stream, run, execution_id, wanted=extended, keep_s=keep_s)
+        expires = self._run_expires_at_s(wanted, keep_s)
+        if int((item or {}).get(TTL_ATTRIBUTE, {}).get("N", 0)) >= expires:
+            return standing
+        applied, kept = self._table.update(
+            pk,
+            None,
+            x.KEEP_RUN,
+            x.RUN_KEEPABLE,
+            {":open": x.s(RunState.OPEN.value), ":expires": x.n(expires)},
+            names=execution_names(execution_id),
+        )
+        return standing if applied else execution_standing(stream, run, kept, execution_id)
 
     def _extend_execution(
         self, stream: str, run: str, execution_id: str, *, wanted: int, keep_s: int
@@ -385,7 +386,7 @@ class DynamoDBRunLedger(DynamoDBRunReader):
         if applied:
             return wanted
         # refused: extended as far or further by another, or fenced
-        return _execution_standing(stream, run, item, execution_id)
+        return execution_standing(stream, run, item, execution_id)
 
     def finish_attempt(
         self,

@@ -170,6 +170,12 @@ class InMemoryRunLedger:
             if execution.lease_expires_at_ms < wanted:
                 extended = wanted + lease_ms // RENEWALS_SHARE_EXTENSION
                 execution = self._extended(stream, run, execution, extended, keep_s)
+            expires_at_s = self._run_expires_at_s(wanted, keep_s)
+            latest = self._replay_runs[(stream, run)]
+            if (latest.expires_at_s or 0) < expires_at_s:  # a registration moved it back
+                self._replay_runs[(stream, run)] = dataclasses.replace(
+                    latest, expires_at_s=expires_at_s
+                )
             task = (stream, run, attempt.execution_id, attempt.task)
             mine = next(
                 (

@@ -208,6 +208,33 @@ def test_renewals_a_moment_after_a_siblings_take_the_lease_it_extended_without_a
     assert execution_lease_ms() == later_ms + LEASE_MS + ahead_ms
 
 
+def test_a_renewal_that_takes_a_siblings_extension_keeps_the_run_as_long_as_its_lease(
+    ledger: Ledger,
+) -> None:
+    # GIVEN an execution whose lease a renewal extended, then a task registering at that
+    # moment (a registration sets the run's expiry from its own lease: back, here)
+    keep_s = 7_200  # the stream's retention, longer than the TTL
+    first = attempt("a1")
+    ledger.register_attempt(STREAM, RUN, first, keep_s=keep_s)
+    now_ms = T0_MS + 10_000
+    ledger.renew_attempt(
+        STREAM, RUN, first, now_ms=now_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS, keep_s=keep_s
+    )
+    late = attempt("a2", task="1", started_at_ms=now_ms)
+    ledger.register_attempt(STREAM, RUN, late, keep_s=keep_s)
+    # WHEN a task renews a moment later, its lease within the execution's (no extension)
+    moment_ms = now_ms + LEASE_MS // RENEWALS_SHARE_EXTENSION
+    renewed = ledger.renew_attempt(
+        STREAM, RUN, late, now_ms=moment_ms, lease_ms=LEASE_MS, skew_ms=SKEW_MS, keep_s=keep_s
+    )
+    # THEN the run lives the retention past that lease: its records' read-back needs it
+    assert renewed.lease_expires_at_ms == moment_ms + LEASE_MS
+    run = ledger.get_run(STREAM, RUN)
+    assert run is not None
+    assert run.expires_at_s is not None
+    assert run.expires_at_s >= (moment_ms + LEASE_MS) // 1000 + keep_s
+
+
 def test_a_late_task_extends_its_executions_lease_even_once_it_ran_out(ledger: Ledger) -> None:
     # GIVEN an execution whose first task registered, and whose lease ran out since (its
     # executors were lost; Spark is running its tasks again on new ones)
