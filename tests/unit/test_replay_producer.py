@@ -910,35 +910,6 @@ def test_a_task_retry_whose_reads_end_at_the_tip_lists_the_stream_and_finds_rows
         clock.advance(1_500)
         kinesis.split_shard(listed[0].shard_id, listed[0].starting_hash_key + 2**125)
         first.send(messages[20:])
-    listings = _counting_listings(kinesis, monkeypatch)
-    retry_task = ReplayTask(RUN, "exec-1", task="0", task_attempt=1)
-    with producer.attempt(retry_task, listed_before=listed) as retry:
-        found = statuses(retry.send(messages))
-    assert found == {"DUPLICATE": 40}
-    assert listings == [1]
-    assert in_stream(kinesis) == as_multiset(messages)
-
-
-def test_a_task_retry_after_a_split_since_the_drivers_listing_finds_the_rows_on_the_children(
-    ledger: InMemoryLedger,
-    kinesis: FakeKinesisClient,
-    clock: ManualClock,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """GIVEN the driver's listing, then a first attempt that put half its rows, a split of a
-    shard the listing holds, and the other half put (some on the children, which the listing
-    does not hold) WHEN the task is retried with that listing THEN its read of the split shard
-    meets the shard's end, so it lists the stream and reads the children: every row found,
-    none sent twice."""
-    listed = _listed_open(kinesis)
-    producer = producer_over(ledger, kinesis, clock)
-    messages = rows(40)
-    with producer.attempt(ReplayTask(RUN, "exec-1", task="0"), listed_before=listed) as first:
-        first.send(messages[:20])
-        clock.advance(1_000)
-        kinesis.split_shard(listed[0].shard_id, listed[0].starting_hash_key + 2**125)
-        clock.advance(1_000)
-        first.send(messages[20:])
     children = {s.shard_id for s in _listed_open(kinesis)} - {s.shard_id for s in listed}
     assert {r.shard_id for r in kinesis.visible()} & children  # rows the listing cannot route
     listings = _counting_listings(kinesis, monkeypatch)
