@@ -72,7 +72,8 @@ LEASE_FENCE = "LeaseFence"
 INVALID_SIGNATURE = "InvalidSignatureException"
 # A shard refused the record for its write quota (per record, in a PutRecords answer).
 THROTTLED = "ProvisionedThroughputExceededException"
-_STALE_SIGNATURE_MESSAGES = ("Signature expired", "Signature not yet current")
+_EXPIRED_SIGNATURE_MESSAGE = "Signature expired"
+_STALE_SIGNATURE_MESSAGES = (_EXPIRED_SIGNATURE_MESSAGE, "Signature not yet current")
 
 # Not-written results worth resending under the same claim: load, a failure on Kinesis' side,
 # a connection never made, a stale shard map. Any other (a 4xx such as ValidationException or
@@ -174,7 +175,7 @@ def signature_expired(error_code: str | None, message: str | None) -> bool:
     between signing and sending, and one signed anew passes. (Not yet current: the signer's
     clock runs ahead of Kinesis', and one signed anew by it is refused the same way.)"""
     return error_code == INVALID_SIGNATURE and (message or "").startswith(
-        _STALE_SIGNATURE_MESSAGES[0]
+        _EXPIRED_SIGNATURE_MESSAGE
     )
 
 
